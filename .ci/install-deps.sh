@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Installs what ndmini needs on Debian 12 from Debian's own packages
+# (Kokkos 3.4 comes inside Trilinos). Runs as root, or through sudo.
+set -euo pipefail
+packages=(
+  g++ cmake ninja-build pkg-config
+  mpich libmpich-dev
+  libhdf5-mpich-dev hdf5-tools
+  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libbenchmark-dev
+)
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

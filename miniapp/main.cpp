@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The ndmini executable: initialise MPI and Kokkos, parse the command line,
+// run the subcommand, finalise. Everything else lives in the library.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "config/config.hpp"
+#include "core/error.hpp"
+#include "model/gpt.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+void print_check(const ndmini::Config& cfg) {
+  using namespace ndmini;
+  const auto& m = cfg.model;
+  const double mib = 1048576.0;
+  std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
+  std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
+              static_cast<long long>(gpt_flops_param_count(m)));
+  std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
+  std::printf("memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations"
+              " (micro-batch %d)\n",
+              gpt_state_bytes(m) / mib, gpt_activation_bytes(m, cfg.train.micro_batch) / mib,
+              cfg.train.micro_batch);
+  std::printf("accumulation      %d micro-batches of %d per step\n", accumulation_steps(cfg), cfg.train.micro_batch);
+  std::printf("deck OK\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+
+  CLI::App app{"ndmini: a reference GPT-2 training mini-app for N-dimensional parallelism (MPI + Kokkos + HDF5)",
+               "ndmini"};
+  app.set_version_flag("--version", std::string("ndmini ") + NDMINI_VERSION);
+  app.require_subcommand(1);
+
+  std::string deck, metrics;
+  std::vector<std::string> overrides;
+  std::int64_t resume_step = -1;
+
+  auto* train = app.add_subcommand("train", "Train the model a deck describes");
+  train->add_option("deck", deck, "Input deck (TOML), e.g. inputs/tiny.toml")->required();
+  // One value per --set, so a deck named after it is not taken as a value.
+  train->add_option("--set", overrides, "Override a deck key: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  train->add_option("--metrics", metrics, "Write one JSON object per logged step, then a summary, to FILE");
+  auto* resume = train->add_option("--resume", resume_step,
+                                   "Resume from checkpoint.dir: the step named by 'latest', or STEP if given")
+                     ->option_text("[STEP]");
+  resume->expected(0, 1);
+
+  auto* check = app.add_subcommand("check", "Validate a deck and print what a run would use; runs nothing");
+  check->add_option("deck", deck, "Input deck (TOML)")->required();
+  check->add_option("--set", overrides, "Override a deck key: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    MPI_Finalize();
+    return code;
+  }
+
+  int status = 0;
+  Kokkos::initialize(argc, argv);
+  try {
+    const ndmini::Config cfg = ndmini::load_config(deck, overrides);
+    if (*check) {
+      if (rank == 0) print_check(cfg);
+    } else {
+      ndmini::TrainOptions opts;
+      opts.metrics_path = metrics;
+      opts.resume = resume->count() > 0;
+      if (opts.resume && resume_step >= 0) opts.resume_step = resume_step;
+      ndmini::train(cfg, opts, MPI_COMM_WORLD);
+    }
+  } catch (const ndmini::Error& e) {
+    // Errors from the deck and the collective phases are raised on every
+    // rank alike; rank 0 speaks for all, every rank exits non-zero.
+    if (rank == 0) std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+    status = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ndmini: internal error on rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return status;
+}

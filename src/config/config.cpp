@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "config/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace ndmini {
+namespace {
+
+// One deck key: where it lives, what type it has, and how to store it.
+struct Key {
+  std::string section;
+  std::string name;
+  std::string type;  // "integer", "float", "string", "boolean"
+  std::function<void(Config&, const toml::node&)> store;
+  std::string dotted() const { return section + "." + name; }
+};
+
+template <class T>
+Key int_key(const char* section, const char* name, T Config::*sec, int (T::*field)) {
+  return {section, name, "integer",
+          [sec, field](Config& c, const toml::node& n) { c.*sec.*field = static_cast<int>(*n.value<std::int64_t>()); }};
+}
+template <class T>
+Key u64_key(const char* section, const char* name, T Config::*sec, std::uint64_t(T::*field)) {
+  return {section, name, "integer", [sec, field](Config& c, const toml::node& n) {
+            c.*sec.*field = static_cast<std::uint64_t>(*n.value<std::int64_t>());
+          }};
+}
+template <class T>
+Key float_key(const char* section, const char* name, T Config::*sec, double(T::*field)) {
+  return {section, name, "float", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<double>(); }};
+}
+template <class T>
+Key string_key(const char* section, const char* name, T Config::*sec, std::string(T::*field)) {
+  return {section, name, "string",
+          [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<std::string>(); }};
+}
+template <class T>
+Key bool_key(const char* section, const char* name, T Config::*sec, bool(T::*field)) {
+  return {section, name, "boolean", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<bool>(); }};
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = {
+      int_key("model", "layers", &Config::model, &ModelConfig::layers),
+      int_key("model", "channels", &Config::model, &ModelConfig::channels),
+      int_key("model", "heads", &Config::model, &ModelConfig::heads),
+      int_key("model", "vocab", &Config::model, &ModelConfig::vocab),
+      int_key("model", "seq_len", &Config::model, &ModelConfig::seq_len),
+      string_key("data", "source", &Config::data, &DataConfig::source),
+      string_key("data", "path", &Config::data, &DataConfig::path),
+      int_key("train", "steps", &Config::train, &TrainConfig::steps),
+      int_key("train", "global_batch", &Config::train, &TrainConfig::global_batch),
+      int_key("train", "micro_batch", &Config::train, &TrainConfig::micro_batch),
+      u64_key("train", "seed", &Config::train, &TrainConfig::seed),
+      float_key("train", "lr", &Config::train, &TrainConfig::lr),
+      float_key("train", "min_lr", &Config::train, &TrainConfig::min_lr),
+      int_key("train", "warmup_steps", &Config::train, &TrainConfig::warmup_steps),
+      float_key("train", "weight_decay", &Config::train, &TrainConfig::weight_decay),
+      float_key("train", "grad_clip", &Config::train, &TrainConfig::grad_clip),
+      int_key("train", "log_every", &Config::train, &TrainConfig::log_every),
+      int_key("parallel", "dp_replicate", &Config::parallel, &ParallelConfig::dp_replicate),
+      int_key("parallel", "dp_shard", &Config::parallel, &ParallelConfig::dp_shard),
+      int_key("parallel", "tp", &Config::parallel, &ParallelConfig::tp),
+      int_key("parallel", "cp", &Config::parallel, &ParallelConfig::cp),
+      int_key("parallel", "pp", &Config::parallel, &ParallelConfig::pp),
+      bool_key("parallel", "sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
+      string_key("parallel", "schedule", &Config::parallel, &ParallelConfig::schedule),
+      string_key("checkpoint", "dir", &Config::checkpoint, &CheckpointConfig::dir),
+      int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),
+      int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
+      bool_key("checkpoint", "at_start", &Config::checkpoint, &CheckpointConfig::at_start),
+      float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
+  };
+  return keys;
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest(const std::string& wrong, const std::vector<std::string>& valid) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& v : valid) {
+    const std::size_t d = edit_distance(wrong, v);
+    if (d < best_d) best_d = d, best = v;
+  }
+  return best;
+}
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::string: return "string";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    default: return "date/time";
+  }
+}
+
+// An integer is accepted where a float is expected (lr = 1 is fine).
+bool type_matches(const Key& key, const toml::node& n) {
+  const std::string t = type_name(n);
+  return t == key.type || (key.type == "float" && t == "integer");
+}
+
+// "--set section.key=value": the value is parsed as TOML, and taken as a bare
+// string when it is not valid TOML (so --set data.source=text works).
+void apply_override(toml::table& deck, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  require(eq != std::string::npos && dot != std::string::npos && dot < eq,
+          "--set '" + assignment + "': expected section.key=value, e.g. --set train.steps=100");
+  const std::string section = assignment.substr(0, dot);
+  const std::string name = assignment.substr(dot + 1, eq - dot - 1);
+  const std::string value = assignment.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};
+  }
+  if (!deck.contains(section)) deck.insert(section, toml::table{});
+  toml::table* sec = deck[section].as_table();
+  require(sec != nullptr, "--set '" + assignment + "': [" + section + "] is not a section");
+  sec->insert_or_assign(name, *parsed.get("v"));
+}
+
+void check_known_keys(const toml::table& deck, const std::string& origin) {
+  std::vector<std::string> sections, dotted;
+  for (const auto& k : schema()) {
+    if (std::find(sections.begin(), sections.end(), k.section) == sections.end()) sections.push_back(k.section);
+    dotted.push_back(k.dotted());
+  }
+  for (const auto& [sec_name, sec_node] : deck) {
+    const std::string sec(sec_name.str());
+    if (std::find(sections.begin(), sections.end(), sec) == sections.end())
+      throw Error(origin + ": unknown section [" + sec + "]; did you mean [" + nearest(sec, sections) + "]?");
+    const toml::table* table = sec_node.as_table();
+    require(table != nullptr, origin + ": '" + sec + "' must be a section ([" + sec + "]), not a value");
+    for (const auto& [key_name, node] : *table) {
+      const std::string full = sec + "." + std::string(key_name.str());
+      if (std::find(dotted.begin(), dotted.end(), full) == dotted.end())
+        throw Error(origin + ": unknown key " + full + "; did you mean " + nearest(full, dotted) + "?");
+    }
+  }
+}
+
+void check_range(bool ok, const std::string& origin, const std::string& key, const std::string& value,
+                 const std::string& rule) {
+  if (!ok) throw Error(origin + ": " + key + " = " + value + " is out of range: " + rule);
+}
+
+void validate(const Config& c, const std::string& origin) {
+  const auto& m = c.model;
+  const auto& t = c.train;
+  auto s = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  check_range(m.layers >= 1, origin, "model.layers", s(m.layers), "must be at least 1");
+  check_range(m.channels >= 1, origin, "model.channels", s(m.channels), "must be at least 1");
+  check_range(m.heads >= 1, origin, "model.heads", s(m.heads), "must be at least 1");
+  check_range(m.vocab >= 2, origin, "model.vocab", s(m.vocab), "must be at least 2");
+  check_range(m.seq_len >= 1, origin, "model.seq_len", s(m.seq_len), "must be at least 1");
+  check_range(m.channels % m.heads == 0, origin, "model.channels", s(m.channels),
+              "must be divisible by model.heads = " + s(m.heads));
+  check_range(t.steps >= 0, origin, "train.steps", s(t.steps), "must be >= 0");
+  check_range(t.global_batch >= 1, origin, "train.global_batch", s(t.global_batch), "must be at least 1");
+  check_range(t.micro_batch >= 1, origin, "train.micro_batch", s(t.micro_batch), "must be at least 1");
+  check_range(t.global_batch % t.micro_batch == 0, origin, "train.global_batch", s(t.global_batch),
+              "must be a multiple of train.micro_batch = " + s(t.micro_batch));
+  check_range(t.lr > 0 && t.lr < 10, origin, "train.lr", s(t.lr), "must be in (0, 10)");
+  check_range(t.min_lr >= 0 && t.min_lr <= t.lr, origin, "train.min_lr", s(t.min_lr),
+              "must be in [0, train.lr = " + s(t.lr) + "]");
+  check_range(t.warmup_steps >= 0, origin, "train.warmup_steps", s(t.warmup_steps), "must be >= 0");
+  check_range(t.weight_decay >= 0, origin, "train.weight_decay", s(t.weight_decay), "must be >= 0");
+  check_range(t.grad_clip >= 0, origin, "train.grad_clip", s(t.grad_clip), "must be >= 0 (0 disables clipping)");
+  check_range(t.log_every >= 1, origin, "train.log_every", s(t.log_every), "must be at least 1");
+  const auto& d = c.data;
+  check_range(d.source == "synthetic" || d.source == "text" || d.source == "tokens", origin, "data.source",
+              "\"" + d.source + "\"", "must be \"synthetic\", \"text\" or \"tokens\"");
+  if (d.source != "synthetic")
+    require(!d.path.empty(), origin + ": data.source = \"" + d.source + "\" needs data.path (the file to read)");
+  if (d.source == "text")
+    check_range(m.vocab == 256, origin, "model.vocab", s(m.vocab), "must be 256 for data.source = \"text\" (bytes)");
+  const auto& p = c.parallel;
+  for (auto [name, v] : {std::pair{"dp_replicate", p.dp_replicate}, std::pair{"dp_shard", p.dp_shard},
+                         std::pair{"tp", p.tp}, std::pair{"cp", p.cp}, std::pair{"pp", p.pp}})
+    check_range(v == -1 || v >= 1, origin, std::string("parallel.") + name, s(v),
+                "must be a degree >= 1, or -1 for what is left of the world");
+  check_range(p.schedule == "1f1b" || p.schedule == "gpipe" || p.schedule == "interleaved_1f1b", origin,
+              "parallel.schedule", "\"" + p.schedule + "\"", "must be \"1f1b\", \"gpipe\" or \"interleaved_1f1b\"");
+  const auto& k = c.checkpoint;
+  check_range(k.every >= 0, origin, "checkpoint.every", s(k.every), "must be >= 0 (0: never)");
+  check_range(k.keep >= 1, origin, "checkpoint.keep", s(k.keep), "must be at least 1");
+  require(!k.dir.empty(), origin + ": checkpoint.dir must not be empty");
+  check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),
+              "must be >= 0 (0: measure with a GEMM calibration)");
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
+  toml::table deck;
+  try {
+    deck = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << origin << ":" << e.source().begin.line << ":" << e.source().begin.column << ": not valid TOML: "
+       << e.description();
+    throw Error(os.str());
+  }
+  for (const auto& o : overrides) apply_override(deck, o);
+  check_known_keys(deck, origin);
+
+  Config cfg;
+  for (const auto& key : schema()) {
+    const toml::node* node = deck.at_path(key.dotted()).node();
+    if (node == nullptr) {
+      require(key.section != "model", origin + ": missing required key " + key.dotted() + " (the model's shape)");
+      continue;
+    }
+    if (!type_matches(key, *node))
+      throw Error(origin + ": " + key.dotted() + " must be " + (key.type == "integer" ? "an " : "a ") + key.type +
+                  ", got a " + type_name(*node));
+    key.store(cfg, *node);
+  }
+  validate(cfg, origin);
+  std::ostringstream resolved;
+  resolved << deck;
+  cfg.toml = resolved.str();
+  return cfg;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  require(in.good(), "cannot read deck '" + path + "': no such file or not readable");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+int accumulation_steps(const Config& cfg) { return cfg.train.global_batch / cfg.train.micro_batch; }
+
+}  // namespace ndmini

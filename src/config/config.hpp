@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The input deck: TOML text -> validated structs. Every key is optional except
+// the model's; unknown keys are refused with the nearest valid key suggested.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ndmini {
+
+struct ModelConfig {
+  int layers = 0;
+  int channels = 0;
+  int heads = 0;
+  int vocab = 0;
+  int seq_len = 0;
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // "synthetic", "text" or "tokens"
+  std::string path;                  // for "text" and "tokens"
+};
+
+struct TrainConfig {
+  int steps = 20;
+  int global_batch = 8;  // sequences per optimizer step
+  int micro_batch = 4;   // sequences per forward/backward on one data-parallel rank
+  std::uint64_t seed = 1234;
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int warmup_steps = 2;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+  int log_every = 1;
+};
+
+struct ParallelConfig {
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+  int cp = 1;
+  int pp = 1;
+  bool sequence_parallel = false;
+  std::string schedule = "1f1b";
+};
+
+struct CheckpointConfig {
+  std::string dir = "ckpt";
+  int every = 0;  // 0: never, N: after every N optimizer steps
+  int keep = 3;   // newest checkpoints kept
+  bool at_start = false;
+};
+
+struct PerfConfig {
+  double peak_gflops = 0.0;  // per rank; 0 means: calibrate with a short GEMM at start-up
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  PerfConfig perf;
+  std::string toml;  // the resolved deck (overrides applied), as TOML text
+};
+
+// Parses deck text; `origin` names it in error messages (a file name).
+// `overrides` are "section.key=value" strings applied on top (as --set does).
+// Throws ndmini::Error naming the key and what would fix it.
+Config parse_config(const std::string& text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+
+// Reads and parses a deck file.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Global-batch geometry derived from the deck (one data-parallel rank for now).
+int accumulation_steps(const Config& cfg);
+
+}  // namespace ndmini

@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace ndmini {
+
+// Every user-facing failure (bad deck, missing file, corrupted checkpoint,
+// non-finite loss) is an Error whose message names the key or file and says
+// what would fix it. The driver prints it once and exits non-zero.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Throws Error(message) when cond is false.
+void require(bool cond, const std::string& message);
+
+}  // namespace ndmini

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The data model in one place: the execution and memory spaces every kernel
+// runs in, and the View aliases used for parameters, activations and tokens.
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace ndmini {
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using MemSpace = ExecSpace::memory_space;
+using HostSpace = Kokkos::HostSpace;
+
+// Master weights, gradients, optimizer state and activations are fp32.
+using real = float;
+
+// Row-major everywhere: a [rows, cols] matrix is contiguous along cols, like
+// PyTorch, so a Linear weight [out, in] is stored exactly as in GPT-2 files.
+using View1D = Kokkos::View<real*, Kokkos::LayoutRight, MemSpace>;
+using View2D = Kokkos::View<real**, Kokkos::LayoutRight, MemSpace>;
+using View4D = Kokkos::View<real****, Kokkos::LayoutRight, MemSpace>;
+
+// Views into memory owned elsewhere (a slice of the flat parameter buffer, a
+// head of the attention tensors): no reference counting, no allocation.
+using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+using Slice1D = Kokkos::View<real*, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+using Slice2D = Kokkos::View<real**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+using ConstSlice1D = Kokkos::View<const real*, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+using ConstSlice2D = Kokkos::View<const real**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+
+// Token ids. int32 covers every vocabulary GPT-2 style models use.
+using token_t = std::int32_t;
+using TokenView = Kokkos::View<token_t*, Kokkos::LayoutRight, MemSpace>;
+using ConstTokenView = Kokkos::View<const token_t*, Kokkos::LayoutRight, MemSpace>;
+using HostTokenView = Kokkos::View<token_t*, Kokkos::LayoutRight, HostSpace>;
+
+using HostView1D = Kokkos::View<real*, Kokkos::LayoutRight, HostSpace>;
+
+}  // namespace ndmini

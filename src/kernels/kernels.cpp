@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "kernels/kernels.hpp"
+
+#include <KokkosBlas3_gemm.hpp>
+
+#include "core/compat.hpp"
+#include "core/rng.hpp"
+
+namespace ndmini::kernels {
+namespace {
+
+using Range = Kokkos::RangePolicy<ExecSpace>;
+constexpr real kLayerNormEps = 1e-5f;
+
+// The head of (which, b, h) in a [3, B, H, T, hs] buffer, as a [T, hs] matrix.
+KOKKOS_INLINE_FUNCTION std::size_t head_offset(int which, int b, int h, const AttentionShape& s) {
+  const std::size_t hs = s.channels / s.heads;
+  return ((static_cast<std::size_t>(which) * s.batch + b) * s.heads + h) * s.seq_len * hs;
+}
+
+// Moves rows between the token-major layout [B*T, n*C] (n = 3 for qkv, 1 for
+// the attention output) and the head-major layout [n, B, H, T, hs], so each
+// head is a contiguous [T, hs] matrix that BLAS can take directly.
+void regroup_heads(real* token_major, real* head_major, int n, const AttentionShape& s, bool to_heads) {
+  const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
+  const std::size_t rows = static_cast<std::size_t>(n) * B * H * T;
+  Kokkos::parallel_for(
+      "ndmini::regroup_heads", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
+        const int t = r % T;
+        const int h = (r / T) % H;
+        const int b = (r / (static_cast<std::size_t>(T) * H)) % B;
+        const int which = r / (static_cast<std::size_t>(T) * H * B);
+        real* tm = token_major + (static_cast<std::size_t>(b) * T + t) * (n * C) + which * C + h * hs;
+        real* hm = head_major + r * hs;
+        if (to_heads) {
+          for (int d = 0; d < hs; ++d) hm[d] = tm[d];
+        } else {
+          for (int d = 0; d < hs; ++d) tm[d] = hm[d];
+        }
+      });
+}
+
+Slice2D matrix(real* base, std::size_t offset, int rows, int cols) { return Slice2D(base + offset, rows, cols); }
+ConstSlice2D const_matrix(const real* base, std::size_t offset, int rows, int cols) {
+  return ConstSlice2D(base + offset, rows, cols);
+}
+
+}  // namespace
+
+// ---- dense layers ---------------------------------------------------------
+
+void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c) {
+  KokkosBlas::gemm(transa, transb, alpha, a, b, beta, c);
+}
+
+void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
+  const int out = y.extent(1);
+  const bool has_bias = bias.extent(0) > 0, has_residual = residual.extent(0) > 0;
+  real beta = 0;
+  if (has_bias || has_residual) {
+    // Seed y with residual + bias, then let GEMM add x W^T on top (beta = 1):
+    // no separate pass over the output for either.
+    real* yp = y.data();
+    const real* rp = residual.data();
+    const real* bp = bias.data();
+    Kokkos::parallel_for(
+        "ndmini::linear_seed", Range(0, y.extent(0)), KOKKOS_LAMBDA(const std::size_t row) {
+          real* yr = yp + row * out;
+          const real* rr = has_residual ? rp + row * out : nullptr;
+          if (has_residual && has_bias) {
+            for (int j = 0; j < out; ++j) yr[j] = rr[j] + bp[j];
+          } else if (has_residual) {
+            for (int j = 0; j < out; ++j) yr[j] = rr[j];
+          } else {
+            for (int j = 0; j < out; ++j) yr[j] = bp[j];
+          }
+        });
+    beta = 1;
+  }
+  KokkosBlas::gemm("N", "T", real(1), x, weight, beta, y);
+}
+
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x,
+                     ConstSlice2D weight, real dx_beta) {
+  KokkosBlas::gemm("T", "N", real(1), dy, x, real(1), dweight);
+  if (dbias.extent(0) > 0) {
+    // Column sums of dy as a [1, N] x [N, out] GEMM with a ones row: BLAS
+    // streams dy once (KokkosBlas' own GEMV would be used for a LayoutRight gemv).
+    View2D ones(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::ones"), 1, dy.extent(0));
+    Kokkos::deep_copy(ones, real(1));
+    KokkosBlas::gemm("N", "N", real(1), ones, dy, real(1), Slice2D(dbias.data(), 1, dbias.extent(0)));
+  }
+  if (dx.extent(0) > 0) KokkosBlas::gemm("N", "N", real(1), dy, weight, dx_beta, dx);
+}
+
+// ---- embeddings -----------------------------------------------------------
+
+void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len) {
+  const int C = out.extent(1);
+  Kokkos::parallel_for(
+      "ndmini::embedding_fwd", Range(0, out.extent(0)), KOKKOS_LAMBDA(const int row) {
+        const int t = row % seq_len;
+        const token_t tok = tokens(row);
+        for (int c = 0; c < C; ++c) out(row, c) = wte(tok, c) + wpe(t, c);
+      });
+}
+
+void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len) {
+  const int C = dout.extent(1);
+  const int rows = dout.extent(0);
+  Kokkos::parallel_for(
+      "ndmini::embedding_bwd_wte", Range(0, C), KOKKOS_LAMBDA(const int c) {
+        for (int row = 0; row < rows; ++row) dwte(tokens(row), c) += dout(row, c);
+      });
+  Kokkos::parallel_for(
+      "ndmini::embedding_bwd_wpe", Range(0, static_cast<std::size_t>(seq_len) * C),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        const int t = i / C, c = i % C;
+        real acc = 0;
+        for (int row = t; row < rows; row += seq_len) acc += dout(row, c);
+        dwpe(t, c) += acc;
+      });
+}
+
+// ---- layer norm -------------------------------------------------------------
+
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                       ConstSlice1D bias) {
+  const int C = x.extent(1);
+  Kokkos::parallel_for(
+      "ndmini::layernorm_fwd", Range(0, x.extent(0)), KOKKOS_LAMBDA(const int row) {
+        const real* xr = &x(row, 0);
+        real* yr = &out(row, 0);
+        real m = 0;
+        NDMINI_SIMD_REDUCTION(+ : m)
+        for (int c = 0; c < C; ++c) m += xr[c];
+        m /= C;
+        real v = 0;
+        NDMINI_SIMD_REDUCTION(+ : v)
+        for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+        const real s = 1 / compat::sqrt(v / C + kLayerNormEps);
+        for (int c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * weight(c) + bias(c);
+        mean(row) = m;
+        rstd(row) = s;
+      });
+}
+
+void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,
+                        ConstSlice1D weight, ConstSlice1D mean, ConstSlice1D rstd) {
+  const int C = x.extent(1);
+  const int rows = x.extent(0);
+  Kokkos::parallel_for(
+      "ndmini::layernorm_bwd_x", Range(0, rows), KOKKOS_LAMBDA(const int row) {
+        const real* xr = &x(row, 0);
+        const real* gr = &dout(row, 0);
+        real* dxr = &dx(row, 0);
+        const real m = mean(row), s = rstd(row);
+        real g_mean = 0, gn_mean = 0;
+        NDMINI_SIMD_REDUCTION(+ : g_mean, gn_mean)
+        for (int c = 0; c < C; ++c) {
+          const real g = gr[c] * weight(c);
+          g_mean += g;
+          gn_mean += g * (xr[c] - m) * s;
+        }
+        g_mean /= C;
+        gn_mean /= C;
+        for (int c = 0; c < C; ++c) dxr[c] += (gr[c] * weight(c) - g_mean - (xr[c] - m) * s * gn_mean) * s;
+      });
+  // Parameter gradients sum over rows: one thread per channel, no atomics.
+  Kokkos::parallel_for(
+      "ndmini::layernorm_bwd_params", Range(0, C), KOKKOS_LAMBDA(const int c) {
+        real dw = 0, db = 0;
+        for (int row = 0; row < rows; ++row) {
+          dw += dout(row, c) * (x(row, c) - mean(row)) * rstd(row);
+          db += dout(row, c);
+        }
+        dweight(c) += dw;
+        dbias(c) += db;
+      });
+}
+
+// ---- GELU ---------------------------------------------------------------------
+
+namespace {
+constexpr real kGeluA = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr real kGeluB = 0.044715f;
+// tanh through the vectorizable exp: tanh(u) = 1 - 2 / (exp(2u) + 1).
+KOKKOS_INLINE_FUNCTION real fast_tanh(real u) { return 1 - 2 / (compat::fast_exp(2 * u) + 1); }
+}  // namespace
+
+void gelu_forward(Slice2D out, ConstSlice2D x) {
+  const real* xp = x.data();
+  real* yp = out.data();
+  Kokkos::parallel_for(
+      "ndmini::gelu_fwd", Range(0, x.extent(0) * x.extent(1)), KOKKOS_LAMBDA(const std::size_t i) {
+        const real v = xp[i];
+        yp[i] = real(0.5) * v * (1 + fast_tanh(kGeluA * (v + kGeluB * v * v * v)));
+      });
+}
+
+void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout) {
+  const real* xp = x.data();
+  const real* gp = dout.data();
+  real* dp = dx.data();
+  Kokkos::parallel_for(
+      "ndmini::gelu_bwd", Range(0, x.extent(0) * x.extent(1)), KOKKOS_LAMBDA(const std::size_t i) {
+        const real v = xp[i];
+        const real th = fast_tanh(kGeluA * (v + kGeluB * v * v * v));
+        const real dth = (1 - th * th) * kGeluA * (1 + 3 * kGeluB * v * v);
+        dp[i] = gp[i] * (real(0.5) * (1 + th) + real(0.5) * v * dth);
+      });
+}
+
+// ---- attention ----------------------------------------------------------------
+
+void attention_forward(Slice2D out, Slice1D qkvh, Slice1D att, Slice1D scratch_y, ConstSlice2D qkv,
+                       const AttentionShape& s) {
+  const int B = s.batch, T = s.seq_len, H = s.heads, hs = s.channels / s.heads;
+  const real scale = 1 / std::sqrt(static_cast<real>(hs));
+  regroup_heads(const_cast<real*>(qkv.data()), qkvh.data(), 3, s, true);
+  const std::size_t tt = static_cast<std::size_t>(T) * T;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const std::size_t bh = static_cast<std::size_t>(b) * H + h;
+      KokkosBlas::gemm("N", "T", scale, const_matrix(qkvh.data(), head_offset(0, b, h, s), T, hs),
+                       const_matrix(qkvh.data(), head_offset(1, b, h, s), T, hs), real(0),
+                       matrix(att.data(), bh * tt, T, T));
+    }
+  // Causal softmax, row by row; entries above the diagonal become exact zeros
+  // so that P V and the backward products need no mask.
+  real* a = att.data();
+  Kokkos::parallel_for(
+      "ndmini::causal_softmax", Range(0, static_cast<std::size_t>(B) * H * T), KOKKOS_LAMBDA(const std::size_t r) {
+        const int t = r % T;
+        real* row = a + r * T;
+        real m = row[0];
+        NDMINI_SIMD_REDUCTION(max : m)
+        for (int j = 1; j <= t; ++j) m = compat::max(m, row[j]);
+        real sum = 0;
+        NDMINI_SIMD_REDUCTION(+ : sum)
+        for (int j = 0; j <= t; ++j) {
+          row[j] = compat::fast_exp(row[j] - m);
+          sum += row[j];
+        }
+        const real inv = 1 / sum;
+        for (int j = 0; j <= t; ++j) row[j] *= inv;
+        for (int j = t + 1; j < T; ++j) row[j] = 0;
+      });
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const std::size_t bh = static_cast<std::size_t>(b) * H + h;
+      KokkosBlas::gemm("N", "N", real(1), const_matrix(att.data(), bh * tt, T, T),
+                       const_matrix(qkvh.data(), head_offset(2, b, h, s), T, hs), real(0),
+                       matrix(scratch_y.data(), head_offset(0, b, h, s), T, hs));
+    }
+  regroup_heads(out.data(), scratch_y.data(), 1, s, false);
+}
+
+void attention_backward(Slice2D dqkv, Slice1D scratch_dy, Slice1D scratch_dqkvh, Slice1D scratch_datt,
+                        ConstSlice2D dout, ConstSlice1D qkvh, ConstSlice1D att, const AttentionShape& s) {
+  const int B = s.batch, T = s.seq_len, H = s.heads, hs = s.channels / s.heads;
+  const real scale = 1 / std::sqrt(static_cast<real>(hs));
+  const std::size_t tt = static_cast<std::size_t>(T) * T;
+  regroup_heads(const_cast<real*>(dout.data()), scratch_dy.data(), 1, s, true);
+  real* q = const_cast<real*>(qkvh.data());
+  real* dq = scratch_dqkvh.data();
+  real* dp = scratch_datt.data();
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const std::size_t bh = static_cast<std::size_t>(b) * H + h;
+      const ConstSlice2D P = const_matrix(att.data(), bh * tt, T, T);
+      const ConstSlice2D dY = const_matrix(scratch_dy.data(), head_offset(0, b, h, s), T, hs);
+      const Slice2D dP(dp, T, T);
+      // dP = dY V^T ; dV = P^T dY
+      KokkosBlas::gemm("N", "T", real(1), dY, const_matrix(q, head_offset(2, b, h, s), T, hs), real(0), dP);
+      KokkosBlas::gemm("T", "N", real(1), P, dY, real(0), matrix(dq, head_offset(2, b, h, s), T, hs));
+      // Softmax backward in place: dS = P * (dP - rowsum(P * dP)) * scale.
+      const real* pp = P.data();
+      Kokkos::parallel_for(
+          "ndmini::causal_softmax_bwd", Range(0, T), KOKKOS_LAMBDA(const int t) {
+            const real* prow = pp + static_cast<std::size_t>(t) * T;
+            real* drow = dp + static_cast<std::size_t>(t) * T;
+            real dot = 0;
+            NDMINI_SIMD_REDUCTION(+ : dot)
+            for (int j = 0; j <= t; ++j) dot += prow[j] * drow[j];
+            for (int j = 0; j <= t; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+            for (int j = t + 1; j < T; ++j) drow[j] = 0;
+          });
+      // dQ = dS K ; dK = dS^T Q
+      KokkosBlas::gemm("N", "N", real(1), dP, const_matrix(q, head_offset(1, b, h, s), T, hs), real(0),
+                       matrix(dq, head_offset(0, b, h, s), T, hs));
+      KokkosBlas::gemm("T", "N", real(1), dP, const_matrix(q, head_offset(0, b, h, s), T, hs), real(0),
+                       matrix(dq, head_offset(1, b, h, s), T, hs));
+    }
+  regroup_heads(dqkv.data(), scratch_dqkvh.data(), 3, s, false);
+}
+
+// ---- cross-entropy -------------------------------------------------------------
+
+double softmax_cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targets, real grad_scale) {
+  const int V = logits.extent(1);
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "ndmini::softmax_xent", Range(0, logits.extent(0)),
+      KOKKOS_LAMBDA(const int row, double& acc) {
+        real* l = &logits(row, 0);
+        const int target = targets(row);
+        real m = l[0];
+        NDMINI_SIMD_REDUCTION(max : m)
+        for (int j = 1; j < V; ++j) m = compat::max(m, l[j]);
+        const real target_logit = l[target];
+        real sum = 0;
+        NDMINI_SIMD_REDUCTION(+ : sum)
+        for (int j = 0; j < V; ++j) {
+          l[j] = compat::fast_exp(l[j] - m);
+          sum += l[j];
+        }
+        const real loss = m + compat::log(sum) - target_logit;
+        const real f = grad_scale / sum;
+        for (int j = 0; j < V; ++j) l[j] *= f;
+        l[target] -= grad_scale;
+        losses(row) = loss;
+        acc += loss;
+      },
+      total);
+  return total;
+}
+
+double cross_entropy_loss(ConstSlice2D logits, ConstTokenView targets) {
+  const int V = logits.extent(1);
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "ndmini::xent_loss", Range(0, logits.extent(0)),
+      KOKKOS_LAMBDA(const int row, double& acc) {
+        const real* l = &logits(row, 0);
+        real m = l[0];
+        NDMINI_SIMD_REDUCTION(max : m)
+        for (int j = 1; j < V; ++j) m = compat::max(m, l[j]);
+        double sum = 0;
+        for (int j = 0; j < V; ++j) sum += compat::exp(static_cast<double>(l[j] - m));
+        acc += m + compat::log(sum) - l[targets(row)];
+      },
+      total);
+  return total;
+}
+
+// ---- optimizer -------------------------------------------------------------------
+
+void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& st,
+                  bool decay) {
+  const real b1 = st.beta1, b2 = st.beta2, eps = st.eps, gs = st.grad_scale, lr = st.lr;
+  const real wd = decay ? st.weight_decay : real(0);
+  const real c1 = 1 / (1 - std::pow(st.beta1, static_cast<real>(st.t)));
+  const real c2 = 1 / (1 - std::pow(st.beta2, static_cast<real>(st.t)));
+  real* p = param.data();
+  real* g = grad.data();
+  real* m = exp_avg.data();
+  real* v = exp_avg_sq.data();
+  Kokkos::parallel_for(
+      "ndmini::adamw", Range(0, param.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
+        const real gi = g[i] * gs;
+        const real mi = b1 * m[i] + (1 - b1) * gi;
+        const real vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= lr * (mi * c1 / (compat::sqrt(vi * c2) + eps) + wd * p[i]);
+        g[i] = 0;
+      });
+}
+
+double sum_squares(ConstSlice1D x) {
+  // Blocks of float sums (vectorized) added up in double: accurate enough for
+  // a gradient norm, and one streaming pass.
+  constexpr std::size_t kBlock = 4096;
+  const std::size_t n = x.extent(0);
+  const real* p = x.data();
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "ndmini::sum_squares", Range(0, (n + kBlock - 1) / kBlock),
+      KOKKOS_LAMBDA(const std::size_t block, double& acc) {
+        const std::size_t end = compat::min(n, (block + 1) * kBlock);
+        real s = 0;
+        NDMINI_SIMD_REDUCTION(+ : s)
+        for (std::size_t i = block * kBlock; i < end; ++i) s += p[i] * p[i];
+        acc += s;
+      },
+      total);
+  return total;
+}
+
+void init_normal(Slice1D x, std::uint64_t key, std::uint64_t index_offset, real stddev) {
+  real* p = x.data();
+  Kokkos::parallel_for(
+      "ndmini::init_normal", Range(0, x.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
+        p[i] = static_cast<real>(stddev * rng::normal(key, index_offset + i));
+      });
+}
+
+void fill(Slice1D x, real value) { Kokkos::deep_copy(x, value); }
+
+}  // namespace ndmini::kernels

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// GPT-2 forward and backward kernels on Kokkos Views in ExecSpace's memory.
+//
+// Conventions: activations are row-major [rows, channels] with rows = B*T
+// (sequence-major within a micro-batch). Weights follow PyTorch Linear:
+// [out, in]. Every backward ACCUMULATES into parameter gradients (so
+// micro-batches add up) and, where noted, into input gradients (so residual
+// branches add up). Matrix products go through KokkosBlas::gemm (BLAS on the
+// host, cuBLAS on CUDA); the rest are fused Kokkos kernels.
+#include "core/types.hpp"
+
+namespace ndmini::kernels {
+
+// ---- dense layers ---------------------------------------------------------
+// y[N, out] = residual + x[N, in] W^T + bias. bias and residual may be empty;
+// the residual add costs no extra pass (it seeds GEMM's C).
+void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias,
+                    ConstSlice2D residual = {});
+// dW += dy^T x, db += column sums of dy, dx = dx_beta * dx + dy W (dx may be empty).
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x,
+                     ConstSlice2D weight, real dx_beta = 0);
+// C = alpha * op(A) op(B) + beta * C, op = "N" or "T".
+void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);
+
+// ---- embeddings -----------------------------------------------------------
+// out[b*T + t, :] = wte[tokens[b*T + t], :] + wpe[t, :]
+void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len);
+// dwte[tok] += dout rows, dwpe[t] += dout rows of position t. Deterministic:
+// each thread owns a column, so repeated tokens add in a fixed order.
+void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len);
+
+// ---- layer norm (eps 1e-5) ------------------------------------------------
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                       ConstSlice1D bias);
+// dx += ..., dweight += ..., dbias += ...
+void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,
+                        ConstSlice1D weight, ConstSlice1D mean, ConstSlice1D rstd);
+
+// ---- GELU, tanh approximation ---------------------------------------------
+void gelu_forward(Slice2D out, ConstSlice2D x);
+// dx = dout * gelu'(x); dx may alias dout.
+void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout);
+
+// ---- causal multi-head self-attention ---------------------------------------
+// Shapes for one micro-batch of B sequences of T tokens, C channels, H heads:
+//   qkv  [B*T, 3C]       c_attn output (all q, then all k, then all v)
+//   qkvh [3, B, H, T, C/H] q, k, v regrouped per head (saved for backward)
+//   att  [B, H, T, T]    softmax probabilities, zero above the diagonal
+//   out  [B*T, C]        heads concatenated, ready for c_proj
+struct AttentionShape {
+  int batch, seq_len, channels, heads;
+};
+void attention_forward(Slice2D out, Slice1D qkvh, Slice1D att, Slice1D scratch_y, ConstSlice2D qkv,
+                       const AttentionShape& s);
+// dqkv = gradient w.r.t. qkv (overwritten). scratch_dy and scratch_dqkvh hold
+// B*T*C and 3*B*T*C floats; scratch_datt holds T*T.
+void attention_backward(Slice2D dqkv, Slice1D scratch_dy, Slice1D scratch_dqkvh, Slice1D scratch_datt,
+                        ConstSlice2D dout, ConstSlice1D qkvh, ConstSlice1D att, const AttentionShape& s);
+
+// ---- softmax cross-entropy over the vocabulary ------------------------------
+// Fused forward and backward, in place: logits [N, V] become
+// dlogits = (softmax - onehot(target)) * grad_scale; losses[i] = -log p(target).
+// Returns the sum of losses. One read and one write of the logits.
+double softmax_cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targets, real grad_scale);
+// Forward only (logits untouched): the sum of losses.
+double cross_entropy_loss(ConstSlice2D logits, ConstTokenView targets);
+
+// ---- optimizer ------------------------------------------------------------
+struct AdamWStep {
+  real lr, beta1, beta2, eps, weight_decay;
+  real grad_scale;  // gradient clipping factor, 1 when not clipped
+  int t;            // step number, from 1, for the bias correction
+};
+// One AdamW update of a tensor; zeroes the gradient in the same pass so the
+// next step's accumulation needs no separate fill.
+void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& step,
+                  bool decay);
+
+// Sum of squares of a buffer, accumulated in double.
+double sum_squares(ConstSlice1D x);
+
+// Fills a parameter with its deterministic init: std * N(0,1) drawn from the
+// counter-based RNG at (key, global index offset + i), or a constant.
+void init_normal(Slice1D x, std::uint64_t key, std::uint64_t index_offset, real stddev);
+void fill(Slice1D x, real value);
+
+}  // namespace ndmini::kernels

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "train/data.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace ndmini {
+namespace {
+
+constexpr std::int32_t kTokenFileMagic = 20240520;
+constexpr int kHeaderInts = 256;
+
+// A task with learnable structure: each sequence walks a fixed random graph
+// over an alphabet of A = min(V, 64) tokens where every token has two
+// successors, picked by a coin per position. A model can learn the graph,
+// so the loss can fall from ln V towards ln 2.
+class SyntheticSource final : public DataSource {
+ public:
+  SyntheticSource(const Config& cfg)
+      : seq_len_(cfg.model.seq_len),
+        global_batch_(cfg.train.global_batch),
+        alphabet_(std::min(cfg.model.vocab, 64)),
+        graph_key_(rng::stream_key(cfg.train.seed, "data/synthetic/graph")),
+        walk_key_(rng::stream_key(cfg.train.seed, "data/synthetic/walk")) {}
+
+  void fill(std::int64_t step, int first, int count, token_t* inputs, token_t* targets) const override {
+    for (int b = 0; b < count; ++b) {
+      const std::uint64_t seq = static_cast<std::uint64_t>(step) * global_batch_ + first + b;
+      const std::uint64_t base = seq * (seq_len_ + 1);
+      token_t x = static_cast<token_t>(rng::bits(walk_key_, base) % alphabet_);
+      for (int t = 0; t < seq_len_; ++t) {
+        const std::uint64_t coin = rng::bits(walk_key_, base + t + 1) & 1;
+        const token_t next = static_cast<token_t>(rng::bits(graph_key_, 2 * static_cast<std::uint64_t>(x) + coin) %
+                                                  alphabet_);
+        inputs[b * seq_len_ + t] = x;
+        targets[b * seq_len_ + t] = next;
+        x = next;
+      }
+    }
+  }
+  std::string describe() const override {
+    return "synthetic (random walk on a 2-successor graph over " + std::to_string(alphabet_) + " tokens)";
+  }
+
+ private:
+  int seq_len_, global_batch_, alphabet_;
+  std::uint64_t graph_key_, walk_key_;
+};
+
+// A token stream read in order: sequence b of step s starts at
+// ((s * B + b) * T) mod (N - T - 1).
+class StreamSource final : public DataSource {
+ public:
+  StreamSource(std::vector<token_t> tokens, const Config& cfg, std::string what)
+      : tokens_(std::move(tokens)),
+        seq_len_(cfg.model.seq_len),
+        global_batch_(cfg.train.global_batch),
+        what_(std::move(what)) {}
+
+  void fill(std::int64_t step, int first, int count, token_t* inputs, token_t* targets) const override {
+    const std::uint64_t n = tokens_.size();
+    const std::uint64_t span = n - seq_len_ - 1;
+    for (int b = 0; b < count; ++b) {
+      const std::uint64_t o =
+          ((static_cast<std::uint64_t>(step) * global_batch_ + first + b) * seq_len_) % span;
+      std::copy_n(tokens_.data() + o, seq_len_, inputs + static_cast<std::size_t>(b) * seq_len_);
+      std::copy_n(tokens_.data() + o + 1, seq_len_, targets + static_cast<std::size_t>(b) * seq_len_);
+    }
+  }
+  std::string describe() const override { return what_ + " (" + std::to_string(tokens_.size()) + " tokens)"; }
+
+ private:
+  std::vector<token_t> tokens_;
+  int seq_len_, global_batch_;
+  std::string what_;
+};
+
+std::vector<char> read_file(const std::string& path, const std::string& key_hint) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  require(in.good(), "data.path = \"" + path + "\": cannot open the file (" + key_hint + ")");
+  const std::streamsize size = in.tellg();
+  in.seekg(0);
+  std::vector<char> bytes(static_cast<std::size_t>(size));
+  require(static_cast<bool>(in.read(bytes.data(), size)), "data.path = \"" + path + "\": read failed");
+  return bytes;
+}
+
+void require_long_enough(std::size_t n, const Config& cfg, const std::string& path) {
+  const std::size_t need = static_cast<std::size_t>(cfg.model.seq_len) + 2;
+  require(n >= need, "data.path = \"" + path + "\": the file holds " + std::to_string(n) +
+                         " tokens, too short for model.seq_len = " + std::to_string(cfg.model.seq_len) +
+                         " (needs at least " + std::to_string(need) + "); use a longer file or a smaller seq_len");
+}
+
+std::vector<token_t> read_text(const std::string& path, const Config& cfg) {
+  const auto bytes = read_file(path, "data.source = \"text\" reads it as bytes");
+  std::vector<token_t> tokens(bytes.size());
+  for (std::size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
+  require_long_enough(tokens.size(), cfg, path);
+  return tokens;
+}
+
+std::vector<token_t> read_tokens(const std::string& path, const Config& cfg) {
+  const auto bytes = read_file(path, "data.source = \"tokens\" expects an llm.c .bin token file");
+  const std::size_t header_bytes = kHeaderInts * sizeof(std::int32_t);
+  require(bytes.size() >= header_bytes,
+          "data.path = \"" + path + "\": shorter than the 1024-byte llm.c header; not a token file");
+  std::int32_t header[kHeaderInts];
+  std::memcpy(header, bytes.data(), header_bytes);
+  require(header[0] == kTokenFileMagic, "data.path = \"" + path + "\": bad magic " + std::to_string(header[0]) +
+                                            " (an llm.c token file starts with " + std::to_string(kTokenFileMagic) +
+                                            "); is this a .bin written by llm.c's data scripts?");
+  require(header[1] == 1, "data.path = \"" + path + "\": unsupported token file version " +
+                              std::to_string(header[1]) + " (ndmini reads version 1, uint16 tokens)");
+  const std::size_t count = static_cast<std::uint32_t>(header[2]);
+  const std::size_t available = (bytes.size() - header_bytes) / sizeof(std::uint16_t);
+  require(count <= available, "data.path = \"" + path + "\": header promises " + std::to_string(count) +
+                                  " tokens but the file holds only " + std::to_string(available) +
+                                  " (truncated?)");
+  std::vector<token_t> tokens(count);
+  const char* p = bytes.data() + header_bytes;
+  token_t largest = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint16_t t;
+    std::memcpy(&t, p + 2 * i, 2);
+    tokens[i] = t;
+    largest = std::max<token_t>(largest, t);
+  }
+  require(largest < cfg.model.vocab, "data.path = \"" + path + "\": holds token id " + std::to_string(largest) +
+                                         " but model.vocab = " + std::to_string(cfg.model.vocab) +
+                                         "; raise model.vocab (GPT-2 files need 50257 or more, e.g. 50304)");
+  require_long_enough(tokens.size(), cfg, path);
+  return tokens;
+}
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_data_source(const Config& cfg) {
+  const auto& d = cfg.data;
+  if (d.source == "text") return std::make_unique<StreamSource>(read_text(d.path, cfg), cfg, "text " + d.path);
+  if (d.source == "tokens")
+    return std::make_unique<StreamSource>(read_tokens(d.path, cfg), cfg, "tokens " + d.path);
+  return std::make_unique<SyntheticSource>(cfg);
+}
+
+void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  std::int32_t header[kHeaderInts] = {};
+  header[0] = kTokenFileMagic;
+  header[1] = 1;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary);
+  require(out.good(), "cannot write '" + path + "'");
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  require(out.good(), "write to '" + path + "' failed");
+}
+
+}  // namespace ndmini

@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Training data (DESIGN section 2): the global batch of step s is a pure
+// function of (seed, s, data source), so every layout, and every resumed run,
+// trains on the same tokens in the same order.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/types.hpp"
+
+namespace ndmini {
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // Writes sequences [first, first + count) of the global batch of `step`
+  // (global_batch sequences of seq_len tokens): inputs and their next-token
+  // targets, count * seq_len each, row b * seq_len + t.
+  virtual void fill(std::int64_t step, int first, int count, token_t* inputs, token_t* targets) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Builds the source named by [data]; checks the file (exists, long enough,
+// llm.c magic, tokens inside the vocabulary) and throws Error naming it.
+std::unique_ptr<DataSource> make_data_source(const Config& cfg);
+
+// Writes an llm.c token file (256 int32 header, magic 20240520, version 1,
+// token count; then uint16 tokens). Used by tests and examples.
+void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens);
+
+}  // namespace ndmini

@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// What a run reports (DESIGN section 6): the progress line on stdout and its
+// machine-readable twin, one JSON object per logged step in --metrics FILE.
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace ndmini {
+
+struct StepRecord {
+  std::int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
+  double exposed_comm_ms = 0;
+  std::int64_t mem_bytes = 0;
+};
+
+std::string progress_line(const StepRecord& r);
+
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // empty path: writes nothing
+  void step(const StepRecord& r);
+  // The final summary object: key figures of the whole run, as JSON text.
+  void summary(const std::string& json_object);
+
+ private:
+  std::ofstream out_;
+};
+
+// Peak resident set size of this process in bytes (VmHWM).
+std::int64_t peak_rss_bytes();
+
+}  // namespace ndmini

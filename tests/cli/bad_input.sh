@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# One bad input per invocation (the case name is $1): ndmini must refuse it
+# with one clear message naming the key or file, and exit non-zero.
+source "$(dirname "$0")/lib.sh"
+
+case "$1" in
+  unknown_key)
+    sed -i 's/^steps = 40/setps = 40/' tiny.toml
+    expect_error "unknown key train.setps; did you mean train.steps?" train tiny.toml ;;
+  unknown_section)
+    printf '\n[trian]\nsteps = 3\n' >>tiny.toml
+    expect_error "unknown section [trian]; did you mean [train]?" train tiny.toml ;;
+  wrong_type)
+    sed -i 's/^steps = 40/steps = "forty"/' tiny.toml
+    expect_error "train.steps must be an integer, got a string" train tiny.toml ;;
+  out_of_range)
+    expect_error "train.lr = -1 is out of range: must be in (0, 10)" train tiny.toml --set train.lr=-1 ;;
+  batch_divide)
+    expect_error "train.global_batch = 8 is out of range: must be a multiple of train.micro_batch = 3" \
+      train tiny.toml --set train.micro_batch=3 ;;
+  heads_divide)
+    expect_error "model.channels = 64 is out of range: must be divisible by model.heads = 5" \
+      train tiny.toml --set model.heads=5 ;;
+  missing_deck)
+    expect_error "cannot read deck 'no_such_deck.toml'" train no_such_deck.toml ;;
+  missing_data)
+    expect_error 'data.path = "absent.txt": cannot open the file' \
+      train tiny.toml --set data.source=text --set data.path=absent.txt ;;
+  short_data)
+    printf 'too short' >short.txt
+    expect_error 'data.path = "short.txt": the file holds 9 tokens, too short for model.seq_len = 64' \
+      train tiny.toml --set data.source=text --set data.path=short.txt ;;
+  bad_magic)
+    head -c 4096 /dev/zero >bad.bin
+    expect_error 'data.path = "bad.bin": bad magic 0' train tiny.toml --set data.source=tokens --set data.path=bad.bin ;;
+  missing_checkpoint)
+    expect_error "no checkpoint" train tiny.toml --resume --set checkpoint.dir=empty_ckpt ;;
+  multi_rank)
+    rc=0
+    run 2 train tiny.toml >out.txt 2>&1 || rc=$?
+    cat out.txt
+    [ "$rc" -ne 0 ] || fail "2 ranks must be refused until the mesh exists"
+    grep -qF "trains on one MPI rank for now, got 2" out.txt || fail "missing the one-rank message"
+    ;;
+  *)
+    fail "unknown case $1" ;;
+esac
