@@ -20,6 +20,9 @@ struct Key {
   std::string name;
   std::string type;  // "integer", "float", "string", "boolean"
   std::function<void(Config&, const toml::node&)> store;
+  // Integers must fit the field they land in (no silent wrap-around).
+  std::int64_t min_int = std::numeric_limits<int>::min();
+  std::int64_t max_int = std::numeric_limits<int>::max();
   std::string dotted() const { return section + "." + name; }
 };
 
@@ -30,9 +33,12 @@ Key int_key(const char* section, const char* name, T Config::*sec, int (T::*fiel
 }
 template <class T>
 Key u64_key(const char* section, const char* name, T Config::*sec, std::uint64_t(T::*field)) {
-  return {section, name, "integer", [sec, field](Config& c, const toml::node& n) {
-            c.*sec.*field = static_cast<std::uint64_t>(*n.value<std::int64_t>());
-          }};
+  Key k{section, name, "integer", [sec, field](Config& c, const toml::node& n) {
+          c.*sec.*field = static_cast<std::uint64_t>(*n.value<std::int64_t>());
+        }};
+  k.min_int = 0;
+  k.max_int = std::numeric_limits<std::int64_t>::max();
+  return k;
 }
 template <class T>
 Key float_key(const char* section, const char* name, T Config::*sec, double(T::*field)) {
@@ -244,6 +250,12 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     if (!type_matches(key, *node))
       throw Error(origin + ": " + key.dotted() + " must be " + (key.type == "integer" ? "an " : "a ") + key.type +
                   ", got a " + type_name(*node));
+    if (key.type == "integer") {
+      const std::int64_t value = *node->value<std::int64_t>();
+      if (value < key.min_int || value > key.max_int)
+        throw Error(origin + ": " + key.dotted() + " = " + std::to_string(value) + " does not fit: must be between " +
+                    std::to_string(key.min_int) + " and " + std::to_string(key.max_int));
+    }
     key.store(cfg, *node);
   }
   validate(cfg, origin);

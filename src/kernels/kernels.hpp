@@ -77,7 +77,7 @@ struct AdamWStep {
 void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& step,
                   bool decay);
 
-// Sum of squares of a buffer, accumulated in double.
+// Sum of squares of a buffer: float sums over blocks of 4096, added in double.
 double sum_squares(ConstSlice1D x);
 
 // Fills a parameter with its deterministic init: std * N(0,1) drawn from the

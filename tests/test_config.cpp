@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The input deck: values round-trip, and every mistake is refused with a
+// message that names the key and says what would fix it.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/error.hpp"
+
+using namespace ndmini;
+
+namespace {
+
+const char* kModel = R"(
+[model]
+layers = 2
+channels = 12
+heads = 3
+vocab = 11
+seq_len = 5
+)";
+
+// The error message of parse_config, or "" when it did not throw.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(text, "deck.toml", overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Expects parse_config to throw ndmini::Error with every one of `parts` in the message.
+void expect_error(const std::string& text, const std::vector<std::string>& parts,
+                  const std::vector<std::string>& overrides = {}) {
+  const std::string msg = error_of(text, overrides);
+  ASSERT_FALSE(msg.empty()) << "expected an error for:\n" << text;
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+}
+
+std::string with_model(const std::string& extra) { return std::string(kModel) + extra; }
+
+}  // namespace
+
+TEST(Config, FullDeckRoundTrips) {
+  const std::string deck = with_model(R"(
+[data]
+source = "tokens"
+path = "data/train.bin"
+
+[train]
+steps = 10
+global_batch = 8
+micro_batch = 2
+seed = 42
+lr = 1e-3
+min_lr = 1e-4
+warmup_steps = 3
+weight_decay = 0.05
+grad_clip = 0.5
+log_every = 2
+
+[parallel]
+dp_replicate = 1
+dp_shard = 2
+tp = 1
+cp = 1
+pp = -1
+sequence_parallel = true
+schedule = "gpipe"
+
+[checkpoint]
+dir = "out"
+every = 5
+keep = 2
+at_start = true
+
+[perf]
+peak_gflops = 100.5
+)");
+  const Config c = parse_config(deck, "deck.toml");
+  EXPECT_EQ(c.model.layers, 2);
+  EXPECT_EQ(c.model.channels, 12);
+  EXPECT_EQ(c.model.heads, 3);
+  EXPECT_EQ(c.model.vocab, 11);
+  EXPECT_EQ(c.model.seq_len, 5);
+  EXPECT_EQ(c.data.source, "tokens");
+  EXPECT_EQ(c.data.path, "data/train.bin");
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.train.global_batch, 8);
+  EXPECT_EQ(c.train.micro_batch, 2);
+  EXPECT_EQ(c.train.seed, 42u);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.train.min_lr, 1e-4);
+  EXPECT_EQ(c.train.warmup_steps, 3);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.05);
+  EXPECT_DOUBLE_EQ(c.train.grad_clip, 0.5);
+  EXPECT_EQ(c.train.log_every, 2);
+  EXPECT_EQ(c.parallel.dp_replicate, 1);
+  EXPECT_EQ(c.parallel.dp_shard, 2);
+  EXPECT_EQ(c.parallel.pp, -1);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.checkpoint.dir, "out");
+  EXPECT_EQ(c.checkpoint.every, 5);
+  EXPECT_EQ(c.checkpoint.keep, 2);
+  EXPECT_TRUE(c.checkpoint.at_start);
+  EXPECT_DOUBLE_EQ(c.perf.peak_gflops, 100.5);
+  EXPECT_EQ(accumulation_steps(c), 4);
+
+  // The resolved TOML parses back to the same values.
+  const Config r = parse_config(c.toml, "resolved");
+  EXPECT_EQ(r.train.steps, 10);
+  EXPECT_DOUBLE_EQ(r.train.lr, 1e-3);
+  EXPECT_EQ(r.data.path, "data/train.bin");
+  EXPECT_EQ(r.parallel.schedule, "gpipe");
+  EXPECT_EQ(r.model.seq_len, 5);
+}
+
+TEST(Config, DefaultsWhenOnlyTheModelIsGiven) {
+  const Config c = parse_config(kModel, "deck.toml");
+  const TrainConfig t;
+  EXPECT_EQ(c.train.steps, t.steps);
+  EXPECT_EQ(c.train.global_batch, t.global_batch);
+  EXPECT_EQ(c.train.seed, t.seed);
+  EXPECT_EQ(c.data.source, "synthetic");
+  EXPECT_EQ(c.parallel.schedule, "1f1b");
+}
+
+TEST(Config, MissingModelKey) {
+  expect_error("[model]\nlayers = 2\nchannels = 12\nheads = 3\nvocab = 11\n", {"model.seq_len", "missing"});
+  expect_error("[train]\nsteps = 3\n", {"model.layers", "missing"});
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  expect_error(with_model("[train]\nsetps = 10\n"), {"train.setps", "did you mean train.steps"});
+  expect_error(with_model("[model.x]\n"), {"model.x"});
+  expect_error(with_model("[parallel]\nsequence_paralel = true\n"), {"did you mean parallel.sequence_parallel"});
+}
+
+TEST(Config, UnknownSectionSuggestsNearest) {
+  expect_error(with_model("[trian]\nsteps = 10\n"), {"[trian]", "did you mean [train]"});
+  expect_error(with_model("[checkpoints]\nevery = 1\n"), {"did you mean [checkpoint]"});
+}
+
+TEST(Config, WrongTypeNamesKeyAndTypes) {
+  expect_error(with_model("[train]\nsteps = \"ten\"\n"), {"train.steps", "integer", "string"});
+  expect_error(with_model("[train]\nlr = \"fast\"\n"), {"train.lr", "float", "string"});
+  expect_error(with_model("[parallel]\nsequence_parallel = 1\n"), {"parallel.sequence_parallel", "boolean"});
+  expect_error(with_model("[train]\nsteps = 2.5\n"), {"train.steps", "integer", "float"});
+}
+
+TEST(Config, IntegerAcceptedForFloatKey) {
+  const Config c = parse_config(with_model("[train]\nlr = 1\nmin_lr = 0\n"), "deck.toml");
+  EXPECT_DOUBLE_EQ(c.train.lr, 1.0);
+  EXPECT_DOUBLE_EQ(c.train.min_lr, 0.0);
+}
+
+TEST(Config, OutOfRangeNamesTheKey) {
+  expect_error(with_model("[train]\nsteps = -1\n"), {"train.steps", "-1"});
+  // 12 channels do not split over 5 heads.
+  expect_error("[model]\nlayers = 2\nchannels = 12\nheads = 5\nvocab = 11\nseq_len = 5\n",
+               {"model.channels", "model.heads"});
+  expect_error(with_model("[train]\nglobal_batch = 8\nmicro_batch = 3\n"), {"train.global_batch", "train.micro_batch"});
+  expect_error(with_model("[train]\nlr = 0\n"), {"train.lr"});
+  expect_error(with_model("[train]\nlr = 1e-3\nmin_lr = 1e-2\n"), {"train.min_lr"});
+  expect_error(with_model("[data]\nsource = \"text\"\n"), {"data.path"});
+  expect_error(with_model("[data]\nsource = \"text\"\npath = \"a.txt\"\n"), {"model.vocab", "256"});
+  expect_error(with_model("[data]\nsource = \"wikipedia\"\n"), {"data.source"});
+  expect_error(with_model("[parallel]\nschedule = \"zigzag\"\n"), {"parallel.schedule"});
+  expect_error(with_model("[parallel]\ntp = 0\n"), {"parallel.tp"});
+  expect_error(with_model("[checkpoint]\nkeep = 0\n"), {"checkpoint.keep"});
+  expect_error("[model]\nlayers = 0\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n", {"model.layers"});
+}
+
+TEST(Config, IntegerTooLargeForItsKeyIsRefused) {
+  // 2^32 + 10 must not wrap to 10 steps (or 2^32 + 2 layers to 2).
+  expect_error(with_model("[train]\nsteps = 4294967306\n"), {"train.steps"});
+  expect_error("[model]\nlayers = 4294967298\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n",
+               {"model.layers"});
+}
+
+TEST(Config, Overrides) {
+  const Config c = parse_config(kModel, "deck.toml", {"train.steps=7", "train.lr=1", "parallel.sequence_parallel=true"});
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1.0);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  // Overrides win over the deck, and a value that is not TOML is a bare string.
+  const Config t = parse_config(with_model("[train]\nsteps = 3\n"), "deck.toml",
+                                {"train.steps=9", "data.source=text", "data.path=/tmp/in.txt", "model.vocab=256"});
+  EXPECT_EQ(t.train.steps, 9);
+  EXPECT_EQ(t.data.source, "text");
+  EXPECT_EQ(t.data.path, "/tmp/in.txt");
+  EXPECT_EQ(t.model.vocab, 256);
+  // The resolved deck records the overrides.
+  EXPECT_NE(t.toml.find("steps = 9"), std::string::npos) << t.toml;
+}
+
+TEST(Config, BadOverrides) {
+  expect_error(kModel, {"train.steps", "section.key=value"}, {"train.steps"});
+  expect_error(kModel, {"steps=3", "section.key=value"}, {"steps=3"});
+  expect_error(kModel, {"did you mean train.steps"}, {"train.setps=3"});
+  expect_error(kModel, {"train.steps", "integer", "string"}, {"train.steps=ten"});
+  expect_error(kModel, {"train.steps", "-2"}, {"train.steps=-2"});
+}
+
+TEST(Config, InvalidTomlNamesOriginAndLine) {
+  expect_error("[model]\nlayers = = 2\n", {"deck.toml:2", "not valid TOML"});
+}

@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The whole GPT-2 on one rank: gradient of the mean loss against central
+// differences for a sample of every parameter tensor, DESIGN section 2's
+// init, gradient accumulation, and the parameter/FLOP counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "core/types.hpp"
+#include "model/gpt.hpp"
+
+using namespace ndmini;
+
+namespace {
+
+ModelConfig tiny() {
+  ModelConfig m;
+  m.layers = 2;
+  m.channels = 12;
+  m.heads = 3;  // head size 4
+  m.vocab = 11;
+  m.seq_len = 5;
+  return m;
+}
+
+std::vector<double> host(const View1D& v) {
+  auto h = Kokkos::create_mirror_view(v);
+  Kokkos::deep_copy(h, v);
+  return std::vector<double>(h.data(), h.data() + v.size());
+}
+
+TokenView tokens_from(const std::vector<int>& t) {
+  TokenView v("tokens", t.size());
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < t.size(); ++i) h(i) = t[i];
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+// Init, then move every parameter off its init values (biases 0 and LN
+// weights 1 are special points) so every gradient term is exercised and
+// attention is far from uniform.
+void init_perturbed(GPT& gpt, std::uint64_t seed) {
+  gpt.init(seed);
+  auto p = Kokkos::create_mirror_view(gpt.param_buffer());
+  Kokkos::deep_copy(p, gpt.param_buffer());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double u = static_cast<double>(rng::bits(seed + 1, i) >> 40) / 16777216.0;
+    p(i) += static_cast<real>(0.6 * u - 0.3);
+  }
+  Kokkos::deep_copy(gpt.param_buffer(), p);
+}
+
+}  // namespace
+
+TEST(Model, GradientMatchesFiniteDifferences) {
+  const ModelConfig m = tiny();
+  const int B = 2, T = m.seq_len;
+  GPT gpt(m, B);
+  init_perturbed(gpt, 7);
+  // Repeated tokens, and targets that differ from the inputs.
+  TokenView tokens = tokens_from({1, 4, 1, 9, 0, 10, 4, 4, 2, 1});
+  TokenView targets = tokens_from({4, 1, 9, 0, 3, 4, 4, 2, 1, 7});
+  const real scale = real(1) / (B * T);
+
+  Kokkos::deep_copy(gpt.grad_buffer(), real(0));  // forward_backward accumulates
+  const double loss_sum = gpt.forward_backward(tokens, targets, scale);
+  const auto grad = host(gpt.grad_buffer());
+  const double fwd = gpt.forward_loss(tokens, targets);
+  EXPECT_NEAR(loss_sum, fwd, 1e-5 * fwd) << "forward_backward and forward_loss disagree on the loss";
+  EXPECT_GT(fwd / (B * T), 0.5);
+
+  View1D params = gpt.param_buffer();
+  auto hp = Kokkos::create_mirror_view(params);
+  Kokkos::deep_copy(hp, params);
+  const double h = 1e-2;
+  // Up to 48 elements per tensor, spread deterministically over it.
+  const std::size_t kSample = 48;
+  double worst = 0;
+  for (const auto& p : gpt.params()) {
+    std::vector<double> fd, an;
+    const std::size_t count = std::min(p.size, kSample);
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t i =
+          p.offset + (p.size <= kSample ? k : k * p.size / kSample + rng::bits(5, k) % (p.size / kSample));
+      const real orig = hp(i);
+      const real up = orig + real(h), dn = orig - real(h);
+      hp(i) = up;
+      Kokkos::deep_copy(params, hp);
+      const double lp = gpt.forward_loss(tokens, targets) / (B * T);
+      hp(i) = dn;
+      Kokkos::deep_copy(params, hp);
+      const double lm = gpt.forward_loss(tokens, targets) / (B * T);
+      hp(i) = orig;
+      Kokkos::deep_copy(params, hp);
+      fd.push_back((lp - lm) / (double(up) - double(dn)));
+      an.push_back(grad[i]);
+    }
+    double num = 0, den = 0;
+    for (std::size_t k = 0; k < fd.size(); ++k) {
+      num += (fd[k] - an[k]) * (fd[k] - an[k]);
+      den += fd[k] * fd[k];
+    }
+    const double err = std::sqrt(num / den);
+    worst = std::max(worst, err);
+    std::printf("  [fd] %-24s |g| %.2e  rel err %.2e\n", p.name.c_str(), std::sqrt(den / fd.size()), err);
+    // Every tensor must get a real gradient (a zero one would pass any ratio).
+    EXPECT_GT(den, 0.0) << p.name;
+    EXPECT_LT(err, 2e-3) << p.name;  // worst measured 1.4e-4 (wpe)
+  }
+  std::printf("  worst rel err %.2e\n", worst);
+}
+
+TEST(Model, ForwardBackwardAccumulates) {
+  const ModelConfig m = tiny();
+  GPT gpt(m, 2);
+  init_perturbed(gpt, 11);
+  TokenView tokens = tokens_from({1, 4, 1, 9, 0, 10, 4, 4, 2, 1});
+  TokenView targets = tokens_from({4, 1, 9, 0, 3, 4, 4, 2, 1, 7});
+  Kokkos::deep_copy(gpt.grad_buffer(), real(0));
+  gpt.forward_backward(tokens, targets, 0.1f);
+  const auto g1 = host(gpt.grad_buffer());
+  gpt.forward_backward(tokens, targets, 0.1f);
+  const auto g2 = host(gpt.grad_buffer());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < g1.size(); ++i) {
+    num += (g2[i] - 2 * g1[i]) * (g2[i] - 2 * g1[i]);
+    den += 4 * g1[i] * g1[i];
+  }
+  EXPECT_GT(den, 0.0);
+  EXPECT_LT(std::sqrt(num / den), 1e-5) << "two micro-batches must add their gradients";
+}
+
+TEST(Model, InitIsDeterministic) {
+  const ModelConfig m = tiny();
+  GPT a(m, 1), b(m, 1), c(m, 1);
+  a.init(42);
+  b.init(42);
+  c.init(43);
+  EXPECT_EQ(host(a.param_buffer()), host(b.param_buffer()));
+  EXPECT_NE(host(a.param_buffer()), host(c.param_buffer()));
+  // Element i of a tensor comes from (seed, name, i), as DESIGN section 2 says,
+  // so any layout can rebuild the same model.
+  const auto hp = host(a.param_buffer());
+  for (const char* name : {"wte", "h/1/attn/c_attn/weight"}) {
+    const auto& p = a.param(name);
+    for (std::size_t i : {std::size_t(0), std::size_t(5), p.size - 1})
+      EXPECT_EQ(hp[p.offset + i], static_cast<double>(static_cast<real>(static_cast<real>(0.02) *
+                                                                       rng::normal(rng::stream_key(42, name), i))))
+          << name << "[" << i << "]";
+  }
+  // init also clears the gradients.
+  Kokkos::deep_copy(a.grad_buffer(), real(3));
+  a.init(42);
+  for (double g : host(a.grad_buffer())) ASSERT_EQ(g, 0.0);
+}
+
+TEST(Model, InitStatistics) {
+  ModelConfig m;
+  m.layers = 3;
+  m.channels = 96;
+  m.heads = 4;
+  m.vocab = 256;
+  m.seq_len = 32;
+  GPT gpt(m, 1);
+  gpt.init(2024);
+  const auto hp = host(gpt.param_buffer());
+  const double std_proj = 0.02 / std::sqrt(2.0 * m.layers);
+  for (const auto& p : gpt.params()) {
+    const bool is_bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
+    const bool is_ln = p.name.find("ln_") != std::string::npos;
+    if (is_ln && !is_bias) {
+      for (std::size_t i = 0; i < p.size; ++i) ASSERT_EQ(hp[p.offset + i], 1.0) << p.name;
+    } else if (is_bias) {
+      for (std::size_t i = 0; i < p.size; ++i) ASSERT_EQ(hp[p.offset + i], 0.0) << p.name;
+    } else {
+      EXPECT_TRUE(p.decay) << p.name << " is 2-D and should be decayed";
+      const double want = p.name.find("c_proj/weight") != std::string::npos ? std_proj : 0.02;
+      double sum = 0, sq = 0;
+      for (std::size_t i = 0; i < p.size; ++i) sum += hp[p.offset + i], sq += hp[p.offset + i] * hp[p.offset + i];
+      const double n = p.size, mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+      // 5 standard errors: mean ~ N(0, s^2/n), sample std ~ s (1 +- 1/sqrt(2n)).
+      EXPECT_LT(std::abs(mean), 5 * want / std::sqrt(n)) << p.name;
+      EXPECT_LT(std::abs(sd / want - 1), 5 / std::sqrt(2 * n)) << p.name << ": std " << sd << ", want " << want;
+    }
+    if (is_bias || is_ln) {
+      EXPECT_FALSE(p.decay) << p.name << " is 1-D and must not be decayed";
+    }
+  }
+}
+
+TEST(Model, LayoutCoversEveryTensorOnce) {
+  const ModelConfig m = tiny();
+  GPT gpt(m, 1);
+  const auto& ps = gpt.params();
+  ASSERT_EQ(ps.size(), 2u + 12u * m.layers + 2u);
+  std::int64_t total = 0;
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    std::int64_t n = 1;
+    for (auto d : ps[k].shape) n *= d;
+    EXPECT_EQ(static_cast<std::int64_t>(ps[k].size), n) << ps[k].name;
+    if (k > 0) {
+      EXPECT_GE(ps[k].offset, ps[k - 1].offset + ps[k - 1].size) << ps[k].name << " overlaps";
+    }
+    EXPECT_LE(ps[k].offset + ps[k].size, gpt.param_buffer().size());
+    total += n;
+  }
+  EXPECT_EQ(total, gpt_param_count(m));
+  EXPECT_EQ(gpt.param_buffer().size(), gpt.grad_buffer().size());
+}
+
+TEST(Model, Gpt2SmallCounts) {
+  ModelConfig m;
+  m.layers = 12;
+  m.channels = 768;
+  m.heads = 12;
+  m.vocab = 50257;
+  m.seq_len = 1024;
+  // GPT-2 124M with the LM head tied to wte.
+  const std::int64_t N = 124439808;
+  EXPECT_EQ(gpt_param_count(m), N);
+  EXPECT_EQ(gpt_flops_param_count(m), N - 1024 * 768);
+  EXPECT_DOUBLE_EQ(gpt_flops_per_token(m), 6.0 * (N - 1024.0 * 768) + 12.0 * 12 * 768 * 1024);
+}
