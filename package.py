@@ -1,0 +1,1 @@
+spack/packages/ndmini/package.py
