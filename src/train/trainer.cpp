@@ -112,13 +112,14 @@ double learning_rate(const TrainConfig& t, std::int64_t step) {
 
 double calibrate_gemm_flops() {
   // A square SGEMM the size of the larger model GEMMs; best of a few runs
-  // after one warm-up, about 0.1 s in total at 100 GFLOP/s.
+  // after one warm-up, about 0.2 s in total at 100 GFLOP/s. Best, not
+  // median: a busy core can only make a run slower.
   const int n = 1024;
   View2D a("ndmini::calib_a", n, n), b("ndmini::calib_b", n, n), c("ndmini::calib_c", n, n);
   Kokkos::deep_copy(a, 0.5f);
   Kokkos::deep_copy(b, 0.25f);
   double best = 0;
-  for (int rep = 0; rep < 6; ++rep) {
+  for (int rep = 0; rep < 12; ++rep) {
     Kokkos::fence();
     const auto t0 = Clock::now();
     KokkosBlas::gemm("N", "T", 1.0f, a, b, 0.0f, c);

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The one main() of every bench_* program: MPI, then Kokkos, then Google
+// Benchmark. All ranks run every benchmark (the timer's MPI_Allreduce needs
+// them all); only rank 0 prints or writes --benchmark_out.
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Swallows every report: the display reporter of ranks other than 0.
+class NullReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+  void Finalize() override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int status = 0;
+  Kokkos::initialize(argc, argv);
+  {
+    // Ranks other than 0 drop --benchmark_out*: otherwise each would open
+    // (and truncate) the same file that rank 0 is writing.
+    std::vector<char*> args;
+    for (int i = 0; i < argc; ++i)
+      if (rank == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
+    int nargs = static_cast<int>(args.size());
+    args.push_back(nullptr);
+    benchmark::Initialize(&nargs, args.data());
+    if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) {
+      status = 1;
+    } else if (rank == 0) {
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      NullReporter silent;
+      benchmark::RunSpecifiedBenchmarks(&silent);
+    }
+    benchmark::Shutdown();
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return status;
+}
