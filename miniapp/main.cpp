@@ -11,6 +11,7 @@
 
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "train/trainer.hpp"
 
@@ -48,6 +49,8 @@ int main(int argc, char** argv) {
   std::string deck, metrics;
   std::vector<std::string> overrides;
   std::int64_t resume_step = -1;
+  bool show_mesh = false;
+  int check_world = world;
 
   auto* train = app.add_subcommand("train", "Train the model a deck describes");
   train->add_option("deck", deck, "Input deck (TOML), e.g. inputs/tiny.toml")->required();
@@ -59,11 +62,15 @@ int main(int argc, char** argv) {
                                    "Resume from checkpoint.dir: the step named by 'latest', or STEP if given")
                      ->option_text("[STEP]");
   resume->expected(0, 1);
+  train->add_flag("--show-mesh", show_mesh, "Print every rank's mesh coordinates and the groups of each axis");
 
   auto* check = app.add_subcommand("check", "Validate a deck and print what a run would use; runs nothing");
   check->add_option("deck", deck, "Input deck (TOML)")->required();
   check->add_option("--set", overrides, "Override a deck key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
+  check->add_option("--world", check_world, "Validate the layout for N ranks without launching them")
+      ->option_text("N (default: the ranks launched)")
+      ->check(CLI::PositiveNumber);
 
   try {
     app.parse(argc, argv);
@@ -78,10 +85,16 @@ int main(int argc, char** argv) {
   try {
     const ndmini::Config cfg = ndmini::load_config(deck, overrides);
     if (*check) {
-      if (rank == 0) print_check(cfg);
+      // Resolve first: a bad layout is one error, not a report that ends in one.
+      const ndmini::MeshShape shape = ndmini::resolve_mesh(cfg, check_world);
+      if (rank == 0) {
+        print_check(cfg);
+        std::printf("%s", ndmini::describe_mesh(shape, true).c_str());
+      }
     } else {
       ndmini::TrainOptions opts;
       opts.metrics_path = metrics;
+      opts.show_mesh = show_mesh;
       opts.resume = resume->count() > 0;
       if (opts.resume && resume_step >= 0) opts.resume_step = resume_step;
       ndmini::train(cfg, opts, MPI_COMM_WORLD);

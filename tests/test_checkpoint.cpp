@@ -2,7 +2,8 @@
 // Checkpoints: round trip, resharding, attributes, commit and pruning, and the
 // refusal of corrupted, truncated, missing or mismatched checkpoints. Values are
 // made from the global index and loaded into zeros, so a no-op load or a block
-// read from the wrong place fails. Runs with 1 and 2 ranks.
+// read from the wrong place fails. Runs with 1 and 2 ranks (and any other count
+// by hand).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -53,8 +54,9 @@ struct Block {
   std::vector<std::uint64_t> shape, offset, count;
   std::vector<float> data;
   int salt = 0;
+  bool replica = false;
 
-  TensorSlab slab() { return TensorSlab{name, shape, offset, count, data.empty() ? nullptr : data.data()}; }
+  TensorSlab slab() { return TensorSlab{name, shape, offset, count, data.empty() ? nullptr : data.data(), replica}; }
 
   // Calls f(local index, global linear index) over the block, row-major.
   void for_each(const std::function<void(std::size_t, std::uint64_t)>& f) const {
@@ -132,6 +134,127 @@ std::size_t mismatches(const std::vector<Block>& blocks, int salt_base) {
   return bad;
 }
 
+// A block at a given place, filled with the values of `salt` (or zeros).
+Block block_at(const std::string& name, std::vector<std::uint64_t> shape, std::vector<std::uint64_t> offset,
+               std::vector<std::uint64_t> count, int salt, bool fill, bool replica = false) {
+  Block b;
+  b.name = name;
+  b.shape = std::move(shape);
+  b.offset = std::move(offset);
+  b.count = std::move(count);
+  b.salt = salt;
+  b.replica = replica;
+  std::uint64_t elements = 1;
+  for (auto c : b.count) elements *= c;
+  b.data.assign(elements, 0.0f);
+  if (fill) b.for_each([&](std::size_t i, std::uint64_t g) { b.data[i] = value(salt, g); });
+  return b;
+}
+
+// The entry of a rank that holds nothing of a tensor.
+Block nothing_of(const std::string& name, std::vector<std::uint64_t> shape) {
+  const std::vector<std::uint64_t> zero(shape.size(), 0);
+  return block_at(name, std::move(shape), zero, zero, 0, false);
+}
+
+// The whole tensor as one block.
+Block whole(const std::string& name, std::vector<std::uint64_t> shape, int salt, bool fill, bool replica = false) {
+  const std::vector<std::uint64_t> zero(shape.size(), 0);
+  return block_at(name, shape, zero, shape, salt, fill, replica);
+}
+
+// The flat range [lo, hi) of a [rows, cols] tensor as a flat FSDP shard sees it:
+// a partial first row, the full rows, a partial last row (each only if present).
+std::vector<Block> flat_range(const std::string& name, std::vector<std::uint64_t> shape, std::uint64_t lo,
+                              std::uint64_t hi, int salt, bool fill) {
+  const std::uint64_t cols = shape[1];
+  std::vector<Block> out;
+  auto add = [&](std::uint64_t row, std::uint64_t col, std::uint64_t rows, std::uint64_t n) {
+    if (rows > 0 && n > 0) out.push_back(block_at(name, shape, {row, col}, {rows, n}, salt, fill));
+  };
+  std::uint64_t at = lo;
+  if (at % cols != 0) {
+    const std::uint64_t end = std::min(hi, (at / cols + 1) * cols);
+    add(at / cols, at % cols, 1, end - at);
+    at = end;
+  }
+  const std::uint64_t full = (hi - at) / cols;
+  add(at / cols, 0, full, cols);
+  at += full * cols;
+  if (at < hi) add(at / cols, 0, 1, hi - at);
+  return out;
+}
+
+// A model whose tensors are cut into pieces dealt round-robin to the ranks,
+// piece i to rank (i + shift) % nranks, so that a rank holds several blocks of
+// a tensor (none on some ranks) and each rank lists them in descending order.
+std::vector<Block> pieces_model(int shift, int salt, bool fill) {
+  const int p = nranks();
+  auto mine = [&](int piece) { return (piece + shift) % p == rank(); };
+  std::vector<Block> out;
+  auto add_or_nothing = [&](const std::vector<Block>& blocks, const std::string& name,
+                            std::vector<std::uint64_t> shape) {
+    if (blocks.empty()) out.push_back(nothing_of(name, std::move(shape)));
+    out.insert(out.end(), blocks.begin(), blocks.end());
+  };
+  // Tensor-parallel-like rows: one block per row of a [6, 5] tensor, plus an
+  // empty entry, which may stand next to real blocks.
+  const std::string qkv = "model/h/0/attn/c_attn/weight";
+  out.push_back(nothing_of(qkv, {6, 5}));
+  for (std::uint64_t row = 6; row-- > 0;)
+    if (mine(static_cast<int>(row))) out.push_back(block_at(qkv, {6, 5}, {row, 0}, {1, 5}, salt + 1, fill));
+  // Flat FSDP-like shards: [7, 23) is a partial row, two full rows and a partial row.
+  const std::string wte = "model/wte/weight";
+  const std::uint64_t ranges[3][2] = {{7, 23}, {0, 7}, {23, 30}};
+  std::vector<Block> blocks;
+  for (int i = 0; i < 3; ++i)
+    if (mine(i))
+      for (auto& b : flat_range(wte, {6, 5}, ranges[i][0], ranges[i][1], salt + 2, fill)) blocks.push_back(b);
+  add_or_nothing(blocks, wte, {6, 5});
+  // Column stripes, side by side: in the file their rows interleave.
+  const std::string fc = "model/h/0/mlp/c_fc/weight";
+  blocks.clear();
+  for (std::uint64_t j = 3; j-- > 0;)
+    if (mine(static_cast<int>(j))) blocks.push_back(block_at(fc, {4, 6}, {0, 2 * j}, {4, 2}, salt + 3, fill));
+  add_or_nothing(blocks, fc, {4, 6});
+  // Slices along the middle dimension of a 3-D tensor.
+  const std::string wpe = "model/wpe/weight";
+  blocks.clear();
+  for (std::uint64_t k = 4; k-- > 0;)
+    if (mine(static_cast<int>(k))) blocks.push_back(block_at(wpe, {3, 4, 5}, {0, k, 0}, {3, 1, 5}, salt + 4, fill));
+  add_or_nothing(blocks, wpe, {3, 4, 5});
+  // Uneven pieces of a 1-D tensor.
+  const std::string bias = "model/h/0/attn/c_attn/bias";
+  const std::uint64_t cuts[4] = {0, 3, 4, 10};
+  blocks.clear();
+  for (int i = 3; i-- > 0;)
+    if (mine(i)) blocks.push_back(block_at(bias, {10}, {cuts[i]}, {cuts[i + 1] - cuts[i]}, salt + 5, fill));
+  add_or_nothing(blocks, bias, {10});
+  return out;
+}
+
+// The same tensors (names, shapes, values) with one block per rank.
+std::vector<Block> one_block_model(Split split, int salt, bool fill) {
+  return {
+      make_block("model/h/0/attn/c_attn/weight", {6, 5}, split, salt + 1, fill),
+      make_block("model/wte/weight", {6, 5}, split, salt + 2, fill),
+      make_block("model/h/0/mlp/c_fc/weight", {4, 6}, split, salt + 3, fill),
+      make_block("model/wpe/weight", {3, 4, 5}, split, salt + 4, fill),
+      make_block("model/h/0/attn/c_attn/bias", {10}, split, salt + 5, fill),
+  };
+}
+
+// Number of elements that differ (bitwise) from the values of each block's salt.
+std::size_t wrong(const std::vector<Block>& blocks) {
+  std::size_t bad = 0;
+  for (const Block& b : blocks)
+    b.for_each([&](std::size_t i, std::uint64_t g) {
+      const float want = value(b.salt, g);
+      if (std::memcmp(&b.data[i], &want, sizeof want) != 0) ++bad;
+    });
+  return bad;
+}
+
 CheckpointInfo info_for(std::int64_t step) {
   CheckpointInfo info;
   info.step = step;
@@ -189,6 +312,16 @@ class Checkpoint : public ::testing::Test {
     auto blocks = make_model(split, salt, false);
     ndmini::io::load_checkpoint(MPI_COMM_WORLD, root_, step, slabs(blocks));
     return mismatches(blocks, salt);
+  }
+
+  void save_blocks(std::int64_t step, std::vector<Block> blocks) {
+    ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(step), slabs(blocks), 3);
+  }
+
+  // Loads into the given blocks and returns the number of wrong elements.
+  std::size_t load_blocks(std::optional<std::int64_t> step, std::vector<Block> blocks) {
+    ndmini::io::load_checkpoint(MPI_COMM_WORLD, root_, step, slabs(blocks));
+    return wrong(blocks);
   }
 
   std::string file_of(std::int64_t step) const {
@@ -421,6 +554,115 @@ TEST_F(Checkpoint, BadBlocksFailOnEveryRank) {
     msg = error_of([&] { ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(1), slabs(extra), 3); });
     EXPECT_TRUE(contains(msg, "different tensor lists")) << msg;
   }
+  EXPECT_FALSE(ndmini::io::latest_step(MPI_COMM_WORLD, root_).has_value());
+}
+
+// Several blocks per rank (rows, flat shards, column stripes, slices), saved
+// and loaded into other multi-block and single-block layouts.
+TEST_F(Checkpoint, SeveralBlocksPerRankRoundTripAndReshard) {
+  save_blocks(1, pieces_model(0, 10, true));
+  EXPECT_EQ(load_blocks(1, pieces_model(0, 10, false)), 0u);
+  EXPECT_EQ(load_blocks(1, pieces_model(1, 10, false)), 0u);  // the pieces dealt to other ranks
+  for (Split split : {Split::kFirstDim, Split::kLastDim, Split::kRankZero})
+    EXPECT_EQ(load_blocks(1, one_block_model(split, 10, false)), 0u);
+  EXPECT_GT(load_blocks(1, pieces_model(0, 20, false)), 0u);  // negative control
+
+  save_blocks(2, one_block_model(Split::kRankZero, 30, true));
+  EXPECT_EQ(load_blocks(2, pieces_model(0, 30, false)), 0u);
+  EXPECT_EQ(load_blocks(2, pieces_model(1, 30, false)), 0u);
+  save_blocks(3, one_block_model(Split::kLastDim, 40, true));
+  EXPECT_EQ(load_blocks(3, pieces_model(1, 40, false)), 0u);
+}
+
+// Rank 0's blocks out of order, some side by side in a row and of different
+// widths: the staging order must follow the file, not the list.
+TEST_F(Checkpoint, UnsortedInterleavedBlocks) {
+  const std::string name = "model/h/0/attn/c_proj/weight";
+  auto pattern = [&](int salt, bool fill) {
+    if (rank() != 0) return std::vector<Block>{nothing_of(name, {4, 5})};
+    return std::vector<Block>{
+        block_at(name, {4, 5}, {3, 0}, {1, 5}, salt, fill), block_at(name, {4, 5}, {0, 3}, {2, 2}, salt, fill),
+        block_at(name, {4, 5}, {2, 1}, {1, 4}, salt, fill), block_at(name, {4, 5}, {0, 0}, {2, 3}, salt, fill),
+        block_at(name, {4, 5}, {2, 0}, {1, 1}, salt, fill),
+    };
+  };
+  save_blocks(1, pattern(7, true));
+  EXPECT_EQ(load_blocks(1, pattern(7, false)), 0u);
+  EXPECT_EQ(load_blocks(1, {make_block(name, {4, 5}, Split::kFirstDim, 7, false)}), 0u);
+  EXPECT_EQ(load_blocks(1, {make_block(name, {4, 5}, Split::kLastDim, 7, false)}), 0u);
+  save_blocks(2, {make_block(name, {4, 5}, Split::kLastDim, 8, true)});
+  EXPECT_EQ(load_blocks(2, pattern(8, false)), 0u);
+}
+
+// Every rank holds the whole tensors; only rank 0 owns them. Replica blocks are
+// not written (their data here is garbage) but are read, and the digests match.
+TEST_F(Checkpoint, ReplicasAreReadButNotWritten) {
+  const std::string w = "model/h/0/attn/c_proj/weight", ln = "model/h/0/ln_1/weight";
+  const bool copy = rank() != 0;
+  std::vector<Block> saved{whole(w, {6, 5}, 1, true, copy), whole(ln, {8}, 2, true, copy)};
+  if (copy)
+    for (auto& b : saved) std::fill(b.data.begin(), b.data.end(), -1.0f);
+  save_blocks(1, saved);
+  EXPECT_EQ(load_blocks(1, {whole(w, {6, 5}, 1, false, copy), whole(ln, {8}, 2, false, copy)}), 0u);
+
+  // Each rank owns a shard and holds the rest as replica blocks.
+  const std::uint64_t r = rank(), p = nranks();
+  std::vector<Block> mixed;
+  auto shard = [&](const std::string& name, std::vector<std::uint64_t> shape, int salt) {
+    const std::uint64_t n = shape[0], lo = r * n / p, hi = (r + 1) * n / p;
+    auto rows = [&](std::uint64_t a, std::uint64_t b, bool replica) {
+      if (a == b) return;
+      std::vector<std::uint64_t> offset(shape.size(), 0), count = shape;
+      offset[0] = a;
+      count[0] = b - a;
+      mixed.push_back(block_at(name, shape, offset, count, salt, false, replica));
+    };
+    rows(hi, n, true);
+    rows(lo, hi, false);
+    rows(0, lo, true);
+  };
+  shard(w, {6, 5}, 1);
+  shard(ln, {8}, 2);
+  EXPECT_EQ(load_blocks(1, mixed), 0u);
+
+  EXPECT_EQ(load_blocks(
+                1, {make_block(w, {6, 5}, Split::kLastDim, 1, false), make_block(ln, {8}, Split::kFirstDim, 2, false)}),
+            0u);
+}
+
+TEST_F(Checkpoint, LoadWithoutAnOwnerFailsOnEveryRank) {
+  const std::string w = "model/h/0/attn/c_proj/weight";
+  save_blocks(1, {make_block(w, {6, 5}, Split::kFirstDim, 1, true)});
+  // Every copy marked replica: nobody owns the tensor.
+  std::string msg = error_of([&] { load_blocks(1, {whole(w, {6, 5}, 1, false, true)}); });
+  EXPECT_TRUE(contains(msg, w)) << msg;
+  EXPECT_TRUE(contains(msg, "exactly one rank")) << msg;
+  // Rank 0 owns it and every other rank holds a replica; the last rank lists
+  // one row twice, which only it can see.
+  std::vector<Block> twice{whole(w, {6, 5}, 1, false, rank() != 0)};
+  if (rank() == nranks() - 1) twice.push_back(block_at(w, {6, 5}, {2, 0}, {1, 5}, 1, false, true));
+  msg = error_of([&] { load_blocks(1, twice); });
+  EXPECT_TRUE(contains(msg, w)) << msg;
+  EXPECT_TRUE(contains(msg, "overlap")) << msg;
+  EXPECT_EQ(load_blocks(1, {whole(w, {6, 5}, 1, false, rank() != 0)}), 0u);  // still loads
+}
+
+// Mistakes in one rank's block list fail on every rank, and nothing is saved.
+TEST_F(Checkpoint, BadBlockListsFailOnEveryRank) {
+  const std::string w = "model/h/0/attn/c_proj/weight";
+  const bool last = rank() == nranks() - 1;
+  std::vector<Block> overlap{make_block(w, {6, 5}, Split::kFirstDim, 1, true)};
+  if (last) {  // two blocks over the same element; the count check alone would not see it
+    overlap[0] = block_at(w, {6, 5}, {5, 0}, {1, 3}, 1, true);
+    overlap.push_back(block_at(w, {6, 5}, {5, 2}, {1, 3}, 1, true));
+  }
+  std::string msg = error_of([&] { save_blocks(1, overlap); });
+  EXPECT_TRUE(contains(msg, "overlap")) << msg;
+
+  std::vector<Block> shapes{make_block(w, {6, 5}, Split::kFirstDim, 1, true)};
+  if (last) shapes.push_back(nothing_of(w, {5, 6}));
+  msg = error_of([&] { save_blocks(1, shapes); });
+  EXPECT_TRUE(contains(msg, "listed with shapes")) << msg;
   EXPECT_FALSE(ndmini::io::latest_step(MPI_COMM_WORLD, root_).has_value());
 }
 

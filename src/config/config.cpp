@@ -79,6 +79,7 @@ const std::vector<Key>& schema() {
       int_key("parallel", "cp", &Config::parallel, &ParallelConfig::cp),
       int_key("parallel", "pp", &Config::parallel, &ParallelConfig::pp),
       bool_key("parallel", "sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
+      bool_key("parallel", "reshard_after_forward", &Config::parallel, &ParallelConfig::reshard_after_forward),
       string_key("parallel", "schedule", &Config::parallel, &ParallelConfig::schedule),
       string_key("checkpoint", "dir", &Config::checkpoint, &CheckpointConfig::dir),
       int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),

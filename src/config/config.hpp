@@ -41,6 +41,7 @@ struct ParallelConfig {
   int cp = 1;
   int pp = 1;
   bool sequence_parallel = false;
+  bool reshard_after_forward = true;  // FSDP: free a block's gathered parameters after its forward
   std::string schedule = "1f1b";
 };
 

@@ -2,11 +2,13 @@
 // Parallel sharded HDF5 checkpoints (DESIGN section 4).
 //
 // Save: validate -> rank 0 prepares <root>/.step_N.tmp/ and checks free space
-// -> every rank creates every dataset (sorted order) and writes its block
-// collectively -> close -> rank 0 fsyncs, writes manifest.txt (file size +
-// whole-file hash), renames the folder to step_N, replaces `latest`, prunes.
+// -> every rank creates every dataset (sorted order) and writes its blocks in
+// one collective call per dataset -> close -> rank 0 fsyncs, writes
+// manifest.txt (file size + whole-file hash), renames the folder to step_N,
+// replaces `latest`, prunes.
 // Load: rank 0 checks the manifest BEFORE HDF5 opens the file -> every rank
-// reads its block collectively -> per-tensor digests are compared.
+// reads its blocks (replicas included) collectively -> per-tensor digests of
+// the owned blocks are compared.
 //
 // Every phase ends with an agreement over the communicator (run_phase), so an
 // error on any rank becomes the same ndmini::Error on every rank and no rank is
@@ -26,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <utility>
 
 #include "core/error.hpp"
@@ -114,35 +117,64 @@ std::uint64_t product(const std::vector<std::uint64_t>& dims) {
 // A block holds nothing when its count is empty or has a zero extent.
 bool is_empty(const TensorSlab& t) { return t.count.empty() || product(t.count) == 0; }
 
-// Layout-independent digest of this rank's block: the sum over its elements of
-// mix64(mix64(global linear index) ^ bits(x)). Summing the blocks of all ranks
-// gives the same value for any split of the tensor, so a resharded load can be
-// checked exactly against what was saved.
-std::uint64_t block_digest(const TensorSlab& t) {
-  if (is_empty(t)) return 0;
+// Calls f(global linear index of the row's first element, row number in the
+// block) for each row of a non-empty block (a run along the last dimension,
+// contiguous in the file and in memory), in the block's row-major order.
+template <class F>
+void for_each_row(const TensorSlab& t, F&& f) {
   const std::size_t rank = t.global_shape.size();
   std::vector<std::uint64_t> stride(rank, 1);
   for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * t.global_shape[d];
-  const std::uint64_t row = t.count[rank - 1];
-  const std::uint64_t rows = product(t.count) / row;
+  const std::uint64_t rows = product(t.count) / t.count[rank - 1];
   std::vector<std::uint64_t> pos(rank, 0);  // position inside the block, last dim excluded
-  std::uint64_t sum = 0;
-  const float* x = t.data;
   for (std::uint64_t r = 0; r < rows; ++r) {
-    std::uint64_t base = 0;
-    for (std::size_t d = 0; d < rank; ++d) base += (t.offset[d] + pos[d]) * stride[d];
-    for (std::uint64_t j = 0; j < row; ++j, ++x) {
-      std::uint32_t bits;
-      std::memcpy(&bits, x, 4);
-      sum += mix64(mix64(base + j) ^ bits);
-    }
+    std::uint64_t start = 0;
+    for (std::size_t d = 0; d < rank; ++d) start += (t.offset[d] + pos[d]) * stride[d];
+    f(start, r);
     for (std::size_t d = rank - 1; d-- > 0;) {  // odometer over the outer dims
       if (++pos[d] < t.count[d]) break;
       pos[d] = 0;
     }
   }
+}
+
+// Layout-independent digest of one block: the sum over its elements of
+// mix64(mix64(global linear index) ^ bits(x)). Summing the owned blocks of all
+// ranks gives the same value for any split of the tensor, so a resharded load
+// can be checked exactly against what was saved.
+std::uint64_t block_digest(const TensorSlab& t) {
+  if (is_empty(t)) return 0;
+  const std::uint64_t row = t.count.back();
+  std::uint64_t sum = 0;
+  for_each_row(t, [&](std::uint64_t start, std::uint64_t r) {
+    const float* x = t.data + r * row;
+    for (std::uint64_t j = 0; j < row; ++j) {
+      std::uint32_t bits;
+      std::memcpy(&bits, x + j, 4);
+      sum += mix64(mix64(start + j) ^ bits);
+    }
+  });
   return sum;
 }
+
+// One row of a block: `length` elements from global linear index `start`, at
+// `data` in host memory.
+struct Run {
+  std::uint64_t start = 0;
+  std::uint64_t length = 0;
+  float* data = nullptr;
+};
+
+// One tensor as this rank sees it: the entries it listed under one name,
+// grouped. Every rank has the same Tensors (name, shape) in the same order;
+// only the blocks differ.
+struct Tensor {
+  std::string name;  // as this rank spelled it, for messages
+  std::vector<std::uint64_t> shape;
+  std::vector<const TensorSlab*> owned;  // non-empty, not replica: digest and coverage
+  std::vector<const TensorSlab*> moved;  // what this call transfers: owned on save, every non-empty block on load
+  std::vector<Run> runs;                 // rows of `moved` in file order, when there are several blocks
+};
 
 // ------------------------------------------------------------ agreement
 
@@ -344,30 +376,66 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& whe
   return value;
 }
 
-// The block of one rank as an HDF5 selection on the file and memory sides. An
-// empty block selects nothing on both; the rank still joins the transfer.
-struct Selection {
+// This rank's blocks of one tensor as ONE HDF5 transfer, so every rank makes
+// one collective call per tensor whatever its number of blocks. The file side
+// is the union of the blocks' hyperslabs; HDF5 walks it in row-major order of
+// the file coordinates, whatever the order of the blocks, so the memory side is
+// a 1-D buffer in that order. A single block is that buffer already; several
+// are gathered into (save) or scattered from (load) a staging buffer, row by
+// row in file order (Tensor::runs). No block selects nothing on both sides;
+// the rank still joins the transfer.
+struct Transfer {
   Handle memory;
   Handle file;
+  std::vector<float> staging;
+  float* buffer = nullptr;
 };
 
-Selection select_block(hid_t dset, const TensorSlab& t) {
-  Selection s;
-  s.file = Handle(checked(H5Dget_space(dset), "H5Dget_space"), H5Sclose);
-  if (is_empty(t)) {
-    const hsize_t one = 1;
-    s.memory = Handle(checked(H5Screate_simple(1, &one, nullptr), "H5Screate_simple"), H5Sclose);
-    checked(H5Sselect_none(s.memory.get()), "H5Sselect_none");
-    checked(H5Sselect_none(s.file.get()), "H5Sselect_none");
-    return s;
+Transfer prepare_transfer(hid_t dset, const Tensor& t) {
+  Transfer x;
+  x.file = Handle(checked(H5Dget_space(dset), "H5Dget_space"), H5Sclose);
+  std::uint64_t n = 0;
+  for (const TensorSlab* b : t.moved) n += product(b->count);
+  const hsize_t extent = std::max<std::uint64_t>(n, 1);
+  x.memory = Handle(checked(H5Screate_simple(1, &extent, nullptr), "H5Screate_simple"), H5Sclose);
+  if (t.moved.empty()) {
+    checked(H5Sselect_none(x.memory.get()), "H5Sselect_none");
+    checked(H5Sselect_none(x.file.get()), "H5Sselect_none");
+    x.staging.assign(1, 0.0f);  // HDF5 wants a buffer even for an empty selection
+    x.buffer = x.staging.data();
+    return x;
   }
-  const std::vector<hsize_t> start(t.offset.begin(), t.offset.end());
-  const std::vector<hsize_t> count(t.count.begin(), t.count.end());
-  checked(H5Sselect_hyperslab(s.file.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-          "H5Sselect_hyperslab");
-  s.memory = Handle(
-      checked(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), "H5Screate_simple"), H5Sclose);
-  return s;
+  H5S_seloper_t op = H5S_SELECT_SET;
+  for (const TensorSlab* b : t.moved) {
+    const std::vector<hsize_t> start(b->offset.begin(), b->offset.end());
+    const std::vector<hsize_t> count(b->count.begin(), b->count.end());
+    checked(H5Sselect_hyperslab(x.file.get(), op, start.data(), nullptr, count.data(), nullptr), "H5Sselect_hyperslab");
+    op = H5S_SELECT_OR;
+  }
+  if (t.moved.size() == 1) {
+    x.buffer = t.moved.front()->data;
+  } else {
+    x.staging.resize(n);
+    x.buffer = x.staging.data();
+  }
+  return x;
+}
+
+// Blocks -> staging buffer, before a write of several blocks.
+void gather(const Tensor& t, Transfer& x) {
+  if (t.moved.size() < 2) return;
+  float* p = x.buffer;
+  for (const Run& r : t.runs) p = std::copy(r.data, r.data + r.length, p);
+}
+
+// Staging buffer -> blocks, after a read of several blocks.
+void scatter(const Tensor& t, const Transfer& x) {
+  if (t.moved.size() < 2) return;
+  const float* p = x.buffer;
+  for (const Run& r : t.runs) {
+    std::copy(p, p + r.length, r.data);
+    p += r.length;
+  }
 }
 
 std::string dataset_path(const std::string& name) { return name.front() == '/' ? name : "/" + name; }
@@ -384,14 +452,14 @@ std::vector<hsize_t> chunk_dims(const std::vector<std::uint64_t>& shape) {
   return chunk;
 }
 
-Handle create_dataset(hid_t file, const TensorSlab& t, std::uint64_t digest) {
-  const std::vector<hsize_t> dims(t.global_shape.begin(), t.global_shape.end());
+Handle create_dataset(hid_t file, const Tensor& t, std::uint64_t digest) {
+  const std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
   const int rank = static_cast<int>(dims.size());
   Handle space(checked(H5Screate_simple(rank, dims.data(), nullptr), "H5Screate_simple"), H5Sclose);
   Handle dcpl(checked(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), H5Pclose);
-  checked(H5Pset_chunk(dcpl.get(), rank, chunk_dims(t.global_shape).data()), "H5Pset_chunk");
+  checked(H5Pset_chunk(dcpl.get(), rank, chunk_dims(t.shape).data()), "H5Pset_chunk");
   checked(H5Pset_fletcher32(dcpl.get()), "H5Pset_fletcher32");
-  // No fill: the ranks' blocks cover every element (checked), so a fill would
+  // No fill: the ranks' owned blocks cover every element (checked), so a fill would
   // only write the whole tensor twice.
   checked(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
   Handle lcpl(checked(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate"), H5Pclose);
@@ -422,65 +490,104 @@ std::string shape_text(const std::vector<std::uint64_t>& shape) {
 
 // ------------------------------------------------------------ validation
 
-// Sorted by name: every rank creates and reads the datasets in the same order.
-std::vector<const TensorSlab*> validated_order(const std::vector<TensorSlab>& tensors) {
-  std::vector<const TensorSlab*> order;
-  for (const TensorSlab& t : tensors) {
-    const std::string tag = "checkpoint tensor '" + t.name + "'";
-    require(!t.name.empty() && t.name != "/" && t.name.back() != '/' && t.name.find("//") == std::string::npos,
-            "checkpoint tensor name '" + t.name + "' is not a dataset path like 'model/h/0/attn/c_attn/weight'");
-    require(!t.global_shape.empty(), tag + " has no dimensions; store a scalar as shape [1]");
-    for (auto d : t.global_shape) require(d > 0, tag + " has an empty dimension in " + shape_text(t.global_shape));
-    require(product(t.global_shape) < (std::uint64_t{1} << 60), tag + " is too large");
-    if (is_empty(t)) {
-      order.push_back(&t);
-      continue;
-    }
-    require(t.offset.size() == t.global_shape.size() && t.count.size() == t.global_shape.size(),
-            tag + ": offset and count need " + std::to_string(t.global_shape.size()) + " entries");
-    for (std::size_t d = 0; d < t.global_shape.size(); ++d)
-      require(t.offset[d] + t.count[d] <= t.global_shape[d], tag + ": block at " + shape_text(t.offset) + " of " +
-                                                                 shape_text(t.count) + " exceeds shape " +
-                                                                 shape_text(t.global_shape));
-    require(t.data != nullptr, tag + ": data is null for a non-empty block");
-    order.push_back(&t);
+// Checks one entry of the caller's list on its own.
+void validate_slab(const TensorSlab& t) {
+  const std::string tag = "checkpoint tensor '" + t.name + "'";
+  require(!t.name.empty() && t.name != "/" && t.name.back() != '/' && t.name.find("//") == std::string::npos,
+          "checkpoint tensor name '" + t.name + "' is not a dataset path like 'model/h/0/attn/c_attn/weight'");
+  require(!t.global_shape.empty(), tag + " has no dimensions; store a scalar as shape [1]");
+  for (auto d : t.global_shape) require(d > 0, tag + " has an empty dimension in " + shape_text(t.global_shape));
+  require(product(t.global_shape) < (std::uint64_t{1} << 60), tag + " is too large");
+  if (is_empty(t)) return;
+  require(t.offset.size() == t.global_shape.size() && t.count.size() == t.global_shape.size(),
+          tag + ": offset and count need " + std::to_string(t.global_shape.size()) + " entries");
+  for (std::size_t d = 0; d < t.global_shape.size(); ++d)
+    require(t.offset[d] + t.count[d] <= t.global_shape[d], tag + ": block at " + shape_text(t.offset) + " of " +
+                                                               shape_text(t.count) + " exceeds shape " +
+                                                               shape_text(t.global_shape));
+  require(t.data != nullptr, tag + ": data is null for a non-empty block");
+}
+
+// The rows of several blocks sorted by file position: the order in which HDF5
+// walks their union. Sorting whole blocks would not do: blocks side by side in
+// a row (column splits) interleave row by row. Overlapping blocks would make
+// the union smaller than the buffer, so they are refused here.
+std::vector<Run> file_order_runs(const Tensor& t) {
+  std::vector<Run> runs;
+  for (const TensorSlab* b : t.moved) {
+    const std::uint64_t row = b->count.back();
+    for_each_row(*b, [&](std::uint64_t start, std::uint64_t r) { runs.push_back({start, row, b->data + r * row}); });
   }
-  std::sort(order.begin(), order.end(), [](const TensorSlab* a, const TensorSlab* b) { return a->name < b->name; });
-  for (std::size_t i = 1; i < order.size(); ++i)
-    require(dataset_path(order[i - 1]->name) != dataset_path(order[i]->name),
-            "tensor '" + order[i]->name + "' is listed twice");
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.start < b.start; });
+  for (std::size_t i = 1; i < runs.size(); ++i)
+    require(runs[i - 1].start + runs[i - 1].length <= runs[i].start,
+            "checkpoint tensor '" + t.name + "': two blocks of one rank overlap (at flat element " +
+                std::to_string(runs[i].start) + "); a rank must list each element at most once");
+  return runs;
+}
+
+// Groups the entries by dataset, sorted by path, so that every rank creates and
+// reads the datasets once each, in one order, however many blocks it holds.
+// Replica blocks are transferred only when loading.
+std::vector<Tensor> group_blocks(const std::vector<TensorSlab>& slabs, bool loading) {
+  std::map<std::string, Tensor> by_path;
+  for (const TensorSlab& s : slabs) {
+    validate_slab(s);
+    Tensor& t = by_path[dataset_path(s.name)];
+    if (t.name.empty()) {
+      t.name = s.name;
+      t.shape = s.global_shape;
+    }
+    require(s.global_shape == t.shape, "checkpoint tensor '" + s.name + "' is listed with shapes " +
+                                           shape_text(t.shape) + " and " + shape_text(s.global_shape) +
+                                           "; all its blocks must name the global shape");
+    if (is_empty(s)) continue;
+    if (!s.replica) t.owned.push_back(&s);
+    if (!s.replica || loading) t.moved.push_back(&s);
+  }
+  std::vector<Tensor> order;
+  order.reserve(by_path.size());
+  for (auto& entry : by_path) {
+    Tensor& t = entry.second;
+    if (t.moved.size() > 1) t.runs = file_order_runs(t);
+    order.push_back(std::move(t));
+  }
   return order;
 }
 
-std::uint64_t fingerprint(const std::vector<const TensorSlab*>& order) {
+// Over the set of distinct tensors (paths and shapes), not the blocks: ranks
+// hold different numbers of blocks of a tensor.
+std::uint64_t fingerprint(const std::vector<Tensor>& order) {
   StreamHash h;
-  for (const TensorSlab* t : order) {
-    h.update(t->name.data(), t->name.size() + 1);  // with the NUL, so "ab"+"c" differs from "a"+"bc"
-    for (auto d : t->global_shape) h.update(&d, sizeof d);
+  for (const Tensor& t : order) {
+    const std::string path = dataset_path(t.name);
+    h.update(path.c_str(), path.size() + 1);  // with the NUL, so "ab"+"c" differs from "a"+"bc"
+    for (auto d : t.shape) h.update(&d, sizeof d);
     const std::uint64_t end = ~std::uint64_t{0};
     h.update(&end, sizeof end);
   }
   return h.finish();
 }
 
-// Validation and the checks that need every rank: the same tensor list, and
-// blocks that together cover each tensor once (a replica must pass count 0).
-std::vector<const TensorSlab*> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& tensors,
-                                            std::uint64_t extra_fingerprint) {
-  std::vector<const TensorSlab*> order;
-  run_phase(comm, [&] { order = validated_order(tensors); });
+// Validation and the checks that need every rank: the same set of tensors, and
+// owned (non-replica) blocks that together cover each tensor once.
+std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& tensors, std::uint64_t extra_fingerprint,
+                                 bool loading) {
+  std::vector<Tensor> order;
+  run_phase(comm, [&] { order = group_blocks(tensors, loading); });
   require_same_everywhere(comm, mix64(fingerprint(order) ^ extra_fingerprint),
                           "checkpoint: the ranks passed different tensor lists, shapes or checkpoint info; every "
                           "rank must name the same tensors (with count 0 where it holds nothing)");
-  std::vector<std::uint64_t> held(order.size()), total(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i) held[i] = is_empty(*order[i]) ? 0 : product(order[i]->count);
+  std::vector<std::uint64_t> held(order.size(), 0), total(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    for (const TensorSlab* b : order[i].owned) held[i] += product(b->count);
   MPI_Allreduce(held.data(), total.data(), static_cast<int>(held.size()), MPI_UINT64_T, MPI_SUM, comm);
   for (std::size_t i = 0; i < order.size(); ++i)
-    require(total[i] == product(order[i]->global_shape),
-            "checkpoint: the ranks' blocks of tensor '" + order[i]->name + "' hold " + std::to_string(total[i]) +
-                " elements but its shape " + shape_text(order[i]->global_shape) + " has " +
-                std::to_string(product(order[i]->global_shape)) +
-                "; each element must belong to exactly one rank (replicas pass count 0)");
+    require(total[i] == product(order[i].shape),
+            "checkpoint: the ranks' non-replica blocks of tensor '" + order[i].name + "' hold " +
+                std::to_string(total[i]) + " elements but its shape " + shape_text(order[i].shape) + " has " +
+                std::to_string(product(order[i].shape)) +
+                "; each element must belong to exactly one rank (mark the other copies replica)");
   return order;
 }
 
@@ -728,11 +835,13 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
   extra.update(&info.seed, sizeof info.seed);
   extra.update(info.config.c_str(), info.config.size() + 1);
   extra.update(info.layout.c_str(), info.layout.size() + 1);
-  const auto order = agreed_order(comm, tensors, extra.finish());
+  const auto order = agreed_order(comm, tensors, extra.finish(), false);
 
-  // Layout-independent digests, summed over the ranks before anything is written.
-  std::vector<std::uint64_t> digests(order.size()), sums(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i) digests[i] = block_digest(*order[i]);
+  // Layout-independent digests of the owned blocks, summed over the ranks
+  // before anything is written.
+  std::vector<std::uint64_t> digests(order.size(), 0), sums(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    for (const TensorSlab* b : order[i].owned) digests[i] += block_digest(*b);
   MPI_Allreduce(digests.data(), sums.data(), static_cast<int>(digests.size()), MPI_UINT64_T, MPI_SUM, comm);
 
   const fs::path root(root_dir);
@@ -740,7 +849,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
   run_phase(comm, [&] {
     if (rank != 0) return;
     std::uint64_t bytes = 0;
-    for (const TensorSlab* t : order) bytes += 4 * product(t->global_shape);
+    for (const Tensor& t : order) bytes += 4 * product(t.shape);
     try {
       prepare_tmp_dir(root, info.step, bytes, order.size());
     } catch (const fs::filesystem_error& e) {
@@ -762,15 +871,17 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     Handle dxpl;
     run_phase(comm, [&] { dxpl = collective_transfer(); });
     for (std::size_t i = 0; i < order.size(); ++i) {
-      const TensorSlab& t = *order[i];
+      const Tensor& t = order[i];
       Handle dset;
-      run_phase(comm, [&] { dset = create_dataset(file.get(), t, sums[i]); });
+      Transfer x;
       run_phase(comm, [&] {
-        Selection sel = select_block(dset.get(), t);
-        const float none = 0.0f;  // HDF5 wants a buffer even for an empty selection
+        dset = create_dataset(file.get(), t, sums[i]);
+        x = prepare_transfer(dset.get(), t);
+        gather(t, x);
+      });
+      run_phase(comm, [&] {
         checked(
-            H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, sel.memory.get(), sel.file.get(), dxpl.get(),
-                     is_empty(t) ? &none : t.data),
+            H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, x.memory.get(), x.file.get(), dxpl.get(), x.buffer),
             "writing tensor '" + t.name + "' to '" + file_path.string() + "' failed on rank " + std::to_string(rank));
       });
     }
@@ -838,7 +949,7 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
   });
   MPI_Bcast(&chosen, 1, MPI_LONG_LONG, 0, comm);
 
-  const auto order = agreed_order(comm, tensors, 0);
+  const auto order = agreed_order(comm, tensors, 0, true);
   const fs::path file_path = root / checkpoint_dirname(chosen) / kFileName;
   const std::string where = "checkpoint '" + file_path.string() + "'";
 
@@ -857,9 +968,9 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
 
   Handle dxpl;
   run_phase(comm, [&] { dxpl = collective_transfer(); });
-  for (const TensorSlab* tp : order) {
-    const TensorSlab& t = *tp;
+  for (const Tensor& t : order) {
     Handle dset;
+    Transfer x;
     std::uint64_t stored = 0;
     run_phase(comm, [&] {
       const std::string path = dataset_path(t.name);
@@ -877,25 +988,27 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
       std::vector<hsize_t> dims(static_cast<std::size_t>(ndims));
       checked(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims");
       const std::vector<std::uint64_t> shape(dims.begin(), dims.end());
-      require(shape == t.global_shape, where + ": tensor '" + t.name + "' has shape " + shape_text(shape) +
-                                           ", the model expects " + shape_text(t.global_shape) +
-                                           "; the checkpoint was written for a different model (compare the deck "
-                                           "with the checkpoint's config attribute)");
+      require(shape == t.shape, where + ": tensor '" + t.name + "' has shape " + shape_text(shape) +
+                                    ", the model expects " + shape_text(t.shape) +
+                                    "; the checkpoint was written for a different model (compare the deck "
+                                    "with the checkpoint's config attribute)");
       stored =
           read_attr<std::uint64_t>(dset.get(), kDigestAttr, H5T_NATIVE_UINT64, where + ": tensor '" + t.name + "'");
+      x = prepare_transfer(dset.get(), t);
     });
     // A Fletcher32 failure shows only on the rank that reads the damaged chunk;
     // the agreement makes every rank refuse the checkpoint.
     run_phase(comm, [&] {
-      Selection sel = select_block(dset.get(), t);
-      float none = 0.0f;
-      const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, sel.memory.get(), sel.file.get(), dxpl.get(),
-                                is_empty(t) ? &none : t.data);
+      const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, x.memory.get(), x.file.get(), dxpl.get(), x.buffer);
       if (rc < 0)
         throw Error(where + " is corrupted: reading tensor '" + t.name + "' failed on rank " + std::to_string(rank) +
                     " (" + hdf5_error_text() + "); " + kResumeHint);
     });
-    const std::uint64_t digest = sum_over(comm, block_digest(t));
+    scatter(t, x);
+    // Replicas are read but not summed: the owned blocks cover the tensor once.
+    std::uint64_t mine = 0;
+    for (const TensorSlab* b : t.owned) mine += block_digest(*b);
+    const std::uint64_t digest = sum_over(comm, mine);
     // Same values on every rank, so every rank throws together.
     require(digest == stored, where + " is corrupted: tensor '" + t.name + "' does not match its digest (read " +
                                   hex64(digest) + ", saved " + hex64(stored) + "); " + kResumeHint);

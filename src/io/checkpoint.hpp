@@ -4,8 +4,10 @@
 //
 // One checkpoint is <root>/step_NNNNNNNN/ holding one HDF5 file written
 // collectively by every rank of `comm` through MPI-IO. Every tensor is stored
-// as its GLOBAL dataset; each rank writes and reads only its own block, so a
-// checkpoint written by one layout loads into any other.
+// as its GLOBAL dataset; each rank writes and reads only its own blocks, so a
+// checkpoint written by one layout loads into any other. A rank's blocks of
+// one tensor are moved in ONE collective transfer whatever their number (the
+// union of their hyperslabs), so a layout costs no extra collective calls.
 #include <mpi.h>
 
 #include <cstdint>
@@ -15,16 +17,30 @@
 
 namespace ndmini::io {
 
-// What one rank holds of one global float32 tensor: a row-major block
-// [offset, offset + count) of a tensor of shape global_shape, in host memory.
-// A rank that holds nothing of it (a replica that does not write) passes
-// count all zero; it still takes part in the collective calls.
+// One block of one global float32 tensor that a rank holds: the row-major
+// block [offset, offset + count) of a tensor of shape global_shape, in host
+// memory (product(count) floats at data).
+//
+// A rank may list the same name several times, one entry per block (a
+// tensor-parallel rank's rows of q, k and v in c_attn; the partial and full
+// rows of a flat FSDP shard). Its blocks of one tensor must not overlap. An
+// entry with count all zero (or empty) holds nothing; a rank that holds nothing
+// of a tensor passes one such entry, so that every rank names the same set of
+// tensors (names and shapes) and takes part in the collective calls.
+//
+// Ownership: across all ranks, the non-replica blocks of each tensor must
+// cover it exactly once. A block the rank holds but does not own (a
+// data-parallel replica, a LayerNorm weight replicated over tensor-parallel
+// ranks other than 0) is marked replica: save does not write it (as if its
+// count were zero); load reads it (every rank needs its data) but leaves it out
+// of the coverage check and of the digest comparison.
 struct TensorSlab {
   std::string name;  // dataset path, e.g. "model/h/3/mlp/c_fc/weight"
   std::vector<std::uint64_t> global_shape;
   std::vector<std::uint64_t> offset;
   std::vector<std::uint64_t> count;
   float* data = nullptr;  // product(count) floats
+  bool replica = false;   // a copy owned by another rank: read on load, never written
 };
 
 // Root attributes of a checkpoint. Data cursor, LR schedule and RNG are pure
@@ -53,7 +69,8 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
 std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_dir);
 
 // Reads the checkpoint of `step` (or of `latest` when step is nullopt) into
-// the given slabs and returns its root attributes. Verifies integrity first;
+// the given slabs (replica blocks included) and returns its root attributes.
+// Verifies integrity first (digests over the non-replica blocks);
 // a missing, truncated or corrupted checkpoint, or a missing tensor or shape
 // mismatch, throws ndmini::Error on every rank naming the file and the fix.
 CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::optional<std::int64_t> step,

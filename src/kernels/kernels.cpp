@@ -83,43 +83,85 @@ void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D
 void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x,
                      ConstSlice2D weight, real dx_beta) {
   KokkosBlas::gemm("T", "N", real(1), dy, x, real(1), dweight);
-  if (dbias.extent(0) > 0) {
-    // Column sums of dy as a [1, N] x [N, out] GEMM with a ones row: BLAS
-    // streams dy once (KokkosBlas' own GEMV would be used for a LayoutRight gemv).
-    View2D ones(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::ones"), 1, dy.extent(0));
-    Kokkos::deep_copy(ones, real(1));
-    KokkosBlas::gemm("N", "N", real(1), ones, dy, real(1), Slice2D(dbias.data(), 1, dbias.extent(0)));
-  }
+  if (dbias.extent(0) > 0) bias_backward(dbias, dy);
   if (dx.extent(0) > 0) KokkosBlas::gemm("N", "N", real(1), dy, weight, dx_beta, dx);
 }
 
 // ---- embeddings -----------------------------------------------------------
 
-void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len) {
+void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len,
+                       int vocab_start, int row_offset) {
   const int C = out.extent(1);
+  const int vocab_local = wte.extent(0);
+  const bool with_positions = wpe.extent(0) > 0;
   Kokkos::parallel_for(
       "ndmini::embedding_fwd", Range(0, out.extent(0)), KOKKOS_LAMBDA(const int row) {
-        const int t = row % seq_len;
-        const token_t tok = tokens(row);
-        for (int c = 0; c < C; ++c) out(row, c) = wte(tok, c) + wpe(t, c);
+        const int t = (row_offset + row) % seq_len;
+        const int tok = tokens(row) - vocab_start;
+        const bool local = tok >= 0 && tok < vocab_local;
+        for (int c = 0; c < C; ++c)
+          out(row, c) = (local ? wte(tok, c) : real(0)) + (with_positions ? wpe(t, c) : real(0));
       });
 }
 
-void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len) {
+void position_embedding_forward(Slice2D out, ConstSlice2D wpe, int seq_len, int row_offset) {
+  const int C = out.extent(1);
+  Kokkos::parallel_for(
+      "ndmini::position_embedding_fwd", Range(0, out.extent(0)), KOKKOS_LAMBDA(const int row) {
+        const int t = (row_offset + row) % seq_len;
+        for (int c = 0; c < C; ++c) out(row, c) += wpe(t, c);
+      });
+}
+
+void token_embedding_backward(Slice2D dwte, ConstSlice2D dout, ConstTokenView tokens, int vocab_start) {
   const int C = dout.extent(1);
   const int rows = dout.extent(0);
+  const int vocab_local = dwte.extent(0);
   Kokkos::parallel_for(
       "ndmini::embedding_bwd_wte", Range(0, C), KOKKOS_LAMBDA(const int c) {
-        for (int row = 0; row < rows; ++row) dwte(tokens(row), c) += dout(row, c);
+        for (int row = 0; row < rows; ++row) {
+          const int tok = tokens(row) - vocab_start;
+          if (tok >= 0 && tok < vocab_local) dwte(tok, c) += dout(row, c);
+        }
       });
+}
+
+void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, int seq_len, int row_offset) {
+  const int C = dout.extent(1);
+  const int rows = dout.extent(0);
   Kokkos::parallel_for(
       "ndmini::embedding_bwd_wpe", Range(0, static_cast<std::size_t>(seq_len) * C),
       KOKKOS_LAMBDA(const std::size_t i) {
         const int t = i / C, c = i % C;
+        // Rows of position t: row_offset + row = t (mod seq_len).
+        const int first = ((t - row_offset) % seq_len + seq_len) % seq_len;
         real acc = 0;
-        for (int row = t; row < rows; row += seq_len) acc += dout(row, c);
+        for (int row = first; row < rows; row += seq_len) acc += dout(row, c);
         dwpe(t, c) += acc;
       });
+}
+
+void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len) {
+  token_embedding_backward(dwte, dout, tokens, 0);
+  position_embedding_backward(dwpe, dout, seq_len, 0);
+}
+
+void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias) {
+  const int C = y.extent(1);
+  const bool has_residual = residual.extent(0) > 0, has_bias = bias.extent(0) > 0;
+  Kokkos::parallel_for(
+      "ndmini::add_residual_bias", Range(0, y.extent(0)), KOKKOS_LAMBDA(const int row) {
+        for (int c = 0; c < C; ++c)
+          y(row, c) += (has_residual ? residual(row, c) : real(0)) + (has_bias ? bias(c) : real(0));
+      });
+}
+
+void bias_backward(Slice1D dbias, ConstSlice2D dy) {
+  // Column sums of dy as a [1, N] x [N, out] GEMM with a ones row: BLAS
+  // streams dy once (KokkosBlas' own GEMV would be used for a LayoutRight gemv).
+  View2D ones(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::ones"), 1, dy.extent(0));
+  Kokkos::deep_copy(ones, real(1));
+  KokkosBlas::gemm("N", "N", real(1), ones, dy, real(1), Slice2D(dbias.data(), 1, dbias.extent(0)));
 }
 
 // ---- layer norm -------------------------------------------------------------
@@ -339,6 +381,59 @@ double cross_entropy_loss(ConstSlice2D logits, ConstTokenView targets) {
         double sum = 0;
         for (int j = 0; j < V; ++j) sum += compat::exp(static_cast<double>(l[j] - m));
         acc += m + compat::log(sum) - l[targets(row)];
+      },
+      total);
+  return total;
+}
+
+void row_max(Slice1D out, ConstSlice2D logits) {
+  const int V = logits.extent(1);
+  Kokkos::parallel_for(
+      "ndmini::row_max", Range(0, logits.extent(0)), KOKKOS_LAMBDA(const int row) {
+        const real* l = &logits(row, 0);
+        real m = l[0];
+        NDMINI_SIMD_REDUCTION(max : m)
+        for (int j = 1; j < V; ++j) m = compat::max(m, l[j]);
+        out(row) = m;
+      });
+}
+
+void vocab_parallel_xent_partials(Slice1D stats, ConstSlice2D logits, ConstSlice1D row_max, ConstTokenView targets,
+                                  int vocab_start) {
+  const int V = logits.extent(1);
+  const int N = logits.extent(0);
+  Kokkos::parallel_for(
+      "ndmini::vp_xent_partials", Range(0, N), KOKKOS_LAMBDA(const int row) {
+        const real* l = &logits(row, 0);
+        const real m = row_max(row);
+        real sum = 0;
+        NDMINI_SIMD_REDUCTION(+ : sum)
+        for (int j = 0; j < V; ++j) sum += compat::fast_exp(l[j] - m);
+        const int t = targets(row) - vocab_start;
+        stats(row) = sum;
+        stats(N + row) = (t >= 0 && t < V) ? l[t] : real(0);
+      });
+}
+
+double vocab_parallel_xent_finish(Slice2D logits, Slice1D losses, ConstSlice1D row_max, ConstSlice1D stats,
+                                  ConstTokenView targets, int vocab_start, real grad_scale) {
+  const int V = logits.extent(1);
+  const int N = logits.extent(0);
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "ndmini::vp_xent_finish", Range(0, N),
+      KOKKOS_LAMBDA(const int row, double& acc) {
+        const real m = row_max(row), sum = stats(row);
+        const real loss = m + compat::log(sum) - stats(N + row);
+        losses(row) = loss;
+        acc += loss;
+        if (grad_scale != 0) {
+          real* l = &logits(row, 0);
+          const real f = grad_scale / sum;
+          for (int j = 0; j < V; ++j) l[j] = compat::fast_exp(l[j] - m) * f;
+          const int t = targets(row) - vocab_start;
+          if (t >= 0 && t < V) l[t] -= grad_scale;
+        }
       },
       total);
   return total;

@@ -24,11 +24,27 @@ void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);
 
 // ---- embeddings -----------------------------------------------------------
-// out[b*T + t, :] = wte[tokens[b*T + t], :] + wpe[t, :]
-void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len);
-// dwte[tok] += dout rows, dwpe[t] += dout rows of position t. Deterministic:
-// each thread owns a column, so repeated tokens add in a fixed order.
+// out[row, :] = wte[tokens[row], :] + wpe[(row_offset + row) % seq_len, :]
+// With a vocabulary-parallel wte (rows [vocab_start, vocab_start + V_local)),
+// tokens outside the local range contribute zeros; pass an empty wpe to add
+// the positions later (after the vocabulary all-reduce).
+void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len,
+                       int vocab_start = 0, int row_offset = 0);
+// out[row, :] += wpe[(row_offset + row) % seq_len, :]
+void position_embedding_forward(Slice2D out, ConstSlice2D wpe, int seq_len, int row_offset = 0);
+// dwte[tok - vocab_start] += dout rows of local tokens. Deterministic: each
+// thread owns a column, so repeated tokens add in a fixed order.
+void token_embedding_backward(Slice2D dwte, ConstSlice2D dout, ConstTokenView tokens, int vocab_start = 0);
+// dwpe[(row_offset + row) % seq_len] += dout[row]
+void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, int seq_len, int row_offset = 0);
+// Both of the above.
 void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len);
+
+// y += residual + bias (either may be empty): the epilogue of a row-parallel
+// linear layer whose partial sums were just reduce-scattered.
+void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias);
+// dbias += column sums of dy.
+void bias_backward(Slice1D dbias, ConstSlice2D dy);
 
 // ---- layer norm (eps 1e-5) ------------------------------------------------
 void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
@@ -65,6 +81,20 @@ void attention_backward(Slice2D dqkv, Slice1D scratch_dy, Slice1D scratch_dqkvh,
 double softmax_cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targets, real grad_scale);
 // Forward only (logits untouched): the sum of losses.
 double cross_entropy_loss(ConstSlice2D logits, ConstTokenView targets);
+
+// Vocabulary-parallel cross-entropy, in three steps around two reductions
+// over the tp group (the full logits are never gathered). Each rank holds
+// logits [N, V_local] for vocabulary ids [vocab_start, vocab_start + V_local).
+//  1. row_max: local row maxima -> all-reduce MAX gives the global maxima.
+void row_max(Slice1D out, ConstSlice2D logits);
+//  2. partials: stats[i] = sum_j exp(l_ij - max_i), stats[N + i] = the target's
+//     logit if this rank owns it, else 0 -> all-reduce SUM.
+void vocab_parallel_xent_partials(Slice1D stats, ConstSlice2D logits, ConstSlice1D row_max, ConstTokenView targets,
+                                  int vocab_start);
+//  3. loss and, when grad_scale != 0, dlogits in place (as softmax_cross_entropy).
+//     Returns the sum of losses.
+double vocab_parallel_xent_finish(Slice2D logits, Slice1D losses, ConstSlice1D row_max, ConstSlice1D stats,
+                                  ConstTokenView targets, int vocab_start, real grad_scale);
 
 // ---- optimizer ------------------------------------------------------------
 struct AdamWStep {

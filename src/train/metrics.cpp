@@ -28,11 +28,10 @@ MetricsWriter::MetricsWriter(const std::string& path) {
 
 void MetricsWriter::step(const StepRecord& r) {
   if (!out_.is_open()) return;
-  // One rank, so no mesh axis carries traffic yet; the keys are there so
-  // scripts can rely on them.
+  // Times are the slowest rank's; calls and bytes are rank 0's.
   nlohmann::json comm = nlohmann::json::object();
-  for (const char* axis : {"pp", "dp_replicate", "dp_shard", "cp", "tp"})
-    comm[axis] = {{"calls", 0}, {"bytes", 0}, {"ms", 0.0}, {"exposed_ms", 0.0}};
+  for (const auto& [name, s] : r.comm)
+    comm[name] = {{"calls", s.calls}, {"bytes", s.bytes}, {"ms", s.ms}, {"exposed_ms", s.exposed_ms}};
   nlohmann::json j = {{"step", r.step},         {"loss", r.loss},   {"lr", r.lr},
                       {"grad_norm", r.grad_norm}, {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
                       {"mfu", r.mfu},           {"comm", comm},     {"mem_bytes", r.mem_bytes}};

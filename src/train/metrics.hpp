@@ -5,6 +5,10 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
 
 namespace ndmini {
 
@@ -13,6 +17,7 @@ struct StepRecord {
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
   double exposed_comm_ms = 0;
   std::int64_t mem_bytes = 0;
+  std::vector<std::pair<std::string, CommStats>> comm;  // per communicator (axis or reduction group)
 };
 
 std::string progress_line(const StepRecord& r);

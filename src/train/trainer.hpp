@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,10 +19,20 @@ namespace ndmini {
 // decay from lr to min_lr at the last step.
 double learning_rate(const TrainConfig& t, std::int64_t step);
 
+// Global tensors captured from a run, for comparing layouts (tests): every
+// rank receives the full tensors, assembled from the owners' blocks.
+struct TrainCapture {
+  std::map<std::string, std::vector<float>> first_step_grads;  // after reduction, before clipping
+  std::map<std::string, std::vector<float>> final_params;
+};
+
 struct TrainOptions {
   std::string metrics_path;                // JSON lines; empty: none
   bool resume = false;                     // --resume
   std::optional<std::int64_t> resume_step;  // --resume STEP; nullopt: latest
+  TrainCapture* capture = nullptr;          // tests: fill with global gradients and parameters
+  bool quiet = false;                       // no banner, progress lines or PERFORMANCE block
+  bool show_mesh = false;                  // --show-mesh: the banner prints the rank-to-coordinate map
 };
 
 struct TrainResult {

@@ -36,12 +36,21 @@ case "$1" in
     expect_error 'data.path = "bad.bin": bad magic 0' train tiny.toml --set data.source=tokens --set data.path=bad.bin ;;
   missing_checkpoint)
     expect_error "no checkpoint" train tiny.toml --resume --set checkpoint.dir=empty_ckpt ;;
-  multi_rank)
+  layout_product)
+    expect_error "parallel: dp_replicate=1 x dp_shard=1 x tp=2 x cp=1 x pp=1 = 2 ranks, but the job has 3" \
+      check tiny.toml --set parallel.tp=2 --world 3 ;;
+  tp_heads)
+    expect_error "model.heads = 4 is not divisible by parallel.tp = 8" check tiny.toml --set parallel.tp=8 --world 8 ;;
+  cp_not_built)
+    expect_error "parallel.cp = 2: context parallelism is not built yet; set it to 1" \
+      check tiny.toml --set parallel.cp=2 --world 2 ;;
+  world_mismatch)
+    # Launched on 2 ranks with a layout for 4: every rank must stop, none hang.
     rc=0
-    run 2 train tiny.toml >out.txt 2>&1 || rc=$?
+    run 2 train tiny.toml --set parallel.tp=4 >out.txt 2>&1 || rc=$?
     cat out.txt
-    [ "$rc" -ne 0 ] || fail "2 ranks must be refused until the mesh exists"
-    grep -qF "trains on one MPI rank for now, got 2" out.txt || fail "missing the one-rank message"
+    [ "$rc" -ne 0 ] || fail "a layout for 4 ranks must be refused on 2"
+    grep -qF "= 4 ranks, but the job has 2" out.txt || fail "missing the layout message"
     ;;
   *)
     fail "unknown case $1" ;;

@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Internal to comm/: the interface a backend (MPI, NCCL) implements, and the
+// request every non-blocking collective returns. The Communicator owns the
+// accounting; a backend only moves data and says when it is done.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "comm/communicator.hpp"
+
+namespace ndmini {
+
+namespace detail {
+using Clock = std::chrono::steady_clock;
+inline double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace detail
+
+// A collective in flight. The backend supplies wait_backend()/test_backend();
+// this base turns completion into accounting on the owning Communicator's
+// stats (which must outlive the request).
+struct CommRequest::Impl {
+  virtual ~Impl() = default;
+
+  // Blocks until complete, then accounts ms (issue to completion) and the
+  // time the caller was blocked (issue + every test() + this wait).
+  void wait();
+  // True when complete (and then accounted). Never blocks for long.
+  bool test();
+
+  CommStats* stats = nullptr;         // set by the Communicator at issue
+  detail::Clock::time_point start{};  // issue time
+  double blocked_ms = 0;              // caller time spent inside issue/test so far
+  bool done = false;
+
+ protected:
+  virtual void wait_backend() = 0;
+  virtual bool test_backend() = 0;
+
+ private:
+  void finish(detail::Clock::time_point now);
+};
+
+// Pure data movement on the communicator's group; buffers are in MemSpace.
+// The Communicator fences compute, times, and counts around these calls.
+struct Communicator::BackendImpl {
+  virtual ~BackendImpl() = default;
+
+  virtual void all_reduce(real* buf, std::size_t count, ReduceOp op) = 0;
+  virtual void all_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
+  virtual void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) = 0;
+  virtual void broadcast(real* buf, std::size_t count, int root) = 0;
+  virtual void send(const real* buf, std::size_t count, int peer, int tag) = 0;
+  virtual void recv(real* buf, std::size_t count, int peer, int tag) = 0;
+
+  virtual std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
+                                                             std::size_t count_per_rank) = 0;
+};
+
+}  // namespace ndmini

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Collectives bound to one mesh axis (or flattened group), with accounting.
+//
+// Every collective the model issues goes through the Communicator of the
+// axis that owns it. Buffers are float32 in ndmini::MemSpace (host memory on
+// the host backends, device memory on CUDA). The MPI backend works on either
+// (it needs a CUDA-aware MPI for device memory); the NCCL backend (comm/nccl,
+// built with NDMINI_ENABLE_NCCL) runs on the Kokkos execution space's stream.
+//
+// Accounting, per communicator, reset by the caller each step:
+//   calls, bytes (this rank's payload: the full buffer for all-reduce and
+//   broadcast, the gathered size for all-gather and reduce-scatter, the
+//   message for send/recv), ms (issue to completion), and exposed_ms (time the
+//   caller was blocked: the whole call when blocking, the wait when not).
+//   Non-blocking calls count calls and bytes at issue, ms and exposed_ms at
+//   completion (exposed_ms then also holds the issue and any test() calls).
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/types.hpp"
+
+namespace ndmini {
+
+struct CommStats {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;
+  double ms = 0;
+  double exposed_ms = 0;
+  CommStats& operator+=(const CommStats& o);
+};
+
+enum class ReduceOp { sum, max };
+
+// A non-blocking collective in flight. wait() completes it (and is called by
+// the destructor if the owner forgets, so no request leaks).
+class CommRequest {
+ public:
+  CommRequest();  // out of line: Impl is complete only in the .cpp
+  CommRequest(CommRequest&&) noexcept;
+  CommRequest& operator=(CommRequest&&) noexcept;
+  ~CommRequest();
+  void wait();
+  bool test();  // true when complete (and then accounted); lets MPI progress
+  bool active() const;
+
+  struct Impl;  // backend specific
+  explicit CommRequest(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  enum class Backend { mpi, nccl };
+
+  // Does not take ownership of `comm`. `name` labels the accounting ("tp").
+  // Backend nccl throws Error unless built with NDMINI_ENABLE_NCCL.
+  Communicator(MPI_Comm comm, std::string name, Backend backend = Backend::mpi);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  const std::string& name() const { return name_; }
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  MPI_Comm mpi() const { return comm_; }
+  Backend backend() const { return backend_; }
+
+  // Blocking collectives. Counts elements are per call as named.
+  void all_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
+  // recv holds size() * count_per_rank: rank r's `send` lands at r * count_per_rank.
+  void all_gather(const real* send, real* recv, std::size_t count_per_rank);
+  // send holds size() * count_per_rank; recv gets the sum of every rank's block `rank()`.
+  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
+  void broadcast(real* buf, std::size_t count, int root);
+  void send(const real* buf, std::size_t count, int peer, int tag = 0);
+  void recv(real* buf, std::size_t count, int peer, int tag = 0);
+
+  // Non-blocking forms; buffers must stay alive until wait(), and the
+  // Communicator must outlive the request (it accounts into stats()).
+  CommRequest iall_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
+  CommRequest iall_gather(const real* send, real* recv, std::size_t count_per_rank);
+  CommRequest ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
+
+  // Host scalars (loss sums, squared norms): blocking, double precision.
+  double all_reduce_scalar(double value, ReduceOp op = ReduceOp::sum);
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+  struct BackendImpl;  // MPI or NCCL
+
+ private:
+  MPI_Comm comm_;
+  std::string name_;
+  int size_ = 1, rank_ = 0;
+  Backend backend_ = Backend::mpi;
+  CommStats stats_;
+  std::unique_ptr<BackendImpl> impl_;
+};
+
+// True when this build has the NCCL backend.
+bool nccl_available();
+
+}  // namespace ndmini

@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// NCCL backend: one NCCL communicator per Communicator (per mesh axis),
+// bootstrapped over that axis's MPI communicator. See nccl_backend.hpp for
+// the buffer, device, stream and watchdog rules.
+#include "comm/nccl/nccl_backend.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "comm/backend.hpp"
+#include "core/error.hpp"
+
+namespace ndmini::detail {
+namespace {
+
+static_assert(std::is_same_v<real, float>, "the NCCL backend sends real as ncclFloat");
+
+void cuda_check(cudaError_t rc, const char* call, const std::string& name) {
+  if (rc == cudaSuccess) return;
+  throw Error("Communicator '" + name + "': " + call + " failed: " + cudaGetErrorString(rc));
+}
+
+// Seconds a wait may take before the watchdog aborts; 0 waits forever.
+double timeout_from_env() {
+  const char* s = std::getenv("NDMINI_NCCL_TIMEOUT_S");
+  if (s == nullptr || *s == '\0') return 600.0;
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  require(end != s && *end == '\0' && v >= 0,
+          std::string("NDMINI_NCCL_TIMEOUT_S='") + s + "' is not a number of seconds >= 0 (0 disables the watchdog)");
+  return v;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
+
+class NcclBackend;
+
+// Non-blocking = enqueue on the stream + record an event; completion is the
+// event, so wait/test never block the stream for other work.
+class NcclRequest final : public CommRequest::Impl {
+ public:
+  NcclRequest(NcclBackend* backend, cudaEvent_t event) : backend_(backend), event_(event) {}
+  ~NcclRequest() override { cudaEventDestroy(event_); }
+
+ protected:
+  void wait_backend() override;
+  bool test_backend() override;
+
+ private:
+  NcclBackend* backend_;
+  cudaEvent_t event_;
+};
+
+class NcclBackend final : public Communicator::BackendImpl {
+ public:
+  NcclBackend(MPI_Comm comm, std::string name) : name_(std::move(name)), timeout_s_(timeout_from_env()) {
+    int devices = 0;
+    cudaError_t rc = cudaGetDeviceCount(&devices);
+    if (rc != cudaSuccess || devices == 0) {
+      throw Error("Communicator '" + name_ +
+                  "': the NCCL backend needs a CUDA device and none is visible (cudaGetDeviceCount: " +
+                  (rc == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(rc))) +
+                  "); use the MPI backend on this machine");
+    }
+    int size = 0, rank = 0;
+    MPI_Comm_size(comm, &size);
+    MPI_Comm_rank(comm, &rank);
+
+    // Rank 0 broadcasts its id together with whether it got one, so a failure
+    // there is an Error on every rank rather than a hang in ncclCommInitRank.
+    struct {
+      int ok;
+      ncclUniqueId id;
+    } boot{};
+    std::string boot_error;
+    if (rank == 0) {
+      ncclResult_t r = ncclGetUniqueId(&boot.id);
+      boot.ok = r == ncclSuccess;
+      if (!boot.ok) boot_error = ncclGetErrorString(r);
+    }
+    MPI_Bcast(&boot, sizeof boot, MPI_BYTE, 0, comm);
+    if (!boot.ok) {
+      throw Error("Communicator '" + name_ + "': ncclGetUniqueId failed on rank 0" +
+                  (boot_error.empty() ? std::string() : ": " + boot_error));
+    }
+    check(ncclCommInitRank(&comm_, size, boot.id, rank), "ncclCommInitRank");
+
+#ifdef KOKKOS_ENABLE_CUDA
+    // Kokkos's stream: collectives are ordered with the kernels around them.
+    stream_ = Kokkos::Cuda().cuda_stream();
+#else
+    // Host Kokkos: nothing to order with; a stream of our own.
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name_);
+    own_stream_ = true;
+#endif
+  }
+
+  ~NcclBackend() override {
+    // Errors here cannot be reported; the job is ending or already failed.
+    if (comm_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    if (own_stream_) cudaStreamDestroy(stream_);
+  }
+
+  void all_reduce(real* buf, std::size_t count, ReduceOp op) override { complete(iall_reduce(buf, count, op)); }
+  void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
+    complete(iall_gather(send, recv, count_per_rank));
+  }
+  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
+    complete(ireduce_scatter(send, recv, count_per_rank));
+  }
+  void broadcast(real* buf, std::size_t count, int root) override {
+    complete(issue("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, ncclFloat, root, comm_, stream_); }));
+  }
+  // NCCL has no tags: messages between a pair match in the order issued. A
+  // blocking send completes only once the peer receives, so an exchange must
+  // order its sends and receives (lower rank sends first) as with MPI_Ssend.
+  void send(const real* buf, std::size_t count, int peer, int /*tag*/) override {
+    complete(issue("ncclSend", [&] { return ncclSend(buf, count, ncclFloat, peer, comm_, stream_); }));
+  }
+  void recv(real* buf, std::size_t count, int peer, int /*tag*/) override {
+    complete(issue("ncclRecv", [&] { return ncclRecv(buf, count, ncclFloat, peer, comm_, stream_); }));
+  }
+
+  std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
+    return issue("ncclAllReduce",
+                 [&] { return ncclAllReduce(buf, buf, count, ncclFloat, nccl_op(op), comm_, stream_); });
+  }
+  std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) override {
+    return issue("ncclAllGather", [&] { return ncclAllGather(send, recv, count_per_rank, ncclFloat, comm_, stream_); });
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
+                                                     std::size_t count_per_rank) override {
+    return issue("ncclReduceScatter",
+                 [&] { return ncclReduceScatter(send, recv, count_per_rank, ncclFloat, ncclSum, comm_, stream_); });
+  }
+
+  // Polls the event under the watchdog (see nccl_backend.hpp).
+  void wait_event(cudaEvent_t event) {
+    auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    while (!query_event(event)) {
+      if (timeout_s_ > 0 && Clock::now() > deadline) {
+        abort_comm();
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
+        throw Error("Communicator '" + name_ + "': an NCCL collective did not complete within " + seconds +
+                    " s; the NCCL communicator was aborted. A peer rank probably died or the ranks issued "
+                    "collectives in different orders (raise NDMINI_NCCL_TIMEOUT_S if the step is just slow)");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  // True when the event has completed; throws on a CUDA or asynchronous NCCL error.
+  bool query_event(cudaEvent_t event) {
+    cudaError_t rc = cudaEventQuery(event);
+    if (rc == cudaSuccess) return true;
+    if (rc != cudaErrorNotReady) cuda_check(rc, "cudaEventQuery", name_);
+    require(comm_ != nullptr, "Communicator '" + name_ + "': the NCCL communicator was aborted");
+    ncclResult_t async = ncclSuccess;
+    check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress) {
+      std::string detail = ncclGetLastError(comm_);
+      abort_comm();
+      throw Error("Communicator '" + name_ + "': asynchronous NCCL error: " + ncclGetErrorString(async) +
+                  (detail.empty() ? std::string() : " (" + detail + ")") + "; the NCCL communicator was aborted");
+    }
+    return false;
+  }
+
+ private:
+  // Enqueues one NCCL call on the stream and records its completion event.
+  template <class Call>
+  std::unique_ptr<CommRequest::Impl> issue(const char* what, Call&& call) {
+    require(comm_ != nullptr, "Communicator '" + name_ + "': the NCCL communicator was aborted");
+    check(call(), what);
+    cudaEvent_t event = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name_);
+    auto r = std::make_unique<NcclRequest>(this, event);  // owns the event from here on
+    cuda_check(cudaEventRecord(event, stream_), "cudaEventRecord", name_);
+    return r;
+  }
+
+  // Blocking = non-blocking + wait: the buffer is ready when the call returns.
+  void complete(std::unique_ptr<CommRequest::Impl> r) { r->wait(); }
+
+  void check(ncclResult_t rc, const char* call) {
+    if (rc == ncclSuccess) return;
+    std::string detail = comm_ != nullptr ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
+    throw Error("Communicator '" + name_ + "': " + call + " failed: " + ncclGetErrorString(rc) +
+                (detail.empty() ? std::string() : " (" + detail + ")"));
+  }
+
+  void abort_comm() {
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  std::string name_;
+  double timeout_s_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
+};
+
+void NcclRequest::wait_backend() { backend_->wait_event(event_); }
+bool NcclRequest::test_backend() { return backend_->query_event(event_); }
+
+}  // namespace
+
+std::unique_ptr<Communicator::BackendImpl> make_nccl_backend(MPI_Comm comm, const std::string& name) {
+  return std::make_unique<NcclBackend>(comm, name);
+}
+
+}  // namespace ndmini::detail

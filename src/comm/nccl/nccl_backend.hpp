@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The NCCL backend of the Communicator, compiled only with NDMINI_HAVE_NCCL.
+//
+// Requirements: buffers must be device-resident (cudaMalloc, or Views in a
+// CUDA Kokkos build's MemSpace). With a CUDA Kokkos build collectives run on
+// Kokkos::Cuda's stream, so they are ordered with the kernels; with a host
+// Kokkos build the backend compiles and runs on a stream of its own, and only
+// a caller that allocates device memory itself can use it.
+//
+// Device: the current CUDA device when the Communicator is built (Kokkos sets
+// it in a CUDA build; otherwise the caller does, one GPU per rank per node).
+// Lifetime: destroy the Communicator before Kokkos::finalize (it may use
+// Kokkos's stream) and before MPI_Finalize.
+//
+// Watchdog: every wait polls the completion event and ncclCommGetAsyncError;
+// an asynchronous NCCL error, or no completion within NDMINI_NCCL_TIMEOUT_S
+// seconds (default 600; 0 waits forever), aborts the NCCL communicator
+// (ncclCommAbort) and throws Error, so a dead peer or mismatched collective
+// order fails the job instead of hanging it. The communicator is unusable
+// afterwards.
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace ndmini::detail {
+
+// Collective over `comm`: rank 0 makes the ncclUniqueId and broadcasts it
+// over `comm`, then every rank joins with ncclCommInitRank. Throws Error when
+// no CUDA device is visible or NCCL fails.
+std::unique_ptr<Communicator::BackendImpl> make_nccl_backend(MPI_Comm comm, const std::string& name);
+
+}  // namespace ndmini::detail

@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "mesh/mesh.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace ndmini {
+
+namespace detail {
+namespace {
+
+using Mask = std::array<bool, kNumAxes>;
+
+Mask mask_of(std::initializer_list<Axis> axes) {
+  Mask m{};
+  for (Axis a : axes) m[static_cast<int>(a)] = true;
+  return m;
+}
+
+// The groups of ranks that share every coordinate outside `keep`, each in
+// rank order, the groups ordered by their lowest rank: exactly the rank sets
+// MPI_Cart_sub(keep) builds on a no-reorder Cartesian communicator.
+std::vector<std::vector<int>> groups_of(const MeshShape& shape, const Mask& keep) {
+  std::map<std::array<int, kNumAxes>, std::size_t> index;
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < shape.size(); ++r) {
+    auto key = shape.coords_of(r);
+    for (int i = 0; i < kNumAxes; ++i)
+      if (keep[i]) key[i] = 0;
+    auto it = index.find(key);
+    if (it == index.end()) {
+      it = index.emplace(key, groups.size()).first;
+      groups.emplace_back();
+    }
+    groups[it->second].push_back(r);
+  }
+  return groups;
+}
+
+// "[0 1] [2 3] ..."; long lists are cut so the mesh of a big job stays readable.
+std::string format_groups(const std::vector<std::vector<int>>& groups) {
+  constexpr std::size_t kMaxGroups = 16, kMaxMembers = 16;
+  std::string out;
+  for (std::size_t g = 0; g < groups.size() && g < kMaxGroups; ++g) {
+    if (g) out += ' ';
+    out += '[';
+    const auto& grp = groups[g];
+    for (std::size_t i = 0; i < grp.size() && i < kMaxMembers; ++i) {
+      if (i) out += ' ';
+      out += std::to_string(grp[i]);
+    }
+    if (grp.size() > kMaxMembers) out += " ... " + std::to_string(grp.back());
+    out += ']';
+  }
+  if (groups.size() > kMaxGroups) out += " ... (" + std::to_string(groups.size()) + " groups)";
+  return out;
+}
+
+std::string names_of(const Mask& keep) {
+  std::string out;
+  for (Axis a : kAxes) {
+    if (!keep[static_cast<int>(a)]) continue;
+    if (!out.empty()) out += " x ";
+    out += axis_name(a);
+  }
+  return out;
+}
+
+int product_of(const MeshShape& shape, const Mask& keep) {
+  int p = 1;
+  for (int i = 0; i < kNumAxes; ++i)
+    if (keep[i]) p *= shape.degree[i];
+  return p;
+}
+
+const char* key_of(Axis a) {
+  switch (a) {
+    case Axis::pp:
+      return "parallel.pp";
+    case Axis::dp_replicate:
+      return "parallel.dp_replicate";
+    case Axis::dp_shard:
+      return "parallel.dp_shard";
+    case Axis::cp:
+      return "parallel.cp";
+    case Axis::tp:
+      return "parallel.tp";
+  }
+  return "parallel.?";
+}
+
+// The reductions of the header's table, defined here once for the
+// communicators and for describe_mesh.
+const Mask kFsdp = mask_of({Axis::dp_shard, Axis::cp});
+const Mask kBatch = mask_of({Axis::dp_replicate, Axis::dp_shard, Axis::cp});
+const Mask kNorm = mask_of({Axis::dp_shard, Axis::cp, Axis::tp});
+
+}  // namespace
+}  // namespace detail
+
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::pp:
+      return "pp";
+    case Axis::dp_replicate:
+      return "dp_replicate";
+    case Axis::dp_shard:
+      return "dp_shard";
+    case Axis::cp:
+      return "cp";
+    case Axis::tp:
+      return "tp";
+  }
+  return "?";
+}
+
+int MeshShape::size() const {
+  int p = 1;
+  for (int d : degree) p *= d;
+  return p;
+}
+
+std::array<int, kNumAxes> MeshShape::coords_of(int rank) const {
+  // Row-major over pp, dp_replicate, dp_shard, cp, tp: the last axis varies fastest,
+  // matching MPI_Cart_coords on a no-reorder Cartesian communicator.
+  std::array<int, kNumAxes> c{};
+  for (int i = kNumAxes - 1; i >= 0; --i) {
+    c[i] = rank % degree[i];
+    rank /= degree[i];
+  }
+  return c;
+}
+
+int MeshShape::rank_of(const std::array<int, kNumAxes>& coords) const {
+  int r = 0;
+  for (int i = 0; i < kNumAxes; ++i) r = r * degree[i] + coords[i];
+  return r;
+}
+
+std::string MeshShape::str() const {
+  std::string out;
+  for (Axis a : kAxes) {
+    if (!out.empty()) out += ' ';
+    out += std::string(axis_name(a)) + "=" + std::to_string(degree_of(a));
+  }
+  return out;
+}
+
+MeshShape resolve_mesh(const Config& cfg, int world) {
+  using std::to_string;
+  require(world >= 1, "the job must have at least one rank, got " + to_string(world));
+  const auto& p = cfg.parallel;
+  const auto& m = cfg.model;
+  const auto& t = cfg.train;
+  MeshShape shape;
+  shape.degree = {p.pp, p.dp_replicate, p.dp_shard, p.cp, p.tp};
+
+  // At most one axis may take "what is left": two would make the split ambiguous.
+  int wild = -1;
+  for (Axis a : kAxes) {
+    const int i = static_cast<int>(a);
+    if (shape.degree[i] != -1) continue;
+    require(wild < 0, std::string(detail::key_of(static_cast<Axis>(wild))) + " and " + detail::key_of(a) +
+                          " are both -1; at most one degree may be -1 (what is left of the world), set the other");
+    wild = i;
+  }
+  for (Axis a : kAxes) {
+    const int i = static_cast<int>(a);
+    require(shape.degree[i] == -1 || shape.degree[i] >= 1,
+            std::string(detail::key_of(a)) + " = " + to_string(shape.degree[i]) + " must be -1 or at least 1");
+  }
+
+  // Not built yet: refuse before the arithmetic, so the message is about the real problem.
+  for (Axis a : {Axis::cp, Axis::pp}) {
+    const int d = shape.degree_of(a);
+    const char* what = a == Axis::cp ? "context" : "pipeline";
+    require(d <= 1, std::string(detail::key_of(a)) + " = " + to_string(d) + ": " + what +
+                        " parallelism is not built yet; set it to 1");
+  }
+
+  if (wild >= 0) {
+    long long others = 1;  // 64-bit: a deck may hold degrees whose product overflows an int
+    for (int i = 0; i < kNumAxes; ++i)
+      if (i != wild) others *= shape.degree[i];
+    const auto key = std::string(detail::key_of(static_cast<Axis>(wild)));
+    require(world % others == 0, key + " = -1 cannot be resolved: the other degrees multiply to " + to_string(others) +
+                                     ", which does not divide the " + to_string(world) +
+                                     " ranks of the job; change the degrees or launch a multiple of " +
+                                     to_string(others) + " ranks");
+    shape.degree[wild] = static_cast<int>(world / others);
+    for (Axis a : {Axis::cp, Axis::pp})
+      require(static_cast<int>(a) != wild || shape.degree[wild] == 1,
+              key + " = -1 resolves to " + to_string(shape.degree[wild]) + " on " + to_string(world) + " ranks, but " +
+                  (a == Axis::cp ? "context" : "pipeline") + " parallelism is not built yet; set it to 1");
+  }
+
+  // Product of the degrees, written in the deck's order so the user recognises it.
+  long long product = 1;
+  for (int d : shape.degree) product *= d;
+  if (product != world) {
+    std::string expr;
+    for (Axis a : {Axis::dp_replicate, Axis::dp_shard, Axis::tp, Axis::cp, Axis::pp}) {
+      if (!expr.empty()) expr += " x ";
+      expr += std::string(axis_name(a)) + "=" + to_string(shape.degree_of(a));
+    }
+    const auto ranks = [](long long n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+    throw Error("parallel: " + expr + " = " + ranks(product) + ", but the job has " + to_string(world) +
+                "; change the degrees or launch " + ranks(product) + " (mpiexec -n " + to_string(product) + ")");
+  }
+
+  // Tensor parallelism splits heads, the MLP's hidden 4C and the vocabulary (the
+  // embedding and logits) over tp: each must split evenly.
+  const int tp = shape.degree_of(Axis::tp);
+  const std::string by_tp = " is not divisible by parallel.tp = " + to_string(tp);
+  require(m.heads % tp == 0, "model.heads = " + to_string(m.heads) + by_tp +
+                                 "; choose a tp that divides the heads, or change model.heads");
+  require((4 * m.channels) % tp == 0, "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " +
+                                          to_string(m.channels) + " = " + to_string(4 * m.channels) + by_tp +
+                                          "; choose a tp that divides it, or change model.channels");
+  if (m.vocab % tp != 0) {
+    // Suggest a GPU-friendly size too: a multiple of 64 per tp rank is what GPT-2 uses (50257 -> 50304).
+    const int step = std::lcm(tp, 64);
+    const long long padded = (static_cast<long long>(m.vocab) + step - 1) / step * step;
+    throw Error("model.vocab = " + to_string(m.vocab) + by_tp + "; pad it (e.g. " + to_string(padded) + ")");
+  }
+  if (p.sequence_parallel)
+    require(m.seq_len % tp == 0, "model.seq_len = " + to_string(m.seq_len) + by_tp +
+                                     " (parallel.sequence_parallel splits the sequence over tp); change one, "
+                                     "or set parallel.sequence_parallel = false");
+
+  // Each data-parallel rank runs whole micro-batches of distinct sequences.
+  const long long dp = static_cast<long long>(shape.degree_of(Axis::dp_replicate)) * shape.degree_of(Axis::dp_shard);
+  const long long unit = dp * t.micro_batch;
+  require(t.global_batch % unit == 0,
+          "train.global_batch = " + to_string(t.global_batch) + " must be a multiple of dp_replicate x dp_shard x " +
+              "micro_batch = " + to_string(unit) + " (each data-parallel rank runs whole micro-batches)");
+  return shape;
+}
+
+std::string describe_mesh(const MeshShape& shape, bool details) {
+  std::string out = "mesh " + shape.str() + " (" + std::to_string(shape.size()) + " ranks)\n";
+  if (!details) return out;
+  char line[128];
+  out += "rank  pp dp_replicate dp_shard cp tp\n";
+  // Every rank up to 64; beyond that the first ones show the pattern and the order gives the rest.
+  constexpr int kMaxRows = 64, kHeadRows = 16;
+  const int n = shape.size();
+  const int rows = n <= kMaxRows ? n : kHeadRows;
+  for (int r = 0; r < rows; ++r) {
+    const auto c = shape.coords_of(r);
+    std::snprintf(line, sizeof line, "%4d  %2d %12d %8d %2d %2d\n", r, c[0], c[1], c[2], c[3], c[4]);
+    out += line;
+  }
+  if (rows < n)
+    out += "...   (" + std::to_string(n - rows) + " more; tp varies fastest, then cp, dp_shard, dp_replicate, pp)\n";
+  for (Axis a : kAxes) {
+    if (shape.degree_of(a) <= 1) continue;
+    detail::Mask keep{};
+    keep[static_cast<int>(a)] = true;
+    out += std::string(axis_name(a)) + " groups: " + detail::format_groups(detail::groups_of(shape, keep)) + "\n";
+  }
+  if (detail::product_of(shape, detail::kFsdp) > 1)
+    out += "fsdp groups (" + detail::names_of(detail::kFsdp) +
+           "): " + detail::format_groups(detail::groups_of(shape, detail::kFsdp)) + "\n";
+  // Which ranks each reduction spans: the one place a reader can check it.
+  out += "loss summed over " + detail::names_of(detail::kBatch) + " (" +
+         std::to_string(detail::product_of(shape, detail::kBatch)) + " ranks); gradient norm over " +
+         detail::names_of(detail::kNorm) + " (" + std::to_string(detail::product_of(shape, detail::kNorm)) +
+         " ranks)\n";
+  return out;
+}
+
+namespace {
+
+MPI_Comm cart_sub(MPI_Comm cart, const std::array<bool, kNumAxes>& keep) {
+  int remain[kNumAxes];
+  for (int i = 0; i < kNumAxes; ++i) remain[i] = keep[i] ? 1 : 0;
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Cart_sub(cart, remain, &sub);
+  return sub;
+}
+
+}  // namespace
+
+Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
+  axis_.fill(MPI_COMM_NULL);  // MPI_COMM_NULL is not 0 in every MPI
+  int world_size = 0;
+  MPI_Comm_size(world, &world_size);
+  // Same answer on every rank, so every rank throws alike and none hangs.
+  require(shape.size() == world_size, "mesh " + shape.str() + " needs " + std::to_string(shape.size()) +
+                                          " ranks, but the communicator has " + std::to_string(world_size));
+
+  int dims[kNumAxes], periods[kNumAxes] = {0, 0, 0, 0, 0};
+  for (int i = 0; i < kNumAxes; ++i) dims[i] = shape.degree[i];
+  // reorder = 0: keep world ranks, so tp lands on consecutive ranks (one node under srun's block placement).
+  MPI_Cart_create(world, kNumAxes, dims, periods, 0, &cart_);
+  MPI_Comm_rank(cart_, &rank_);
+  coords_ = shape_.coords_of(rank_);
+
+  for (Axis a : kAxes) {
+    std::array<bool, kNumAxes> keep{};
+    keep[static_cast<int>(a)] = true;
+    axis_[static_cast<int>(a)] = cart_sub(cart_, keep);
+  }
+  fsdp_ = cart_sub(cart_, detail::kFsdp);
+  batch_ = cart_sub(cart_, detail::kBatch);
+  norm_ = cart_sub(cart_, detail::kNorm);
+
+  // Node awareness: a node is named by the lowest world rank on it.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(cart_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &ranks_per_node_);
+  int node_id = 0;
+  MPI_Allreduce(&rank_, &node_id, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+
+  int lo = 0, hi = 0;
+  MPI_Allreduce(&node_id, &lo, 1, MPI_INT, MPI_MIN, axis(Axis::tp));
+  MPI_Allreduce(&node_id, &hi, 1, MPI_INT, MPI_MAX, axis(Axis::tp));
+  // Over the whole mesh: rank 0's own tp group may sit on one node while another spans two.
+  int mine = lo != hi ? 1 : 0, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, cart_);
+  tp_spans_nodes_ = any != 0;
+  if (tp_spans_nodes_ && rank_ == 0) {
+    std::fprintf(stderr,
+                 "warning: tp groups span nodes: tp traffic will cross the network; put tp on consecutive ranks "
+                 "of one node (%d ranks per node here, tp = %d)\n",
+                 ranks_per_node_, degree(Axis::tp));
+    std::fflush(stderr);
+  }
+}
+
+Mesh::~Mesh() {
+  // A Mesh that outlives MPI_Finalize (a static, a leaked test fixture) must not call into MPI.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  auto release = [](MPI_Comm& c) {
+    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  };
+  release(norm_);
+  release(batch_);
+  release(fsdp_);
+  for (auto& c : axis_) release(c);
+  release(cart_);
+}
+
+}  // namespace ndmini

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The Cartesian mesh (DESIGN section 3): the world as an MPI_Cart_create over
+// the axes pp, dp_replicate, dp_shard, cp, tp (outermost to innermost, rank
+// order kept, so tp is fastest-varying and lands on consecutive ranks), one
+// sub-communicator per axis, and the flattened groups the layers need.
+//
+// Which ranks reduce what is defined HERE, once:
+//   fsdp()        dp_shard x cp       parameters, gradients and optimizer state are sharded over it
+//                                     (gradients reduce-scattered)
+//   axis(dp_replicate)                gradients all-reduced (pure DP, and the replicate half of HSDP)
+//   batch()       dp_replicate x dp_shard x cp
+//                                     ranks that hold distinct tokens: the loss is summed over it
+//   norm()        dp_shard x cp x tp  ranks that hold distinct parameter elements (with
+//                                     tp-replicated tensors counted on tp rank 0 only): the
+//                                     squared gradient norm is summed over it
+#include <mpi.h>
+
+#include <array>
+#include <string>
+
+#include "config/config.hpp"
+
+namespace ndmini {
+
+enum class Axis : int { pp = 0, dp_replicate = 1, dp_shard = 2, cp = 3, tp = 4 };
+inline constexpr int kNumAxes = 5;
+inline constexpr std::array<Axis, kNumAxes> kAxes = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp,
+                                                     Axis::tp};
+const char* axis_name(Axis a);  // "pp", "dp_replicate", ...
+
+// Degrees per axis and the rank <-> coordinate arithmetic; no MPI needed, so
+// a layout can be checked for N ranks on a laptop (ndmini check --world N).
+struct MeshShape {
+  std::array<int, kNumAxes> degree{1, 1, 1, 1, 1};
+
+  int size() const;                                   // product of the degrees
+  int degree_of(Axis a) const { return degree[static_cast<int>(a)]; }
+  std::array<int, kNumAxes> coords_of(int rank) const;  // row-major, tp fastest
+  int rank_of(const std::array<int, kNumAxes>& coords) const;
+  std::string str() const;  // "pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=2"
+};
+
+// Resolves -1 ("what is left of the world") and validates the layout against
+// the world size and the model: the product must equal `world`; heads, 4C and
+// the vocabulary divisible by tp; the global batch divisible by
+// dp_replicate x dp_shard x micro_batch; cp and pp must be 1 until they exist.
+// Throws Error with one clear message naming the key and the fix.
+MeshShape resolve_mesh(const Config& cfg, int world);
+
+// Human-readable mesh: degrees, then (with details) each rank's coordinates
+// and the rank groups of each axis.
+std::string describe_mesh(const MeshShape& shape, bool details);
+
+class Mesh {
+ public:
+  // Collective over `world`. Builds the Cartesian communicator and the
+  // sub-communicators; warns on rank 0 when a tp group spans nodes.
+  Mesh(const MeshShape& shape, MPI_Comm world);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  const MeshShape& shape() const { return shape_; }
+  int rank() const { return rank_; }  // rank in the Cartesian communicator (== world rank: no reorder)
+  int size() const { return shape_.size(); }
+  int degree(Axis a) const { return shape_.degree_of(a); }
+  int coord(Axis a) const { return coords_[static_cast<int>(a)]; }
+
+  MPI_Comm cart() const { return cart_; }
+  MPI_Comm axis(Axis a) const { return axis_[static_cast<int>(a)]; }
+  MPI_Comm fsdp() const { return fsdp_; }
+  MPI_Comm batch() const { return batch_; }
+  MPI_Comm norm() const { return norm_; }
+
+  int ranks_per_node() const { return ranks_per_node_; }  // on this rank's node
+  // Whether any tp group (not just this rank's) spans nodes; the same on every rank.
+  bool tp_spans_nodes() const { return tp_spans_nodes_; }
+
+ private:
+  MeshShape shape_;
+  int rank_ = 0;
+  std::array<int, kNumAxes> coords_{};
+  MPI_Comm cart_ = MPI_COMM_NULL;
+  std::array<MPI_Comm, kNumAxes> axis_{};
+  MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL;
+  int ranks_per_node_ = 1;
+  bool tp_spans_nodes_ = false;
+};
+
+}  // namespace ndmini

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "parallel/param_layout.hpp"
+
+#include <algorithm>
+
+namespace ndmini {
+namespace {
+
+// The parameter seen as a matrix (a 1-D tensor is a column).
+struct Matrix {
+  std::int64_t rows_local, cols_local, rows_global, cols_global;
+  std::int64_t rows_per_section_local, rows_per_section_global, col_offset;
+  bool two_d;
+};
+
+Matrix as_matrix(const ParamInfo& p, int tp_rank) {
+  Matrix m{};
+  m.two_d = p.shape.size() == 2;
+  m.rows_local = p.shape[0];
+  m.cols_local = m.two_d ? p.shape[1] : 1;
+  m.rows_global = p.global_shape[0];
+  m.cols_global = m.two_d ? p.global_shape[1] : 1;
+  m.rows_per_section_local = m.rows_local / p.sections;
+  m.rows_per_section_global = m.rows_global / p.sections;
+  m.col_offset = p.split == TpSplit::cols ? tp_rank * m.cols_local : 0;
+  return m;
+}
+
+// Global row of local row i.
+std::int64_t global_row(const ParamInfo& p, const Matrix& m, int tp_rank, std::int64_t i) {
+  if (p.split != TpSplit::rows) return i;
+  const std::int64_t section = i / m.rows_per_section_local, within = i % m.rows_per_section_local;
+  return section * m.rows_per_section_global + tp_rank * m.rows_per_section_local + within;
+}
+
+}  // namespace
+
+std::uint64_t global_index(const ParamInfo& p, int tp_rank, std::size_t i) {
+  const Matrix m = as_matrix(p, tp_rank);
+  const std::int64_t row = static_cast<std::int64_t>(i) / m.cols_local, col = static_cast<std::int64_t>(i) % m.cols_local;
+  return static_cast<std::uint64_t>(global_row(p, m, tp_rank, row) * m.cols_global + m.col_offset + col);
+}
+
+std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end) {
+  const Matrix m = as_matrix(p, tp_rank);
+  std::vector<GlobalBlock> blocks;
+  auto emit = [&](std::int64_t row, std::int64_t nrows, std::int64_t col, std::int64_t ncols, std::size_t local) {
+    GlobalBlock b;
+    b.local_begin = local;
+    const std::uint64_t g = global_row(p, m, tp_rank, row);
+    if (m.two_d) {
+      b.offset = {g, static_cast<std::uint64_t>(m.col_offset + col)};
+      b.count = {static_cast<std::uint64_t>(nrows), static_cast<std::uint64_t>(ncols)};
+    } else {
+      b.offset = {g};
+      b.count = {static_cast<std::uint64_t>(nrows)};
+    }
+    blocks.push_back(std::move(b));
+  };
+  std::size_t pos = begin;
+  while (pos < end) {
+    const std::int64_t row = pos / m.cols_local, col = pos % m.cols_local;
+    const std::size_t left = end - pos;
+    if (col != 0 || left < static_cast<std::size_t>(m.cols_local)) {
+      // A partial row.
+      const std::int64_t ncols = std::min<std::int64_t>(m.cols_local - col, left);
+      emit(row, 1, col, ncols, pos);
+      pos += ncols;
+    } else {
+      // Whole rows, up to the end of the range or of the q/k/v section.
+      const std::int64_t section_end = (row / m.rows_per_section_local + 1) * m.rows_per_section_local;
+      const std::int64_t nrows = std::min<std::int64_t>(left / m.cols_local, section_end - row);
+      emit(row, nrows, 0, m.cols_local, pos);
+      pos += nrows * m.cols_local;
+    }
+  }
+  return blocks;
+}
+
+}  // namespace ndmini

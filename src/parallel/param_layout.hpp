@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Where every parameter element lives: the global tensor (DESIGN names and
+// shapes), this tensor-parallel rank's part of it, and its place in the flat
+// buffers that FSDP shards.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ndmini {
+
+// How tensor parallelism splits a parameter over the tp group.
+enum class TpSplit {
+  replicated,  // every tp rank holds all of it (LayerNorms, wpe, row-parallel biases)
+  rows,        // dim 0 split: column-parallel weights and biases, the vocabulary of wte
+  cols,        // dim 1 split: row-parallel weights
+};
+
+struct ParamInfo {
+  std::string name;                        // DESIGN name, e.g. "h/3/mlp/c_fc/weight"
+  std::vector<std::int64_t> global_shape;  // the whole tensor, row-major
+  std::vector<std::int64_t> shape;         // this tp rank's part
+  TpSplit split = TpSplit::replicated;
+  // A rows split applies per section: c_attn's rows are q, then k, then v,
+  // and each tp rank holds its heads' rows of all three (3 sections).
+  int sections = 1;
+  int unit = 0;             // FSDP unit: 0 is the root (wte, wpe, ln_f), 1 + l is block l
+  std::size_t offset = 0;   // in the flat tp-local buffer (all units, unsharded)
+  std::size_t size = 0;     // elements of `shape`
+  bool decay = false;       // AdamW weight decay: 2-D tensors only
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> params;         // in flat-buffer order
+  std::vector<std::size_t> unit_offset;  // start of each unit in the flat buffer
+  std::vector<std::size_t> unit_size;    // padded size of each unit
+  std::size_t total = 0;                 // flat buffer size
+  int tp_rank = 0, tp_size = 1;
+};
+
+// A block of a global tensor (row-major hyperslab) and where its elements
+// start in the tp-local tensor (row-major too).
+struct GlobalBlock {
+  std::vector<std::uint64_t> offset, count;
+  std::size_t local_begin = 0;
+};
+
+// The global blocks that local elements [begin, end) of `p` on tp rank
+// `tp_rank` cover, in local order. A contiguous local range is one block per
+// run of whole rows (split at q/k/v section boundaries) plus partial rows.
+std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end);
+
+// The global row-major index of local element `i` of `p` on `tp_rank`.
+std::uint64_t global_index(const ParamInfo& p, int tp_rank, std::size_t i);
+
+}  // namespace ndmini

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Every parallel layout trains the same model as one rank (DESIGN section 3).
+//
+// For each layout that fits the launched world size, the tiny deck trains
+// 10 steps twice in this process: once on MPI_COMM_SELF (the one-rank
+// reference, computed by every rank independently) and once over the world
+// with the layout. Compared: the loss of every step (relative 1e-5), the
+// gradients of the first step and the parameters after the last step
+// (each tensor by ||a - b|| / ||b||, 1e-4; Adam's early steps amplify
+// rounding noise in near-zero elements, so not element-wise).
+// Also: a checkpoint written by one layout loads bit-exactly into another
+// (resharding on load), and FSDP holds 1/N of the model state of DP.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "model/gpt.hpp"
+#include "train/trainer.hpp"
+
+using namespace ndmini;
+
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// The tiny deck, with micro_batch 1 so up to 8 data-parallel ranks fit.
+Config deck(const std::vector<std::string>& overrides) {
+  std::vector<std::string> all = {"train.steps=10", "train.micro_batch=1", "train.log_every=100"};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+}
+
+struct TrainedRun {
+  TrainResult result;
+  TrainCapture capture;
+};
+
+TrainedRun train_with(const Config& cfg, MPI_Comm comm, TrainOptions opts = {}) {
+  TrainedRun run;
+  opts.quiet = true;
+  opts.capture = &run.capture;
+  run.result = train(cfg, opts, comm);
+  return run;
+}
+
+const TrainedRun& reference() {
+  static const TrainedRun run = train_with(deck({}), MPI_COMM_SELF);
+  return run;
+}
+
+double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// Worst tensor of `got` against `want` and its name.
+std::pair<double, std::string> worst(const std::map<std::string, std::vector<float>>& got,
+                                     const std::map<std::string, std::vector<float>>& want) {
+  std::pair<double, std::string> w{0.0, ""};
+  EXPECT_EQ(got.size(), want.size());
+  for (const auto& [name, values] : want) {
+    const auto it = got.find(name);
+    if (it == got.end()) {
+      ADD_FAILURE() << "missing tensor " << name;
+      continue;
+    }
+    EXPECT_EQ(it->second.size(), values.size()) << name;
+    const double e = relative_l2(it->second, values);
+    if (e > w.first || w.second.empty()) w = {e, name};
+  }
+  return w;
+}
+
+struct Layout {
+  int ranks;
+  std::vector<std::string> degrees;  // --set values
+};
+
+std::string label(const Layout& l) {
+  std::string s;
+  for (const auto& d : l.degrees) s += (s.empty() ? "" : " ") + d.substr(d.find('.') + 1);
+  return s;
+}
+
+// The layouts of the equivalence suite, built from dp_replicate, dp_shard, tp
+// and sequence_parallel over 1, 2, 4 and 8 ranks (tiny: 4 heads, so tp <= 4).
+const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> all = {
+      {1, {"parallel.tp=1"}},
+      {2, {"parallel.dp_replicate=2"}},
+      {2, {"parallel.dp_shard=2"}},
+      {2, {"parallel.tp=2"}},
+      {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+      {4, {"parallel.dp_replicate=2", "parallel.dp_shard=2"}},
+      {4, {"parallel.dp_shard=4", "parallel.reshard_after_forward=false"}},
+      {4, {"parallel.dp_replicate=2", "parallel.tp=2"}},
+      {4, {"parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true"}},
+      {4, {"parallel.tp=4"}},
+      {8, {"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"}},
+      {8, {"parallel.dp_shard=2", "parallel.tp=4", "parallel.sequence_parallel=true"}},
+      {8, {"parallel.dp_replicate=8"}},
+  };
+  return all;
+}
+
+}  // namespace
+
+TEST(Equivalence, EveryLayoutMatchesOneRank) {
+  const TrainedRun& ref = reference();
+  ASSERT_EQ(ref.result.losses.size(), 10u);
+  int tested = 0;
+  for (const Layout& layout : layouts()) {
+    if (layout.ranks != world_size()) continue;
+    ++tested;
+    const TrainedRun run = train_with(deck(layout.degrees), MPI_COMM_WORLD);
+    ASSERT_EQ(run.result.losses.size(), ref.result.losses.size());
+    double loss_err = 0;
+    for (std::size_t s = 0; s < ref.result.losses.size(); ++s)
+      loss_err = std::max(loss_err, std::abs(run.result.losses[s] - ref.result.losses[s]) / ref.result.losses[s]);
+    const auto grads = worst(run.capture.first_step_grads, ref.capture.first_step_grads);
+    const auto params = worst(run.capture.final_params, ref.capture.final_params);
+    if (world_rank() == 0)
+      std::printf("[equivalence] %d ranks, %-52s loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n",
+                  layout.ranks, label(layout).c_str(), loss_err, grads.first, grads.second.c_str(), params.first,
+                  params.second.c_str());
+    EXPECT_LE(loss_err, 1e-5) << label(layout);
+    EXPECT_LE(grads.first, 1e-4) << label(layout) << ": " << grads.second;
+    EXPECT_LE(params.first, 1e-4) << label(layout) << ": " << params.second;
+  }
+  EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
+}
+
+TEST(Equivalence, ComparisonCanFail) {
+  // Negative control: another seed must be far outside the tolerances.
+  const TrainedRun other = train_with(deck({"train.seed=4321"}), MPI_COMM_SELF);
+  EXPECT_GT(worst(other.capture.final_params, reference().capture.final_params).first, 1e-2);
+  EXPECT_GT(std::abs(other.result.losses.back() - reference().result.losses.back()), 1e-3);
+}
+
+TEST(Equivalence, CheckpointReshardsExactly) {
+  // Save after 3 steps under the widest layout of this world, then resume
+  // under another (and on one rank): the loaded global tensors are bit-identical.
+  const int n = world_size();
+  std::vector<std::string> write_layout = {"parallel.tp=1"}, read_layout = {"parallel.tp=1"};
+  if (n == 2) write_layout = {"parallel.tp=2"}, read_layout = {"parallel.dp_shard=2"};
+  if (n == 4) write_layout = {"parallel.dp_shard=2", "parallel.tp=2"}, read_layout = {"parallel.tp=4"};
+  if (n == 8)
+    write_layout = {"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"},
+    read_layout = {"parallel.dp_shard=4", "parallel.tp=2"};
+  int rank = world_rank();
+  std::string dir = "equivalence_ckpt_" + std::to_string(n) + "_" + std::to_string(::getpid());
+  int len = static_cast<int>(dir.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  dir.resize(len);
+  MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+
+  auto with = [&](std::vector<std::string> v) {
+    v.push_back("train.steps=3");
+    v.push_back("checkpoint.dir=" + dir);
+    return v;
+  };
+  std::vector<std::string> save = with(write_layout);
+  save.push_back("checkpoint.every=3");
+  const TrainedRun written = train_with(deck(save), MPI_COMM_WORLD);
+
+  TrainOptions resume;
+  resume.resume = true;
+  const TrainedRun reread = train_with(deck(with(read_layout)), MPI_COMM_WORLD, resume);
+  EXPECT_EQ(worst(reread.capture.final_params, written.capture.final_params).first, 0.0);
+  // And on one rank, which the layout never wrote.
+  const TrainedRun single = train_with(deck(with({"parallel.tp=1"})), MPI_COMM_SELF, resume);
+  EXPECT_EQ(worst(single.capture.final_params, written.capture.final_params).first, 0.0);
+  // Negative control: the parameters did change during the 3 steps.
+  EXPECT_GT(worst(written.capture.final_params, reference().capture.final_params).first, 0.0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
+  // Model state per rank (parameters, gradients, AdamW moments) of the small
+  // deck's model under FSDP over all ranks versus DP: at most 1/N + 5%.
+  const int n = world_size();
+  Config cfg = load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/small.toml");
+  auto state_bytes = [&](bool fsdp) {
+    Communicator group(MPI_COMM_WORLD, fsdp ? "dp_shard" : "dp_replicate");
+    ModelParallel par;
+    if (fsdp)
+      par.data.fsdp = &group;
+    else
+      par.data.dp_replicate = &group;
+    GPT model(cfg.model, 1, par);
+    // Parameters and gradients, plus AdamW's two moments of the same size as the shard.
+    return model.store().persistent_bytes() + 2 * model.param_buffer().extent(0) * sizeof(real);
+  };
+  const double dp = static_cast<double>(state_bytes(false)), fsdp = static_cast<double>(state_bytes(true));
+  if (world_rank() == 0)
+    std::printf("[memory] %d ranks: DP %.2f MiB, FSDP %.2f MiB per rank (ratio %.4f, bound %.4f)\n", n,
+                dp / 1048576.0, fsdp / 1048576.0, fsdp / dp, 1.0 / n + 0.05);
+  EXPECT_LE(fsdp / dp, 1.0 / n + 0.05);
+}

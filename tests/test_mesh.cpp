@@ -1,0 +1,278 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The mesh: rank <-> coordinate arithmetic, the resolution and validation of
+// [parallel] (every refusal with its message), and, on the real world size,
+// every dp_replicate x dp_shard x tp layout built with MPI and checked against
+// the coordinates: axis sizes, tp on consecutive ranks, group membership.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/error.hpp"
+#include "mesh/mesh.hpp"
+
+using namespace ndmini;
+
+namespace {
+
+using Coords = std::array<int, kNumAxes>;
+
+MeshShape shape_of(int pp, int dp_replicate, int dp_shard, int cp, int tp) {
+  MeshShape s;
+  s.degree = {pp, dp_replicate, dp_shard, cp, tp};
+  return s;
+}
+
+// A model every small tp divides: heads 8, 4C = 256, vocab 512.
+Config config_with(const std::vector<std::string>& overrides) {
+  const char* deck = R"(
+[model]
+layers = 2
+channels = 64
+heads = 8
+vocab = 512
+seq_len = 32
+
+[train]
+global_batch = 64
+micro_batch = 2
+)";
+  return parse_config(deck, "deck.toml", overrides);
+}
+
+std::string resolve_error(const std::vector<std::string>& overrides, int world) {
+  try {
+    resolve_mesh(config_with(overrides), world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_refused(const std::vector<std::string>& overrides, int world, const std::vector<std::string>& parts) {
+  const std::string msg = resolve_error(overrides, world);
+  ASSERT_FALSE(msg.empty()) << "expected resolve_mesh to refuse world " << world;
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// The world ranks of `comm`'s members, in comm-rank order.
+std::vector<int> members(MPI_Comm comm) {
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  std::vector<int> out(n);
+  const int me = world_rank();
+  MPI_Allgather(&me, 1, MPI_INT, out.data(), 1, MPI_INT, comm);
+  return out;
+}
+
+// The world ranks sharing this rank's coordinates outside `keep`, ascending.
+std::vector<int> expected_group(const MeshShape& s, const Coords& mine, std::initializer_list<Axis> keep) {
+  std::vector<int> out;
+  for (int r = 0; r < s.size(); ++r) {
+    const Coords c = s.coords_of(r);
+    bool same = true;
+    for (int i = 0; i < kNumAxes; ++i) {
+      const bool kept = std::find(keep.begin(), keep.end(), static_cast<Axis>(i)) != keep.end();
+      if (!kept && c[i] != mine[i]) same = false;
+    }
+    if (same) out.push_back(r);
+  }
+  return out;
+}
+
+int sum_over(MPI_Comm comm, int v) {
+  int s = 0;
+  MPI_Allreduce(&v, &s, 1, MPI_INT, MPI_SUM, comm);
+  return s;
+}
+
+}  // namespace
+
+TEST(MeshShape, CoordsRoundTripTpFastest) {
+  const MeshShape s = shape_of(2, 3, 2, 1, 4);
+  ASSERT_EQ(s.size(), 48);
+  for (int r = 0; r < s.size(); ++r) EXPECT_EQ(s.rank_of(s.coords_of(r)), r);
+  EXPECT_EQ(s.coords_of(1), (Coords{0, 0, 0, 0, 1}));   // tp varies fastest
+  EXPECT_EQ(s.coords_of(4), (Coords{0, 0, 1, 0, 0}));   // then dp_shard
+  EXPECT_EQ(s.coords_of(8), (Coords{0, 1, 0, 0, 0}));   // then dp_replicate
+  EXPECT_EQ(s.coords_of(24), (Coords{1, 0, 0, 0, 0}));  // pp outermost
+  EXPECT_EQ(s.str(), "pp=2 dp_replicate=3 dp_shard=2 cp=1 tp=4");
+  EXPECT_STREQ(axis_name(Axis::dp_shard), "dp_shard");
+}
+
+TEST(ResolveMesh, DefaultsToOneRank) {
+  const MeshShape s = resolve_mesh(config_with({}), 1);
+  EXPECT_EQ(s.size(), 1);
+}
+
+TEST(ResolveMesh, MinusOneTakesWhatIsLeft) {
+  const MeshShape s = resolve_mesh(config_with({"parallel.tp=2", "parallel.dp_replicate=-1"}), 8);
+  EXPECT_EQ(s.degree_of(Axis::dp_replicate), 4);
+  EXPECT_EQ(s.degree_of(Axis::tp), 2);
+  EXPECT_EQ(s.size(), 8);
+  const MeshShape t = resolve_mesh(config_with({"parallel.tp=-1", "parallel.dp_shard=2"}), 8);
+  EXPECT_EQ(t.degree_of(Axis::tp), 4);
+  const MeshShape one = resolve_mesh(config_with({"parallel.cp=-1"}), 1);  // resolves to 1: allowed
+  EXPECT_EQ(one.degree_of(Axis::cp), 1);
+}
+
+TEST(ResolveMesh, RefusesTwoMinusOnes) {
+  expect_refused({"parallel.tp=-1", "parallel.dp_shard=-1"}, 4,
+                 {"parallel.dp_shard and parallel.tp are both -1", "at most one"});
+}
+
+TEST(ResolveMesh, RefusesMinusOneThatDoesNotDivide) {
+  expect_refused({"parallel.tp=2", "parallel.dp_replicate=-1"}, 3,
+                 {"parallel.dp_replicate = -1 cannot be resolved", "multiply to 2", "3 ranks"});
+}
+
+TEST(ResolveMesh, RefusesWrongProduct) {
+  expect_refused({"parallel.tp=2", "parallel.dp_replicate=2"}, 3,
+                 {"parallel: dp_replicate=2 x dp_shard=1 x tp=2 x cp=1 x pp=1 = 4 ranks, but the job has 3",
+                  "launch 4 ranks (mpiexec -n 4)"});
+}
+
+TEST(ResolveMesh, RefusesAxesNotBuilt) {
+  expect_refused({"parallel.cp=2"}, 2, {"parallel.cp = 2: context parallelism is not built yet; set it to 1"});
+  expect_refused({"parallel.pp=2"}, 2, {"parallel.pp = 2: pipeline parallelism is not built yet; set it to 1"});
+  expect_refused({"parallel.cp=-1"}, 2, {"parallel.cp = -1 resolves to 2", "not built yet"});
+}
+
+TEST(ResolveMesh, RefusesTpThatDoesNotDivideTheModel) {
+  expect_refused({"parallel.tp=3"}, 3, {"model.heads = 8 is not divisible by parallel.tp = 3"});
+  // 4C has no case of its own: C = heads x head size, so tp | heads already gives tp | 4C.
+  expect_refused({"parallel.tp=2", "model.vocab=50257"}, 2,
+                 {"model.vocab = 50257 is not divisible by parallel.tp = 2", "pad it (e.g. 50304)"});
+  expect_refused({"parallel.tp=2", "parallel.sequence_parallel=true", "model.seq_len=33"}, 2,
+                 {"model.seq_len = 33 is not divisible by parallel.tp = 2", "sequence_parallel"});
+  // Sequence parallelism with tp = 1 is a harmless no-op.
+  EXPECT_EQ(resolve_error({"parallel.sequence_parallel=true", "model.seq_len=33"}, 1), "");
+}
+
+TEST(ResolveMesh, RefusesBatchThatDoesNotSplit) {
+  expect_refused({"parallel.dp_shard=4", "train.global_batch=8", "train.micro_batch=4"}, 4,
+                 {"train.global_batch = 8 must be a multiple of dp_replicate x dp_shard x micro_batch = 16",
+                  "whole micro-batches"});
+  // tp ranks share their batch, so tp does not count.
+  EXPECT_EQ(resolve_error({"parallel.tp=4", "train.global_batch=8", "train.micro_batch=4"}, 4), "");
+}
+
+TEST(DescribeMesh, ListsRanksAndGroups) {
+  const MeshShape s = shape_of(1, 2, 1, 1, 2);
+  EXPECT_EQ(describe_mesh(s, false), "mesh pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=2 (4 ranks)\n");
+  const std::string d = describe_mesh(s, true);
+  EXPECT_NE(d.find("rank  pp dp_replicate dp_shard cp tp"), std::string::npos) << d;
+  EXPECT_NE(d.find("tp groups: [0 1] [2 3]"), std::string::npos) << d;
+  EXPECT_NE(d.find("dp_replicate groups: [0 2] [1 3]"), std::string::npos) << d;
+  EXPECT_EQ(d.find("fsdp groups"), std::string::npos) << d;
+
+  const std::string f = describe_mesh(shape_of(1, 1, 2, 1, 2), true);
+  EXPECT_NE(f.find("fsdp groups (dp_shard x cp): [0 2] [1 3]"), std::string::npos) << f;
+}
+
+TEST(DescribeMesh, StaysCompactForBigMeshes) {
+  const std::string d = describe_mesh(shape_of(1, 64, 2, 1, 8), true);  // 1024 ranks
+  EXPECT_LT(std::count(d.begin(), d.end(), '\n'), 40) << d;
+  EXPECT_NE(d.find("more"), std::string::npos) << d;
+}
+
+// Every dp_replicate x dp_shard x tp factorization of the world, built for real.
+TEST(Mesh, EveryLayoutOfTheWorld) {
+  const int n = world_size(), me = world_rank();
+  int layouts = 0;
+  for (int r = 1; r <= n; ++r) {
+    for (int s = 1; r * s <= n; ++s) {
+      if (n % (r * s) != 0) continue;
+      const MeshShape shape = shape_of(1, r, s, 1, n / (r * s));
+      SCOPED_TRACE(shape.str());
+      ++layouts;
+      Mesh mesh(shape, MPI_COMM_WORLD);
+      const Coords mine = shape.coords_of(me);
+      EXPECT_EQ(mesh.rank(), me);
+      EXPECT_EQ(mesh.size(), n);
+      for (Axis a : kAxes) EXPECT_EQ(mesh.coord(a), mine[static_cast<int>(a)]);
+
+      int cart_coords[kNumAxes];
+      MPI_Cart_coords(mesh.cart(), me, kNumAxes, cart_coords);
+      for (int i = 0; i < kNumAxes; ++i) EXPECT_EQ(cart_coords[i], mine[i]);
+
+      for (Axis a : kAxes) {
+        int size = 0, rank = -1;
+        MPI_Comm_size(mesh.axis(a), &size);
+        MPI_Comm_rank(mesh.axis(a), &rank);
+        EXPECT_EQ(size, shape.degree_of(a)) << axis_name(a);
+        EXPECT_EQ(rank, mine[static_cast<int>(a)]) << axis_name(a);  // the axis rank is the coordinate
+        const auto group = expected_group(shape, mine, {a});
+        int want = 0;
+        for (int g : group) want += g;
+        EXPECT_EQ(sum_over(mesh.axis(a), me), want) << axis_name(a);
+        EXPECT_EQ(members(mesh.axis(a)), group) << axis_name(a);
+      }
+
+      // tp on consecutive world ranks: the placement rule's whole point.
+      const auto tp = members(mesh.axis(Axis::tp));
+      for (std::size_t i = 1; i < tp.size(); ++i) EXPECT_EQ(tp[i], tp[i - 1] + 1);
+
+      const auto fsdp = expected_group(shape, mine, {Axis::dp_shard, Axis::cp});
+      const auto batch = expected_group(shape, mine, {Axis::dp_replicate, Axis::dp_shard, Axis::cp});
+      const auto norm = expected_group(shape, mine, {Axis::dp_shard, Axis::cp, Axis::tp});
+      EXPECT_EQ(fsdp.size(), static_cast<std::size_t>(s));
+      EXPECT_EQ(batch.size(), static_cast<std::size_t>(r * s));
+      EXPECT_EQ(norm.size(), static_cast<std::size_t>(s * (n / (r * s))));
+      EXPECT_EQ(members(mesh.fsdp()), fsdp);
+      EXPECT_EQ(members(mesh.batch()), batch);
+      EXPECT_EQ(members(mesh.norm()), norm);
+
+      // Node awareness: sane, and agreed on by every rank.
+      EXPECT_GE(mesh.ranks_per_node(), 1);
+      EXPECT_LE(mesh.ranks_per_node(), n);
+      const int spans = mesh.tp_spans_nodes() ? 1 : 0;
+      int lo = 0, hi = 0;
+      MPI_Allreduce(&spans, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      MPI_Allreduce(&spans, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      EXPECT_EQ(lo, hi);
+      const int per_node = mesh.ranks_per_node();
+      int fewest = 0;
+      MPI_Allreduce(&per_node, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      if (fewest == n) EXPECT_FALSE(mesh.tp_spans_nodes());  // one node: nothing can span
+    }
+  }
+  EXPECT_GE(layouts, 1);
+}
+
+// A shape that does not match the communicator is refused on every rank alike.
+TEST(Mesh, RefusesWrongSizeOnEveryRank) {
+  const int n = world_size();
+  try {
+    Mesh mesh(shape_of(1, 1, 1, 1, n + 1), MPI_COMM_WORLD);
+    FAIL() << "expected Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs " + std::to_string(n + 1) + " ranks"), std::string::npos) << e.what();
+  }
+}
+
+// resolve_mesh and Mesh together, as the trainer will use them.
+TEST(Mesh, FromTheDeck) {
+  const int n = world_size();
+  const Config cfg = config_with({"parallel.dp_shard=-1", "train.global_batch=" + std::to_string(2 * n)});
+  Mesh mesh(resolve_mesh(cfg, n), MPI_COMM_WORLD);
+  EXPECT_EQ(mesh.degree(Axis::dp_shard), n);
+  int size = 0;
+  MPI_Comm_size(mesh.fsdp(), &size);
+  EXPECT_EQ(size, n);
+}

@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The comm layer's NCCL backend on device buffers (cudaMalloc), against
+// values computed from the ranks. Label gpu: without one GPU per rank on the
+// node, every rank exits 77, which CTest reports as skipped.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+
+namespace ndmini {
+namespace {
+
+real value(int rank, std::size_t i) { return static_cast<real>(rank * 1000 + static_cast<int>(i % 997)); }
+
+std::vector<real> rank_values(int rank, std::size_t n) {
+  std::vector<real> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = value(rank, i);
+  return out;
+}
+
+// A device buffer, owned; NCCL needs device memory whatever Kokkos runs on.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p_), std::max<std::size_t>(n, 1) * sizeof(real)) != cudaSuccess)
+      throw Error("cudaMalloc failed");
+  }
+  explicit DeviceBuffer(const std::vector<real>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() { cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  real* data() { return p_; }
+  void upload(const std::vector<real>& host) {
+    if (cudaMemcpy(p_, host.data(), host.size() * sizeof(real), cudaMemcpyHostToDevice) != cudaSuccess)
+      throw Error("cudaMemcpy to device failed");
+  }
+  std::vector<real> download() const {
+    std::vector<real> host(n_);
+    if (cudaMemcpy(host.data(), p_, n_ * sizeof(real), cudaMemcpyDeviceToHost) != cudaSuccess)
+      throw Error("cudaMemcpy to host failed");
+    return host;
+  }
+
+ private:
+  real* p_ = nullptr;
+  std::size_t n_;
+};
+
+class NcclTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (GetParam() == "world") {
+      MPI_Comm_dup(MPI_COMM_WORLD, &mpi_);
+    } else {
+      MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, -world_rank, &mpi_);
+    }
+    comm_ = std::make_unique<Communicator>(mpi_, GetParam(), Communicator::Backend::nccl);
+  }
+  void TearDown() override {
+    comm_.reset();
+    MPI_Comm_free(&mpi_);
+  }
+
+  MPI_Comm mpi_ = MPI_COMM_NULL;
+  std::unique_ptr<Communicator> comm_;
+};
+
+void expect_all_reduce(const Communicator& c, const std::vector<real>& got, ReduceOp op) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    real want = value(0, i);
+    for (int r = 1; r < c.size(); ++r) want = op == ReduceOp::sum ? want + value(r, i) : std::max(want, value(r, i));
+    ASSERT_EQ(got[i], want) << "element " << i;
+  }
+}
+
+TEST_P(NcclTest, AllReduce) {
+  const std::size_t n = 1 << 20;
+  EXPECT_EQ(comm_->backend(), Communicator::Backend::nccl);
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+    DeviceBuffer buf(rank_values(comm_->rank(), n));
+    comm_->all_reduce(buf.data(), n, op);
+    expect_all_reduce(*comm_, buf.download(), op);
+
+    buf.upload(rank_values(comm_->rank(), n));
+    CommRequest req = comm_->iall_reduce(buf.data(), n, op);
+    req.wait();
+    expect_all_reduce(*comm_, buf.download(), op);
+  }
+}
+
+void expect_all_gather(const Communicator& c, const std::vector<real>& got, std::size_t per_rank) {
+  for (int r = 0; r < c.size(); ++r)
+    for (std::size_t i = 0; i < per_rank; ++i) ASSERT_EQ(got[r * per_rank + i], value(r, i)) << r << "," << i;
+}
+
+TEST_P(NcclTest, AllGather) {
+  const std::size_t per_rank = 4099;
+  DeviceBuffer send(rank_values(comm_->rank(), per_rank));
+  DeviceBuffer recv(per_rank * comm_->size());
+  comm_->all_gather(send.data(), recv.data(), per_rank);
+  expect_all_gather(*comm_, recv.download(), per_rank);
+
+  DeviceBuffer recv2(per_rank * comm_->size());
+  comm_->iall_gather(send.data(), recv2.data(), per_rank).wait();
+  expect_all_gather(*comm_, recv2.download(), per_rank);
+}
+
+TEST_P(NcclTest, ReduceScatter) {
+  const std::size_t per_rank = 3001;
+  DeviceBuffer send(rank_values(comm_->rank(), per_rank * comm_->size()));
+  DeviceBuffer recv(per_rank);
+  auto check = [&](const std::vector<real>& got) {
+    for (std::size_t i = 0; i < per_rank; ++i) {
+      real want = 0;
+      for (int r = 0; r < comm_->size(); ++r) want += value(r, comm_->rank() * per_rank + i);
+      ASSERT_EQ(got[i], want) << "element " << i;
+    }
+  };
+  comm_->reduce_scatter(send.data(), recv.data(), per_rank);
+  check(recv.download());
+
+  DeviceBuffer recv2(per_rank);
+  CommRequest req = comm_->ireduce_scatter(send.data(), recv2.data(), per_rank);
+  while (!req.test()) {
+  }
+  check(recv2.download());
+}
+
+TEST_P(NcclTest, BroadcastAndSendRecv) {
+  const std::size_t n = 1000;
+  for (int root = 0; root < comm_->size(); ++root) {
+    DeviceBuffer buf(rank_values(comm_->rank(), n));
+    comm_->broadcast(buf.data(), n, root);
+    EXPECT_EQ(buf.download(), rank_values(root, n));
+  }
+  const int peer = comm_->rank() ^ 1;
+  if (peer >= comm_->size()) return;
+  DeviceBuffer out(rank_values(comm_->rank(), n)), in(n);
+  if (comm_->rank() < peer) {
+    comm_->send(out.data(), n, peer);
+    comm_->recv(in.data(), n, peer);
+  } else {
+    comm_->recv(in.data(), n, peer);
+    comm_->send(out.data(), n, peer);
+  }
+  EXPECT_EQ(in.download(), rank_values(peer, n));
+}
+
+TEST_P(NcclTest, Accounting) {
+  const std::int64_t n = comm_->size(), f = sizeof(real);
+  DeviceBuffer a(1 << 16), b((1 << 16) * comm_->size());
+  comm_->all_reduce(a.data(), 100);
+  comm_->all_gather(a.data(), b.data(), 10);
+  EXPECT_EQ(comm_->stats().calls, 2);
+  EXPECT_EQ(comm_->stats().bytes, (100 + 10 * n) * f);
+  EXPECT_GT(comm_->stats().ms, 0.0);
+  EXPECT_DOUBLE_EQ(comm_->stats().exposed_ms, comm_->stats().ms);
+
+  comm_->reset_stats();
+  {
+    CommRequest forgotten = comm_->ireduce_scatter(b.data(), a.data(), 1000);  // completed by its destructor
+  }
+  EXPECT_EQ(comm_->stats().calls, 1);
+  EXPECT_EQ(comm_->stats().bytes, 1000 * n * f);
+  EXPECT_GT(comm_->stats().ms, 0.0);
+  EXPECT_LE(comm_->stats().exposed_ms, comm_->stats().ms);
+
+  // Host scalars go over MPI even on the NCCL backend.
+  EXPECT_DOUBLE_EQ(comm_->all_reduce_scalar(1.0), static_cast<double>(comm_->size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, NcclTest, ::testing::Values("world", "split"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ndmini
+
+// CTest's SKIP_RETURN_CODE for this test.
+constexpr int kSkip = 77;
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+
+  // NCCL allows one rank per GPU: skip unless this node has a GPU for every
+  // rank on it. Every rank decides the same, so all exit 77 together.
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  int skip = devices < local_size ? 1 : 0, any_skip = 0;
+  MPI_Allreduce(&skip, &any_skip, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_skip) {
+    if (rank == 0) {
+      if (devices == 0) {
+        std::printf("no GPU: skipping NCCL tests\n");
+      } else {
+        std::printf("%d GPU(s) for %d ranks on a node (NCCL needs one each): skipping NCCL tests\n", devices,
+                    local_size);
+      }
+    }
+    MPI_Finalize();
+    return kSkip;
+  }
+
+  // One GPU per rank on the node, chosen before Kokkos so a CUDA Kokkos uses
+  // the same one (the NCCL backend takes the current device).
+  cudaSetDevice(local_rank % devices);
+  std::vector<char*> args(argv, argv + argc);
+  std::string device_arg = "--kokkos-device-id=" + std::to_string(local_rank % devices);
+#ifdef KOKKOS_ENABLE_CUDA
+  args.push_back(device_arg.data());
+#endif
+  int kargc = static_cast<int>(args.size());
+  Kokkos::initialize(kargc, args.data());
+  ::testing::InitGoogleTest(&argc, argv);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int result = RUN_ALL_TESTS();
+  int worst = 0;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  Kokkos::finalize();
+  MPI_Finalize();
+  return worst;
+}
