@@ -17,19 +17,23 @@
 
 namespace {
 
-void print_check(const ndmini::Config& cfg) {
+void print_check(const ndmini::Config& cfg, const ndmini::MeshShape& mesh) {
   using namespace ndmini;
   const auto& m = cfg.model;
   const double mib = 1048576.0;
+  const int dp = mesh.degree_of(Axis::dp_replicate) * mesh.degree_of(Axis::dp_shard);
+  const int tp = mesh.degree_of(Axis::tp), fsdp = mesh.degree_of(Axis::dp_shard) * mesh.degree_of(Axis::cp);
   std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
   std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
               static_cast<long long>(gpt_flops_param_count(m)));
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
-  std::printf("memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations"
+  // Per rank: tp splits the matrices and the activations, FSDP the model state.
+  std::printf("memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations per rank"
               " (micro-batch %d)\n",
-              gpt_state_bytes(m) / mib, gpt_activation_bytes(m, cfg.train.micro_batch) / mib,
+              gpt_state_bytes(m) / mib / (tp * fsdp), gpt_activation_bytes(m, cfg.train.micro_batch) / mib / tp,
               cfg.train.micro_batch);
-  std::printf("accumulation      %d micro-batches of %d per step\n", accumulation_steps(cfg), cfg.train.micro_batch);
+  std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
+              cfg.train.global_batch / (dp * cfg.train.micro_batch), cfg.train.micro_batch, dp);
   std::printf("deck OK\n");
 }
 
@@ -88,7 +92,7 @@ int main(int argc, char** argv) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
       const ndmini::MeshShape shape = ndmini::resolve_mesh(cfg, check_world);
       if (rank == 0) {
-        print_check(cfg);
+        print_check(cfg, shape);
         std::printf("%s", ndmini::describe_mesh(shape, true).c_str());
       }
     } else {

@@ -108,7 +108,6 @@ peak_gflops = 100.5
   EXPECT_EQ(c.checkpoint.keep, 2);
   EXPECT_TRUE(c.checkpoint.at_start);
   EXPECT_DOUBLE_EQ(c.perf.peak_gflops, 100.5);
-  EXPECT_EQ(accumulation_steps(c), 4);
 
   // The resolved TOML parses back to the same values.
   const Config r = parse_config(c.toml, "resolved");

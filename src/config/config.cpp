@@ -274,6 +274,4 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(ss.str(), path, overrides);
 }
 
-int accumulation_steps(const Config& cfg) { return cfg.train.global_batch / cfg.train.micro_batch; }
-
 }  // namespace ndmini

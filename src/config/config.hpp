@@ -75,7 +75,4 @@ Config parse_config(const std::string& text, const std::string& origin,
 // Reads and parses a deck file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-// Global-batch geometry derived from the deck (one data-parallel rank for now).
-int accumulation_steps(const Config& cfg);
-
 }  // namespace ndmini
