@@ -4,7 +4,7 @@
 # (Kokkos 3.4 comes inside Trilinos). Runs as root, or through sudo.
 set -euo pipefail
 packages=(
-  g++ cmake ninja-build pkg-config
+  g++ cmake ninja-build pkg-config clang-format
   mpich libmpich-dev
   libhdf5-mpich-dev hdf5-tools
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev

@@ -57,12 +57,11 @@ bool register_all() {
     const kernels::AttentionShape s{kBatch, kSeqLen, d.channels, d.heads};
     const std::string shape = "/B:" + std::to_string(s.batch) + "/T:" + std::to_string(s.seq_len) +
                               "/C:" + std::to_string(s.channels) + "/H:" + std::to_string(s.heads);
-    benchmark::RegisterBenchmark(("attention_forward/" + std::string(d.name) + shape).c_str(),
-                                 BM_attention_forward, s)
+    benchmark::RegisterBenchmark(("attention_forward/" + std::string(d.name) + shape).c_str(), BM_attention_forward, s)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("attention_backward/" + std::string(d.name) + shape).c_str(),
-                                 BM_attention_backward, s)
+    benchmark::RegisterBenchmark(("attention_backward/" + std::string(d.name) + shape).c_str(), BM_attention_backward,
+                                 s)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }

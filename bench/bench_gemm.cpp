@@ -40,7 +40,9 @@ void BM_gemm(benchmark::State& state, Pass pass, int rows, int in, int out, bool
   for (auto _ : state) time_iteration(state, [&] { kernels::gemm(ta, tb, real(1), a, b, beta, c); });
   set_flops(state, 2.0 * rows * in * out);
   state.SetLabel("M=" + std::to_string(cm) + " N=" + std::to_string(cn) + " K=" +
-                 std::to_string(pass == Pass::dW ? rows : pass == Pass::dx ? out : in));
+                 std::to_string(pass == Pass::dW   ? rows
+                                : pass == Pass::dx ? out
+                                                   : in));
 }
 
 bool register_all() {

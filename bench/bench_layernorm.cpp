@@ -14,8 +14,16 @@ struct LayerNormBuffers {
   View2D x, out, dout, dx;
   View1D weight, bias, dweight, dbias, mean, rstd;
   LayerNormBuffers(int rows, int C)
-      : x("x", rows, C), out("out", rows, C), dout("dout", rows, C), dx("dx", rows, C), weight("weight", C),
-        bias("bias", C), dweight("dweight", C), dbias("dbias", C), mean("mean", rows), rstd("rstd", rows) {
+      : x("x", rows, C),
+        out("out", rows, C),
+        dout("dout", rows, C),
+        dx("dx", rows, C),
+        weight("weight", C),
+        bias("bias", C),
+        dweight("dweight", C),
+        dbias("dbias", C),
+        mean("mean", rows),
+        rstd("rstd", rows) {
     randomize(flat(x), 1, 1);
     randomize(flat(dout), 2);
     kernels::fill(weight, 1);
@@ -37,9 +45,8 @@ void BM_layernorm_backward(benchmark::State& state) {
   LayerNormBuffers b(rows, C);
   kernels::layernorm_forward(b.out, b.mean, b.rstd, b.x, b.weight, b.bias);  // the saved statistics
   for (auto _ : state)
-    time_iteration(state, [&] {
-      kernels::layernorm_backward(b.dx, b.dweight, b.dbias, b.dout, b.x, b.weight, b.mean, b.rstd);
-    });
+    time_iteration(
+        state, [&] { kernels::layernorm_backward(b.dx, b.dweight, b.dbias, b.dout, b.x, b.weight, b.mean, b.rstd); });
   // read x, dout, weight, mean, rstd; read and write dx, dweight, dbias (all accumulate)
   set_bytes(state, sizeof(real) * (4.0 * rows * C + 5.0 * C + 2.0 * rows));
 }

@@ -5,7 +5,6 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
-
 #include <cstdio>
 #include <iostream>
 
@@ -28,10 +27,11 @@ void print_check(const ndmini::Config& cfg, const ndmini::MeshShape& mesh) {
               static_cast<long long>(gpt_flops_param_count(m)));
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
   // Per rank: tp splits the matrices and the activations, FSDP the model state.
-  std::printf("memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations per rank"
-              " (micro-batch %d)\n",
-              gpt_state_bytes(m) / mib / (tp * fsdp), gpt_activation_bytes(m, cfg.train.micro_batch) / mib / tp,
-              cfg.train.micro_batch);
+  std::printf(
+      "memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations per rank"
+      " (micro-batch %d)\n",
+      gpt_state_bytes(m) / mib / (tp * fsdp), gpt_activation_bytes(m, cfg.train.micro_batch) / mib / tp,
+      cfg.train.micro_batch);
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
               cfg.train.global_batch / (dp * cfg.train.micro_batch), cfg.train.micro_batch, dp);
   std::printf("deck OK\n");
@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
   train->add_option("--set", overrides, "Override a deck key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
   train->add_option("--metrics", metrics, "Write one JSON object per logged step, then a summary, to FILE");
-  auto* resume = train->add_option("--resume", resume_step,
-                                   "Resume from checkpoint.dir: the step named by 'latest', or STEP if given")
+  auto* resume = train
+                     ->add_option("--resume", resume_step,
+                                  "Resume from checkpoint.dir: the step named by 'latest', or STEP if given")
                      ->option_text("[STEP]");
   resume->expected(0, 1);
   train->add_flag("--show-mesh", show_mesh, "Print every rank's mesh coordinates and the groups of each axis");

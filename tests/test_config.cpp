@@ -177,12 +177,12 @@ TEST(Config, OutOfRangeNamesTheKey) {
 TEST(Config, IntegerTooLargeForItsKeyIsRefused) {
   // 2^32 + 10 must not wrap to 10 steps (or 2^32 + 2 layers to 2).
   expect_error(with_model("[train]\nsteps = 4294967306\n"), {"train.steps"});
-  expect_error("[model]\nlayers = 4294967298\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n",
-               {"model.layers"});
+  expect_error("[model]\nlayers = 4294967298\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n", {"model.layers"});
 }
 
 TEST(Config, Overrides) {
-  const Config c = parse_config(kModel, "deck.toml", {"train.steps=7", "train.lr=1", "parallel.sequence_parallel=true"});
+  const Config c =
+      parse_config(kModel, "deck.toml", {"train.steps=7", "train.lr=1", "parallel.sequence_parallel=true"});
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_DOUBLE_EQ(c.train.lr, 1.0);
   EXPECT_TRUE(c.parallel.sequence_parallel);

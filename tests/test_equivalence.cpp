@@ -141,8 +141,8 @@ TEST(Equivalence, EveryLayoutMatchesOneRank) {
     const auto grads = worst(run.capture.first_step_grads, ref.capture.first_step_grads);
     const auto params = worst(run.capture.final_params, ref.capture.final_params);
     if (world_rank() == 0)
-      std::printf("[equivalence] %d ranks, %-52s loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n",
-                  layout.ranks, label(layout).c_str(), loss_err, grads.first, grads.second.c_str(), params.first,
+      std::printf("[equivalence] %d ranks, %-52s loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n", layout.ranks,
+                  label(layout).c_str(), loss_err, grads.first, grads.second.c_str(), params.first,
                   params.second.c_str());
     EXPECT_LE(loss_err, 1e-5) << label(layout);
     EXPECT_LE(grads.first, 1e-4) << label(layout) << ": " << grads.second;
@@ -215,7 +215,7 @@ TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
   };
   const double dp = static_cast<double>(state_bytes(false)), fsdp = static_cast<double>(state_bytes(true));
   if (world_rank() == 0)
-    std::printf("[memory] %d ranks: DP %.2f MiB, FSDP %.2f MiB per rank (ratio %.4f, bound %.4f)\n", n,
-                dp / 1048576.0, fsdp / 1048576.0, fsdp / dp, 1.0 / n + 0.05);
+    std::printf("[memory] %d ranks: DP %.2f MiB, FSDP %.2f MiB per rank (ratio %.4f, bound %.4f)\n", n, dp / 1048576.0,
+                fsdp / 1048576.0, fsdp / dp, 1.0 / n + 0.05);
   EXPECT_LE(fsdp / dp, 1.0 / n + 0.05);
 }

@@ -24,9 +24,9 @@ namespace kn = ndmini::kernels;
 
 namespace {
 
-constexpr double kStep = 1e-2;     // FD step for float32 forwards
-constexpr double kFdTol = 1e-3;    // norm-relative error bound for FD gradients
-constexpr double kFwdTol = 1e-5;   // norm-relative error bound for forwards vs double references
+constexpr double kStep = 1e-2;    // FD step for float32 forwards
+constexpr double kFdTol = 1e-3;   // norm-relative error bound for FD gradients
+constexpr double kFwdTol = 1e-5;  // norm-relative error bound for forwards vs double references
 
 // ---- host <-> device helpers (correct on a GPU build too) --------------------
 
@@ -107,8 +107,7 @@ std::vector<double> pick(const std::vector<double>& v, const std::vector<std::si
 // Central differences of objective() w.r.t. the listed flat elements of x,
 // dividing by the step actually taken after rounding to float.
 template <class V, class F>
-std::vector<double> central_diff(const V& x, const std::vector<std::size_t>& idx, F objective,
-                                 double h = kStep) {
+std::vector<double> central_diff(const V& x, const std::vector<std::size_t>& idx, F objective, double h = kStep) {
   auto hx = Kokkos::create_mirror_view(x);
   Kokkos::deep_copy(hx, x);
   std::vector<double> g;
@@ -129,8 +128,7 @@ std::vector<double> central_diff(const V& x, const std::vector<std::size_t>& idx
 }
 
 // Compares FD and analytic gradients and prints the error (to size the bounds).
-void expect_grad(const char* what, const std::vector<double>& fd, const std::vector<double>& an,
-                 double tol = kFdTol) {
+void expect_grad(const char* what, const std::vector<double>& fd, const std::vector<double>& an, double tol = kFdTol) {
   const double e = rel_err(fd, an);
   std::printf("  [fd] %-28s rel err %.3e (bound %.0e, %zu elems)\n", what, e, tol, fd.size());
   EXPECT_LT(e, tol) << what;
@@ -502,7 +500,8 @@ TEST(Kernels, SoftmaxCrossEntropy) {
   // dlogits / grad_scale is the gradient of the summed loss.
   auto an = host(work);
   for (auto& g : an) g /= scale;
-  const auto fd = central_diff(logits, indices(logits.size(), 1000), [&] { return kn::cross_entropy_loss(logits, targets); });
+  const auto fd =
+      central_diff(logits, indices(logits.size(), 1000), [&] { return kn::cross_entropy_loss(logits, targets); });
   expect_grad("softmax_xent dlogits", fd, an);
   // Rows of the gradient sum to zero (softmax minus one-hot).
   for (int n = 0; n < N; ++n) {

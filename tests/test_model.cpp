@@ -149,7 +149,7 @@ TEST(Model, InitIsDeterministic) {
     const auto& p = a.param(name);
     for (std::size_t i : {std::size_t(0), std::size_t(5), p.size - 1})
       EXPECT_EQ(hp[p.offset + i], static_cast<double>(static_cast<real>(static_cast<real>(0.02) *
-                                                                       rng::normal(rng::stream_key(42, name), i))))
+                                                                        rng::normal(rng::stream_key(42, name), i))))
           << name << "[" << i << "]";
   }
   // init also clears the gradients.

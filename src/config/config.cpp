@@ -27,7 +27,7 @@ struct Key {
 };
 
 template <class T>
-Key int_key(const char* section, const char* name, T Config::*sec, int (T::*field)) {
+Key int_key(const char* section, const char* name, T Config::*sec, int(T::*field)) {
   return {section, name, "integer",
           [sec, field](Config& c, const toml::node& n) { c.*sec.*field = static_cast<int>(*n.value<std::int64_t>()); }};
 }
@@ -114,13 +114,20 @@ std::string nearest(const std::string& wrong, const std::vector<std::string>& va
 
 std::string type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::string: return "string";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    default: return "date/time";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    default:
+      return "date/time";
   }
 }
 
@@ -234,8 +241,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     deck = toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
-    os << origin << ":" << e.source().begin.line << ":" << e.source().begin.column << ": not valid TOML: "
-       << e.description();
+    os << origin << ":" << e.source().begin.line << ":" << e.source().begin.column
+       << ": not valid TOML: " << e.description();
     throw Error(os.str());
   }
   for (const auto& o : overrides) apply_override(deck, o);

@@ -69,8 +69,7 @@ struct Config {
 // Parses deck text; `origin` names it in error messages (a file name).
 // `overrides` are "section.key=value" strings applied on top (as --set does).
 // Throws ndmini::Error naming the key and what would fix it.
-Config parse_config(const std::string& text, const std::string& origin,
-                    const std::vector<std::string>& overrides = {});
+Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
 
 // Reads and parses a deck file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

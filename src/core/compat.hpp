@@ -4,7 +4,6 @@
 // Kokkos 4.x/5.x: the math functions left Kokkos::Experimental in 3.7, and
 // 3.4 has no Kokkos::min/max. Kernels include this, never the versioned API.
 #include <Kokkos_Core.hpp>
-
 #include <cstring>
 
 namespace ndmini::compat {

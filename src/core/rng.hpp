@@ -4,11 +4,10 @@
 // (seed, stream, counter), so any rank can produce any element of any tensor
 // or batch without communication, and every layout sees the same numbers.
 #include <Kokkos_Core.hpp>
-
-#include "core/compat.hpp"
-
 #include <cstdint>
 #include <string_view>
+
+#include "core/compat.hpp"
 
 namespace ndmini::rng {
 

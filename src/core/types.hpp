@@ -3,7 +3,6 @@
 // The data model in one place: the execution and memory spaces every kernel
 // runs in, and the View aliases used for parameters, activations and tokens.
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 
 namespace ndmini {

@@ -80,8 +80,8 @@ void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D
   KokkosBlas::gemm("N", "T", real(1), x, weight, beta, y);
 }
 
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x,
-                     ConstSlice2D weight, real dx_beta) {
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
+                     real dx_beta) {
   KokkosBlas::gemm("T", "N", real(1), dy, x, real(1), dweight);
   if (dbias.extent(0) > 0) bias_backward(dbias, dy);
   if (dx.extent(0) > 0) KokkosBlas::gemm("N", "N", real(1), dy, weight, dx_beta, dx);
@@ -130,8 +130,7 @@ void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, int seq_len, i
   const int C = dout.extent(1);
   const int rows = dout.extent(0);
   Kokkos::parallel_for(
-      "ndmini::embedding_bwd_wpe", Range(0, static_cast<std::size_t>(seq_len) * C),
-      KOKKOS_LAMBDA(const std::size_t i) {
+      "ndmini::embedding_bwd_wpe", Range(0, static_cast<std::size_t>(seq_len) * C), KOKKOS_LAMBDA(const std::size_t i) {
         const int t = i / C, c = i % C;
         // Rows of position t: row_offset + row = t (mod seq_len).
         const int first = ((t - row_offset) % seq_len + seq_len) % seq_len;
@@ -441,8 +440,7 @@ double vocab_parallel_xent_finish(Slice2D logits, Slice1D losses, ConstSlice1D r
 
 // ---- optimizer -------------------------------------------------------------------
 
-void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& st,
-                  bool decay) {
+void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& st, bool decay) {
   const real b1 = st.beta1, b2 = st.beta2, eps = st.eps, gs = st.grad_scale, lr = st.lr;
   const real wd = decay ? st.weight_decay : real(0);
   const real c1 = 1 / (1 - std::pow(st.beta1, static_cast<real>(st.t)));
@@ -486,9 +484,8 @@ double sum_squares(ConstSlice1D x) {
 void init_normal(Slice1D x, std::uint64_t key, std::uint64_t index_offset, real stddev) {
   real* p = x.data();
   Kokkos::parallel_for(
-      "ndmini::init_normal", Range(0, x.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
-        p[i] = static_cast<real>(stddev * rng::normal(key, index_offset + i));
-      });
+      "ndmini::init_normal", Range(0, x.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) { p[i] = static_cast<real>(stddev * rng::normal(key, index_offset + i)); });
 }
 
 void fill(Slice1D x, real value) { Kokkos::deep_copy(x, value); }

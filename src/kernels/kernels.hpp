@@ -15,11 +15,10 @@ namespace ndmini::kernels {
 // ---- dense layers ---------------------------------------------------------
 // y[N, out] = residual + x[N, in] W^T + bias. bias and residual may be empty;
 // the residual add costs no extra pass (it seeds GEMM's C).
-void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias,
-                    ConstSlice2D residual = {});
+void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual = {});
 // dW += dy^T x, db += column sums of dy, dx = dx_beta * dx + dy W (dx may be empty).
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x,
-                     ConstSlice2D weight, real dx_beta = 0);
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
+                     real dx_beta = 0);
 // C = alpha * op(A) op(B) + beta * C, op = "N" or "T".
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);
 
@@ -47,8 +46,7 @@ void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias);
 void bias_backward(Slice1D dbias, ConstSlice2D dy);
 
 // ---- layer norm (eps 1e-5) ------------------------------------------------
-void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias);
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias);
 // dx += ..., dweight += ..., dbias += ...
 void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,
                         ConstSlice1D weight, ConstSlice1D mean, ConstSlice1D rstd);
@@ -104,8 +102,7 @@ struct AdamWStep {
 };
 // One AdamW update of a tensor; zeroes the gradient in the same pass so the
 // next step's accumulation needs no separate fill.
-void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& step,
-                  bool decay);
+void adamw_update(Slice1D param, Slice1D grad, Slice1D exp_avg, Slice1D exp_avg_sq, const AdamWStep& step, bool decay);
 
 // Sum of squares of a buffer: float sums over blocks of 4096, added in double.
 double sum_squares(ConstSlice1D x);

@@ -25,8 +25,7 @@ namespace ndmini {
 
 enum class Axis : int { pp = 0, dp_replicate = 1, dp_shard = 2, cp = 3, tp = 4 };
 inline constexpr int kNumAxes = 5;
-inline constexpr std::array<Axis, kNumAxes> kAxes = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp,
-                                                     Axis::tp};
+inline constexpr std::array<Axis, kNumAxes> kAxes = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp};
 const char* axis_name(Axis a);  // "pp", "dp_replicate", ...
 
 // Degrees per axis and the rank <-> coordinate arithmetic; no MPI needed, so
@@ -34,7 +33,7 @@ const char* axis_name(Axis a);  // "pp", "dp_replicate", ...
 struct MeshShape {
   std::array<int, kNumAxes> degree{1, 1, 1, 1, 1};
 
-  int size() const;                                   // product of the degrees
+  int size() const;  // product of the degrees
   int degree_of(Axis a) const { return degree[static_cast<int>(a)]; }
   std::array<int, kNumAxes> coords_of(int rank) const;  // row-major, tp fastest
   int rank_of(const std::array<int, kNumAxes>& coords) const;

@@ -37,8 +37,8 @@ ParamLayout gpt_param_layout(const ModelConfig& m, int tp, int tp_rank, std::siz
     std::size_t size = 1;
     for (auto d : local) size *= static_cast<std::size_t>(d);
     const bool decay = global.size() == 2;
-    layout.params.push_back({std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size,
-                             decay});
+    layout.params.push_back(
+        {std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size, decay});
     offset += round_up(size, kAlign);
   };
   auto close_unit = [&](std::size_t unit_begin) {
@@ -98,8 +98,8 @@ std::int64_t gpt_activation_bytes(const ModelConfig& m, int micro_batch) {
   const std::int64_t N = B * T;
   const std::int64_t per_layer = 16 * N * C + B * H * T * T + 4 * N;
   const std::int64_t kept = N * C + L * per_layer + N * C + 2 * N + N * V + N;
-  const std::int64_t scratch = 3 * N * C + N * C + N * C + N * C + 4 * N * C + 3 * N * C + N * C + N * C +
-                               3 * N * C + T * T;
+  const std::int64_t scratch =
+      3 * N * C + N * C + N * C + N * C + 4 * N * C + 3 * N * C + N * C + N * C + 3 * N * C + T * T;
   return (kept + scratch) * static_cast<std::int64_t>(sizeof(real));
 }
 
@@ -113,9 +113,9 @@ GPT::GPT(const ModelConfig& m, int micro_batch, const ModelParallel& par) : cfg_
   const std::size_t T = m.seq_len, C = m.channels, B = batch_;
   rows_ = B * T;
   local_rows_ = sp_ ? rows_ / tp_size_ : rows_;
-  require(m.heads % tp_size_ == 0 && (4 * C) % tp_size_ == 0 && m.vocab % tp_size_ == 0 &&
-              (!sp_ || rows_ % tp_size_ == 0),
-          "internal: the model shape does not divide over tp (the mesh should have refused it)");
+  require(
+      m.heads % tp_size_ == 0 && (4 * C) % tp_size_ == 0 && m.vocab % tp_size_ == 0 && (!sp_ || rows_ % tp_size_ == 0),
+      "internal: the model shape does not divide over tp (the mesh should have refused it)");
   const int fsdp = par.data.fsdp != nullptr ? par.data.fsdp->size() : 1;
   store_ = std::make_unique<ParamStore>(gpt_param_layout(m, tp_size_, tp_rank_, fsdp * kAlign), par.data);
   for (int k = 0; k < static_cast<int>(params().size()); ++k) index_[params()[k].name] = k;
@@ -234,8 +234,8 @@ void GPT::layernorm_to_full(const View1D& full, const View1D& mean, const View1D
                                v(prefix + "/bias"));
     return;
   }
-  kernels::layernorm_forward(mat(ln_local_, local_rows_, C), mean, rstd, mat(x, local_rows_, C),
-                             v(prefix + "/weight"), v(prefix + "/bias"));
+  kernels::layernorm_forward(mat(ln_local_, local_rows_, C), mean, rstd, mat(x, local_rows_, C), v(prefix + "/weight"),
+                             v(prefix + "/bias"));
   tp_->all_gather(ln_local_.data(), full.data(), local_rows_ * C);
 }
 
@@ -305,8 +305,7 @@ void GPT::forward(ConstTokenView tokens) {
     auto& a = layers_[l];
     const std::string p = "h/" + std::to_string(l) + "/";
     layernorm_to_full(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + "ln_1");
-    kernels::linear_forward(mat(qkv_, N, Q), mat(a.ln1, N, C), w(p + "attn/c_attn/weight"),
-                            v(p + "attn/c_attn/bias"));
+    kernels::linear_forward(mat(qkv_, N, Q), mat(a.ln1, N, C), w(p + "attn/c_attn/weight"), v(p + "attn/c_attn/bias"));
     kernels::attention_forward(mat(a.atty, N, Cl), a.qkvh, a.att, att_y_, mat(qkv_, N, Q), shape);
     row_parallel_forward(a.res2, a.atty, Cl, p + "attn/c_proj", x);
     layernorm_to_full(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + "ln_2");
@@ -332,8 +331,7 @@ double GPT::loss(ConstTokenView targets, real grad_scale) {
   tp_->all_reduce(xent_max_.data(), N, ReduceOp::max);
   kernels::vocab_parallel_xent_partials(xent_stats_, logits, xent_max_, targets, vocab_start);
   tp_->all_reduce(xent_stats_.data(), 2 * N);
-  return kernels::vocab_parallel_xent_finish(logits, losses_, xent_max_, xent_stats_, targets, vocab_start,
-                                             grad_scale);
+  return kernels::vocab_parallel_xent_finish(logits, losses_, xent_max_, xent_stats_, targets, vocab_start, grad_scale);
 }
 
 void GPT::backward(ConstTokenView tokens, bool last_micro_batch) {

@@ -43,7 +43,7 @@ std::int64_t gpt_activation_bytes(const ModelConfig& m, int micro_batch);
 struct ModelParallel {
   Communicator* tp = nullptr;  // tensor-parallel group
   bool sequence_parallel = false;
-  DataParallelGroups data;     // FSDP and data-parallel groups (see ParamStore)
+  DataParallelGroups data;  // FSDP and data-parallel groups (see ParamStore)
 };
 
 class GPT {
@@ -70,8 +70,7 @@ class GPT {
   // ADDED scaled by loss_scale (1 / tokens of the global batch gives the
   // global mean); `last_micro_batch` lets data parallelism start reducing.
   // Returns the sum of this micro-batch's per-token losses.
-  double forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale,
-                          bool last_micro_batch = true);
+  double forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale, bool last_micro_batch = true);
 
   // Forward only: the sum of per-token losses (for evaluation and tests).
   double forward_loss(ConstTokenView tokens, ConstTokenView targets);
@@ -114,8 +113,8 @@ class GPT {
   View1D encoded_;
   std::vector<LayerActivations> layers_;
   View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, xent_max_, xent_stats_;
-  View1D qkv_, att_y_, partial_, ln_local_, dres_, dres_full_, dln_, dln_local_, dfc_, dqkv_, datty_,
-      dscratch_dy_, dscratch_qkvh_, dscratch_att_;
+  View1D qkv_, att_y_, partial_, ln_local_, dres_, dres_full_, dln_, dln_local_, dfc_, dqkv_, datty_, dscratch_dy_,
+      dscratch_qkvh_, dscratch_att_;
 };
 
 }  // namespace ndmini

@@ -25,10 +25,10 @@ struct ParamInfo {
   // A rows split applies per section: c_attn's rows are q, then k, then v,
   // and each tp rank holds its heads' rows of all three (3 sections).
   int sections = 1;
-  int unit = 0;             // FSDP unit: 0 is the root (wte, wpe, ln_f), 1 + l is block l
-  std::size_t offset = 0;   // in the flat tp-local buffer (all units, unsharded)
-  std::size_t size = 0;     // elements of `shape`
-  bool decay = false;       // AdamW weight decay: 2-D tensors only
+  int unit = 0;            // FSDP unit: 0 is the root (wte, wpe, ln_f), 1 + l is block l
+  std::size_t offset = 0;  // in the flat tp-local buffer (all units, unsharded)
+  std::size_t size = 0;    // elements of `shape`
+  bool decay = false;      // AdamW weight decay: 2-D tensors only
 };
 
 struct ParamLayout {

@@ -71,8 +71,8 @@ void ParamStore::prefetch(int u) {
   full_params_[u] = alloc("ndmini::gathered_params", size, false);
   transient_ += size * sizeof(real);
   peak_transient_ = std::max(peak_transient_, transient_);
-  gathers_[u] = groups_.fsdp->iall_gather(shard_params_.data() + shard_offset_[u], full_params_[u].data(),
-                                          size / shards_);
+  gathers_[u] =
+      groups_.fsdp->iall_gather(shard_params_.data() + shard_offset_[u], full_params_[u].data(), size / shards_);
 }
 
 void ParamStore::gather(int u) {

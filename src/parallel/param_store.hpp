@@ -52,9 +52,9 @@ class ParamStore {
   bool reshard_after_forward() const { return groups_.reshard_after_forward; }
 
   // Gradient life cycle of one micro-batch's backward, unit by unit.
-  void begin_grads(int u);                    // zeroed full gradients (FSDP)
+  void begin_grads(int u);                       // zeroed full gradients (FSDP)
   void end_grads(int u, bool last_micro_batch);  // reduce-scatter (FSDP) / start the all-reduce (DP)
-  void poll();                                // lets in-flight reductions progress
+  void poll();                                   // lets in-flight reductions progress
   // Completes every reduction: afterwards the shard gradients are the global
   // sums over all data-parallel ranks (and over tp for sequence-parallel
   // partial sums).
@@ -67,9 +67,9 @@ class ParamStore {
 
   // One parameter's elements within the shard.
   struct Piece {
-    int param;                  // index into layout().params
-    std::size_t shard_offset;   // where they are in the shard buffers
-    std::size_t local_begin;    // first element, in the tp-local tensor
+    int param;                 // index into layout().params
+    std::size_t shard_offset;  // where they are in the shard buffers
+    std::size_t local_begin;   // first element, in the tp-local tensor
     std::size_t length;
   };
   const std::vector<Piece>& pieces() const { return pieces_; }

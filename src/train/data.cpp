@@ -34,8 +34,8 @@ class SyntheticSource final : public DataSource {
       token_t x = static_cast<token_t>(rng::bits(walk_key_, base) % alphabet_);
       for (int t = 0; t < seq_len_; ++t) {
         const std::uint64_t coin = rng::bits(walk_key_, base + t + 1) & 1;
-        const token_t next = static_cast<token_t>(rng::bits(graph_key_, 2 * static_cast<std::uint64_t>(x) + coin) %
-                                                  alphabet_);
+        const token_t next =
+            static_cast<token_t>(rng::bits(graph_key_, 2 * static_cast<std::uint64_t>(x) + coin) % alphabet_);
         inputs[b * seq_len_ + t] = x;
         targets[b * seq_len_ + t] = next;
         x = next;
@@ -65,8 +65,7 @@ class StreamSource final : public DataSource {
     const std::uint64_t n = tokens_.size();
     const std::uint64_t span = n - seq_len_ - 1;
     for (int b = 0; b < count; ++b) {
-      const std::uint64_t o =
-          ((static_cast<std::uint64_t>(step) * global_batch_ + first + b) * seq_len_) % span;
+      const std::uint64_t o = ((static_cast<std::uint64_t>(step) * global_batch_ + first + b) * seq_len_) % span;
       std::copy_n(tokens_.data() + o, seq_len_, inputs + static_cast<std::size_t>(b) * seq_len_);
       std::copy_n(tokens_.data() + o + 1, seq_len_, targets + static_cast<std::size_t>(b) * seq_len_);
     }
@@ -114,13 +113,12 @@ std::vector<token_t> read_tokens(const std::string& path, const Config& cfg) {
   require(header[0] == kTokenFileMagic, "data.path = \"" + path + "\": bad magic " + std::to_string(header[0]) +
                                             " (an llm.c token file starts with " + std::to_string(kTokenFileMagic) +
                                             "); is this a .bin written by llm.c's data scripts?");
-  require(header[1] == 1, "data.path = \"" + path + "\": unsupported token file version " +
-                              std::to_string(header[1]) + " (ndmini reads version 1, uint16 tokens)");
+  require(header[1] == 1, "data.path = \"" + path + "\": unsupported token file version " + std::to_string(header[1]) +
+                              " (ndmini reads version 1, uint16 tokens)");
   const std::size_t count = static_cast<std::uint32_t>(header[2]);
   const std::size_t available = (bytes.size() - header_bytes) / sizeof(std::uint16_t);
   require(count <= available, "data.path = \"" + path + "\": header promises " + std::to_string(count) +
-                                  " tokens but the file holds only " + std::to_string(available) +
-                                  " (truncated?)");
+                                  " tokens but the file holds only " + std::to_string(available) + " (truncated?)");
   std::vector<token_t> tokens(count);
   const char* p = bytes.data() + header_bytes;
   token_t largest = 0;
@@ -142,8 +140,7 @@ std::vector<token_t> read_tokens(const std::string& path, const Config& cfg) {
 std::unique_ptr<DataSource> make_data_source(const Config& cfg) {
   const auto& d = cfg.data;
   if (d.source == "text") return std::make_unique<StreamSource>(read_text(d.path, cfg), cfg, "text " + d.path);
-  if (d.source == "tokens")
-    return std::make_unique<StreamSource>(read_tokens(d.path, cfg), cfg, "tokens " + d.path);
+  if (d.source == "tokens") return std::make_unique<StreamSource>(read_tokens(d.path, cfg), cfg, "tokens " + d.path);
   return std::make_unique<SyntheticSource>(cfg);
 }
 

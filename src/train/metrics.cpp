@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "train/metrics.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -32,9 +31,15 @@ void MetricsWriter::step(const StepRecord& r) {
   nlohmann::json comm = nlohmann::json::object();
   for (const auto& [name, s] : r.comm)
     comm[name] = {{"calls", s.calls}, {"bytes", s.bytes}, {"ms", s.ms}, {"exposed_ms", s.exposed_ms}};
-  nlohmann::json j = {{"step", r.step},         {"loss", r.loss},   {"lr", r.lr},
-                      {"grad_norm", r.grad_norm}, {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
-                      {"mfu", r.mfu},           {"comm", comm},     {"mem_bytes", r.mem_bytes}};
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"lr", r.lr},
+                      {"grad_norm", r.grad_norm},
+                      {"step_ms", r.step_ms},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"mfu", r.mfu},
+                      {"comm", comm},
+                      {"mem_bytes", r.mem_bytes}};
   out_ << j.dump() << '\n';
   out_.flush();
 }

@@ -2,18 +2,17 @@
 #include "train/trainer.hpp"
 
 #include <KokkosBlas3_gemm.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
-#include "comm/communicator.hpp"
 #include "kernels/kernels.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
@@ -39,12 +38,17 @@ struct AdamW {
   explicit AdamW(std::size_t n) : exp_avg("ndmini::exp_avg", n), exp_avg_sq("ndmini::exp_avg_sq", n) {}
 
   void step(GPT& model, const TrainConfig& t, double lr, double grad_scale, std::int64_t step_number) {
-    const kernels::AdamWStep st{static_cast<real>(lr), 0.9f,          0.95f, 1e-8f, static_cast<real>(t.weight_decay),
-                                static_cast<real>(grad_scale), static_cast<int>(step_number)};
+    const kernels::AdamWStep st{static_cast<real>(lr),
+                                0.9f,
+                                0.95f,
+                                1e-8f,
+                                static_cast<real>(t.weight_decay),
+                                static_cast<real>(grad_scale),
+                                static_cast<int>(step_number)};
     for (const auto& piece : model.store().pieces()) {
       auto slice = [&](const View1D& buf) { return Slice1D(buf.data() + piece.shard_offset, piece.length); };
-      kernels::adamw_update(slice(model.param_buffer()), slice(model.grad_buffer()), slice(exp_avg),
-                            slice(exp_avg_sq), st, model.params()[piece.param].decay);
+      kernels::adamw_update(slice(model.param_buffer()), slice(model.grad_buffer()), slice(exp_avg), slice(exp_avg_sq),
+                            st, model.params()[piece.param].decay);
     }
   }
 };
@@ -55,8 +59,8 @@ void for_each_block(const GPT& model, F&& f) {
   const ParamStore& store = model.store();
   for (const auto& piece : store.pieces()) {
     const ParamInfo& p = model.params()[piece.param];
-    for (const auto& block : global_blocks(p, store.layout().tp_rank, piece.local_begin,
-                                           piece.local_begin + piece.length))
+    for (const auto& block :
+         global_blocks(p, store.layout().tp_rank, piece.local_begin, piece.local_begin + piece.length))
       f(piece, block);
   }
 }
@@ -153,8 +157,8 @@ void check_resume_compatible(const Config& cfg, const io::CheckpointInfo& info, 
   auto mismatch = [&](const std::string& key, auto a, auto b) {
     if (a != b) {
       std::ostringstream os;
-      os << "cannot resume from " << where << ": it was written with " << key << " = " << a << ", the deck says "
-         << b << "; resume with the deck that wrote it or start a fresh run in another checkpoint.dir";
+      os << "cannot resume from " << where << ": it was written with " << key << " = " << a << ", the deck says " << b
+         << "; resume with the deck that wrote it or start a fresh run in another checkpoint.dir";
       throw Error(os.str());
     }
   };
@@ -312,8 +316,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     const double grad_norm = std::sqrt(grad_norm_squared(model, norm));
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
       std::ostringstream os;
-      os << "non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss") << " at step " << step
-         << " (loss " << loss << ", grad norm " << grad_norm
+      os << "non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss") << " at step " << step << " (loss "
+         << loss << ", grad norm " << grad_norm
          << "); lower train.lr or set train.grad_clip, then resume from the last checkpoint";
       throw Error(os.str());
     }

@@ -27,12 +27,12 @@ struct TrainCapture {
 };
 
 struct TrainOptions {
-  std::string metrics_path;                // JSON lines; empty: none
-  bool resume = false;                     // --resume
+  std::string metrics_path;                 // JSON lines; empty: none
+  bool resume = false;                      // --resume
   std::optional<std::int64_t> resume_step;  // --resume STEP; nullopt: latest
   TrainCapture* capture = nullptr;          // tests: fill with global gradients and parameters
   bool quiet = false;                       // no banner, progress lines or PERFORMANCE block
-  bool show_mesh = false;                  // --show-mesh: the banner prints the rank-to-coordinate map
+  bool show_mesh = false;                   // --show-mesh: the banner prints the rank-to-coordinate map
 };
 
 struct TrainResult {
