@@ -41,6 +41,8 @@ void print_check(const ndmini::Config& cfg, const ndmini::MeshShape& mesh) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // Kokkos first: it takes its own --kokkos-* arguments out of argv.
+  Kokkos::initialize(argc, argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -52,7 +54,7 @@ int main(int argc, char** argv) {
 
   std::string deck, metrics;
   std::vector<std::string> overrides;
-  std::int64_t resume_step = -1;
+  std::string resume_step;  // empty: the step named by 'latest'
   bool show_mesh = false;
   int check_world = world;
 
@@ -81,14 +83,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    Kokkos::finalize();
     MPI_Finalize();
     return code;
   }
 
   int status = 0;
-  Kokkos::initialize(argc, argv);
   try {
-    const ndmini::Config cfg = ndmini::load_config(deck, overrides);
+    // Every rank reads the deck; a rank that cannot makes all of them stop.
+    ndmini::Config cfg;
+    ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { cfg = ndmini::load_config(deck, overrides); });
     if (*check) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
       const ndmini::MeshShape shape = ndmini::resolve_mesh(cfg, check_world);
@@ -101,7 +105,17 @@ int main(int argc, char** argv) {
       opts.metrics_path = metrics;
       opts.show_mesh = show_mesh;
       opts.resume = resume->count() > 0;
-      if (opts.resume && resume_step >= 0) opts.resume_step = resume_step;
+      if (opts.resume && !resume_step.empty()) {
+        std::size_t end = 0;
+        long long step = -1;
+        try {
+          step = std::stoll(resume_step, &end);
+        } catch (const std::exception&) {
+        }
+        ndmini::require(end == resume_step.size() && step >= 0,
+                        "--resume " + resume_step + ": expected a step number (or nothing, for 'latest')");
+        opts.resume_step = step;
+      }
       ndmini::train(cfg, opts, MPI_COMM_WORLD);
     }
   } catch (const ndmini::Error& e) {

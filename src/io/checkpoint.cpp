@@ -178,42 +178,6 @@ struct Tensor {
 
 // ------------------------------------------------------------ agreement
 
-void bcast_string(MPI_Comm comm, std::string& s, int root) {
-  unsigned long long n = s.size();
-  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm);
-  s.resize(n);
-  if (n > 0) MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm);
-}
-
-// The lowest failing rank's message is thrown on every rank.
-void agree(MPI_Comm comm, const std::string& local_error) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int mine = local_error.empty() ? size : rank;
-  int first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return;
-  std::string message = local_error;
-  bcast_string(comm, message, first);
-  throw Error(message);
-}
-
-// Runs one rank-local phase and agrees on its outcome; an exception here never
-// escapes on one rank alone.
-template <class F>
-void run_phase(MPI_Comm comm, F&& body) {
-  std::string error;
-  try {
-    body();
-  } catch (const std::exception& e) {
-    error = *e.what() ? e.what() : "unknown error";
-  } catch (...) {
-    error = "unknown error";
-  }
-  agree(comm, error);
-}
-
 int comm_rank(MPI_Comm comm) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -320,7 +284,7 @@ Handle collective_transfer() {
 // would hang, and the Error thrown everywhere ends the run anyway.
 Handle open_file(MPI_Comm comm, const fs::path& path, bool create) {
   hid_t id = -1;
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     Handle fapl = file_access(comm);
     id = create ? H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get())
                 : H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
@@ -330,7 +294,7 @@ Handle open_file(MPI_Comm comm, const fs::path& path, bool create) {
 }
 
 void close_file(MPI_Comm comm, Handle& file, const fs::path& path) {
-  run_phase(comm, [&] { checked(H5Fclose(file.release()), "closing '" + path.string() + "' failed"); });
+  agree_on_errors(comm, [&] { checked(H5Fclose(file.release()), "closing '" + path.string() + "' failed"); });
 }
 
 void write_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* value) {
@@ -574,7 +538,7 @@ std::uint64_t fingerprint(const std::vector<Tensor>& order) {
 std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& tensors, std::uint64_t extra_fingerprint,
                                  bool loading) {
   std::vector<Tensor> order;
-  run_phase(comm, [&] { order = group_blocks(tensors, loading); });
+  agree_on_errors(comm, [&] { order = group_blocks(tensors, loading); });
   require_same_everywhere(comm, mix64(fingerprint(order) ^ extra_fingerprint),
                           "checkpoint: the ranks passed different tensor lists, shapes or checkpoint info; every "
                           "rank must name the same tensors (with count 0 where it holds nothing)");
@@ -825,7 +789,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
                      const std::vector<TensorSlab>& tensors, int keep) {
   quiet_hdf5();
   const int rank = comm_rank(comm);
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     require(!root_dir.empty(), "checkpoint.dir is empty; set it to a folder");
     require(info.step >= 0, "checkpoint step " + std::to_string(info.step) + " is negative");
     require(keep >= 1, "checkpoint.keep = " + std::to_string(keep) + " must be at least 1");
@@ -846,7 +810,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
 
   const fs::path root(root_dir);
   const fs::path file_path = root / tmp_dirname(info.step) / kFileName;
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     if (rank != 0) return;
     std::uint64_t bytes = 0;
     for (const Tensor& t : order) bytes += 4 * product(t.shape);
@@ -859,7 +823,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
 
   try {
     Handle file = open_file(comm, file_path, true);
-    run_phase(comm, [&] {
+    agree_on_errors(comm, [&] {
       const std::int64_t version = kFormatVersion;
       write_attr(file.get(), "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version);
       write_attr(file.get(), "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.step);
@@ -869,24 +833,24 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
       write_string_attr(file.get(), "layout", info.layout);
     });
     Handle dxpl;
-    run_phase(comm, [&] { dxpl = collective_transfer(); });
+    agree_on_errors(comm, [&] { dxpl = collective_transfer(); });
     for (std::size_t i = 0; i < order.size(); ++i) {
       const Tensor& t = order[i];
       Handle dset;
       Transfer x;
-      run_phase(comm, [&] {
+      agree_on_errors(comm, [&] {
         dset = create_dataset(file.get(), t, sums[i]);
         x = prepare_transfer(dset.get(), t);
         gather(t, x);
       });
-      run_phase(comm, [&] {
+      agree_on_errors(comm, [&] {
         checked(
             H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, x.memory.get(), x.file.get(), dxpl.get(), x.buffer),
             "writing tensor '" + t.name + "' to '" + file_path.string() + "' failed on rank " + std::to_string(rank));
       });
     }
     close_file(comm, file, file_path);
-    run_phase(comm, [&] {
+    agree_on_errors(comm, [&] {
       if (rank != 0) return;
       try {
         commit(root, info.step);
@@ -904,7 +868,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     }
     throw;
   }
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     if (rank != 0) return;
     try {
       prune(root, info.step, keep);
@@ -917,7 +881,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
 
 std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_dir) {
   long long step = -1;  // -1: no marker
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     if (comm_rank(comm) != 0) return;
     if (auto s = read_latest(root_dir)) step = *s;
   });
@@ -935,7 +899,7 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
 
   // Which checkpoint, and is it intact: rank 0 decides, before HDF5 is involved.
   long long chosen = 0;
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     if (rank != 0) return;
     require(fs::is_directory(root), "no checkpoint in '" + root.string() + "' (the folder does not exist); " + fix);
     if (step) {
@@ -955,7 +919,7 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
 
   Handle file = open_file(comm, file_path, false);
   CheckpointInfo info;
-  run_phase(comm, [&] {
+  agree_on_errors(comm, [&] {
     const auto version = read_attr<std::int64_t>(file.get(), "format_version", H5T_NATIVE_INT64, where);
     require(version == kFormatVersion, where + " has format_version " + std::to_string(version) +
                                            "; this ndmini reads version " + std::to_string(kFormatVersion));
@@ -967,12 +931,12 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
   });
 
   Handle dxpl;
-  run_phase(comm, [&] { dxpl = collective_transfer(); });
+  agree_on_errors(comm, [&] { dxpl = collective_transfer(); });
   for (const Tensor& t : order) {
     Handle dset;
     Transfer x;
     std::uint64_t stored = 0;
-    run_phase(comm, [&] {
+    agree_on_errors(comm, [&] {
       const std::string path = dataset_path(t.name);
       require(link_exists(file.get(), path), where + " has no tensor '" + t.name +
                                                  "'; it was written for a different model (compare the deck with "
@@ -998,7 +962,7 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
     });
     // A Fletcher32 failure shows only on the rank that reads the damaged chunk;
     // the agreement makes every rank refuse the checkpoint.
-    run_phase(comm, [&] {
+    agree_on_errors(comm, [&] {
       const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, x.memory.get(), x.file.get(), dxpl.get(), x.buffer);
       if (rc < 0)
         throw Error(where + " is corrupted: reading tensor '" + t.name + "' failed on rank " + std::to_string(rank) +

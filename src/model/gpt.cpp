@@ -11,8 +11,8 @@
 namespace ndmini {
 namespace {
 
-// Parameter offsets are rounded up to 64 bytes so every tensor starts on a
-// cache line (and a SIMD boundary) of the flat buffer.
+// Parameter offsets are rounded up to 16 floats (64 bytes) so every tensor
+// starts on a cache line (and a SIMD boundary) of the flat buffer.
 constexpr std::size_t kAlign = 16;
 
 std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
@@ -116,8 +116,12 @@ GPT::GPT(const ModelConfig& m, int micro_batch, const ModelParallel& par) : cfg_
   require(
       m.heads % tp_size_ == 0 && (4 * C) % tp_size_ == 0 && m.vocab % tp_size_ == 0 && (!sp_ || rows_ % tp_size_ == 0),
       "internal: the model shape does not divide over tp (the mesh should have refused it)");
-  const int fsdp = par.data.fsdp != nullptr ? par.data.fsdp->size() : 1;
-  store_ = std::make_unique<ParamStore>(gpt_param_layout(m, tp_size_, tp_rank_, fsdp * kAlign), par.data);
+  // The store learns tp and sequence parallelism from here: one source of truth.
+  DataParallelGroups groups = par.data;
+  groups.tp = tp_;
+  groups.sequence_parallel = sp_;
+  const int fsdp = groups.fsdp != nullptr ? groups.fsdp->size() : 1;
+  store_ = std::make_unique<ParamStore>(gpt_param_layout(m, tp_size_, tp_rank_, fsdp * kAlign), groups);
   for (int k = 0; k < static_cast<int>(params().size()); ++k) index_[params()[k].name] = k;
 
   const std::size_t N = rows_, Nr = local_rows_, Cl = C / tp_size_, F = 4 * C / tp_size_, Q = 3 * C / tp_size_;

@@ -9,8 +9,9 @@
 // c_proj are row-parallel (partial sums all-reduced), wte is split over the
 // vocabulary (embedding and cross-entropy are vocabulary-parallel: the full
 // logits are never gathered). With sequence_parallel the LayerNorm and
-// residual regions hold only N/tp of the rows, and all-gather /
-// reduce-scatter replace each all-reduce.
+// residual regions compute only N/tp of the rows (the all-gathered LayerNorm
+// outputs are kept whole for the backward), and all-gather / reduce-scatter
+// replace each all-reduce.
 #include <cstdint>
 #include <memory>
 #include <string>

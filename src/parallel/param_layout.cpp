@@ -35,13 +35,6 @@ std::int64_t global_row(const ParamInfo& p, const Matrix& m, int tp_rank, std::i
 
 }  // namespace
 
-std::uint64_t global_index(const ParamInfo& p, int tp_rank, std::size_t i) {
-  const Matrix m = as_matrix(p, tp_rank);
-  const std::int64_t row = static_cast<std::int64_t>(i) / m.cols_local,
-                     col = static_cast<std::int64_t>(i) % m.cols_local;
-  return static_cast<std::uint64_t>(global_row(p, m, tp_rank, row) * m.cols_global + m.col_offset + col);
-}
-
 std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end) {
   const Matrix m = as_matrix(p, tp_rank);
   std::vector<GlobalBlock> blocks;

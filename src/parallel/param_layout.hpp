@@ -51,7 +51,4 @@ struct GlobalBlock {
 // run of whole rows (split at q/k/v section boundaries) plus partial rows.
 std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end);
 
-// The global row-major index of local element `i` of `p` on `tp_rank`.
-std::uint64_t global_index(const ParamInfo& p, int tp_rank, std::size_t i);
-
 }  // namespace ndmini

@@ -99,7 +99,7 @@ void ParamStore::end_grads(int u, bool last_micro_batch) {
   const std::size_t size = layout_.unit_size[u];
   if (sharded()) {
     // Reduce-scatter instead of all-reduce: each rank only updates its shard.
-    PendingReduction r{u, CommRequest(), full_grads_[u], alloc("ndmini::grad_shard_part", size / shards_, false)};
+    PendingReduction r{u, full_grads_[u], alloc("ndmini::grad_shard_part", size / shards_, false), CommRequest()};
     transient_ += r.shard_part.extent(0) * sizeof(real);
     peak_transient_ = std::max(peak_transient_, transient_);
     r.request = groups_.fsdp->ireduce_scatter(r.full_grads.data(), r.shard_part.data(), size / shards_);
@@ -111,7 +111,7 @@ void ParamStore::end_grads(int u, bool last_micro_batch) {
       reductions_.pop_front();
     }
   } else if (last_micro_batch && groups_.dp_replicate != nullptr && groups_.dp_replicate->size() > 1) {
-    PendingReduction r{u, groups_.dp_replicate->iall_reduce(grads(u), size), View1D(), View1D()};
+    PendingReduction r{u, View1D(), View1D(), groups_.dp_replicate->iall_reduce(grads(u), size)};
     reductions_.push_back(std::move(r));
   }
 }

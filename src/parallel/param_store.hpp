@@ -89,8 +89,8 @@ class ParamStore {
  private:
   struct PendingReduction {
     int unit;
-    CommRequest request;
     View1D full_grads, shard_part;  // kept alive until the request completes
+    CommRequest request;            // last: destroyed (and so waited for) before the buffers
   };
   void complete(PendingReduction& r);
 

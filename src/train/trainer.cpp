@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
@@ -211,9 +213,12 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
 
   // One communicator per axis the model uses, plus the two groups of the
   // scalar reductions; the mesh defines which ranks each holds.
-  Communicator tp(mesh.axis(Axis::tp), "tp");
-  Communicator dp_replicate(mesh.axis(Axis::dp_replicate), "dp_replicate");
-  Communicator dp_shard(mesh.fsdp(), "dp_shard");
+  // Device buffers go through NCCL where this build has it; host buffers through MPI.
+  const auto backend = nccl_available() && !std::is_same_v<MemSpace, HostSpace> ? Communicator::Backend::nccl
+                                                                                : Communicator::Backend::mpi;
+  Communicator tp(mesh.axis(Axis::tp), "tp", backend);
+  Communicator dp_replicate(mesh.axis(Axis::dp_replicate), "dp_replicate", backend);
+  Communicator dp_shard(mesh.fsdp(), "dp_shard", backend);
   Communicator batch(mesh.batch(), "batch");
   Communicator norm(mesh.norm(), "norm");
   const std::vector<Communicator*> comms = {&dp_replicate, &dp_shard, &tp, &batch, &norm};
@@ -228,16 +233,20 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   const int accum = local_batch / mb;
   const double tokens_per_step = static_cast<double>(t.global_batch) * T;
 
-  auto data = make_data_source(cfg);
+  // Reading the data is rank-local: agree on the outcome, so one rank's
+  // missing file stops every rank with its message instead of a hang.
+  std::unique_ptr<DataSource> data;
+  agree_on_errors(comm, [&] { data = make_data_source(cfg); });
   ModelParallel par;
   par.tp = &tp;
   par.sequence_parallel = cfg.parallel.sequence_parallel;
-  par.data = {&dp_shard, &dp_replicate, &tp, cfg.parallel.sequence_parallel, cfg.parallel.reshard_after_forward};
+  par.data.fsdp = &dp_shard;
+  par.data.dp_replicate = &dp_replicate;
+  par.data.reshard_after_forward = cfg.parallel.reshard_after_forward;
   GPT model(cfg.model, mb, par);
   model.init(t.seed);
   AdamW opt(model.param_buffer().extent(0));
   CheckpointState ckpt(model, opt);
-  MetricsWriter metrics(rank == 0 ? opts.metrics_path : "");
   const std::string layout = shape.str();
   double io_ms = 0;
 
@@ -264,6 +273,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       std::printf("checkpoint: resumed from %s/%s at step %lld (written by %s)\n", cfg.checkpoint.dir.c_str(),
                   io::checkpoint_dirname(info.step).c_str(), static_cast<long long>(start), info.layout.c_str());
   }
+
+  // Opened after a resume succeeded, so a failed resume leaves the old file alone.
+  std::unique_ptr<MetricsWriter> metrics_file;
+  agree_on_errors(comm, [&] { metrics_file = std::make_unique<MetricsWriter>(rank == 0 ? opts.metrics_path : ""); });
+  MetricsWriter& metrics = *metrics_file;
 
   TrainResult result;
   result.first_step = start;
@@ -386,8 +400,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       const std::vector<double> e(exposed_ms[c->name()].begin() + skip, exposed_ms[c->name()].end());
       const std::vector<double> all(comm_ms[c->name()].begin() + skip, comm_ms[c->name()].end());
       exposed_median_total += median(e);
-      std::printf("    exposed comm     %7.1f ms  %-13s (%.1f ms in flight)\n", median(e), c->name().c_str(),
-                  median(all));
+      std::printf("    exposed comm     %7.1f ms  %-13s (%.1f ms in flight, summed over its requests)\n", median(e),
+                  c->name().c_str(), median(all));
     }
     std::printf("    compute          %.1f ms\n", result.median_step_ms - exposed_median_total);
     std::printf("    bubble           0.0 ms (no pipeline)\n");

@@ -44,6 +44,14 @@ case "$1" in
   cp_not_built)
     expect_error "parallel.cp = 2: context parallelism is not built yet; set it to 1" \
       check tiny.toml --set parallel.cp=2 --world 2 ;;
+  unwritable_metrics)
+    # Only rank 0 writes the metrics: its failure must stop rank 1 too, not leave it waiting.
+    rc=0
+    run 2 train tiny.toml --set parallel.dp_replicate=2 --metrics no_such_dir/m.jsonl >out.txt 2>&1 || rc=$?
+    cat out.txt
+    [ "$rc" -ne 0 ] || fail "an unwritable metrics file must be refused"
+    grep -qF -- "--metrics no_such_dir/m.jsonl: cannot open the file for writing" out.txt || fail "missing the message"
+    ;;
   world_mismatch)
     # Launched on 2 ranks with a layout for 4: every rank must stop, none hang.
     rc=0

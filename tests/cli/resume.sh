@@ -31,4 +31,8 @@ h5diff -r "$a" "$b" /optimizer /optimizer || fail "optimizer state differs after
 if h5diff -q "split/$(printf 'step_%08d' $N)/checkpoint.h5" "$b" /model /model >/dev/null 2>&1; then
   fail "parameters at step $N and $((2 * N)) are identical: the comparison cannot see anything"
 fi
+# A bare --resume takes the step named by 'latest' (the newest checkpoint, 2N).
+run 1 train tiny.toml --set train.steps=$((2 * N)) --set checkpoint.dir=straight --resume | tee bare.txt
+grep -q "resumed from straight/$(printf 'step_%08d' $((2 * N))) at step $((2 * N))" bare.txt ||
+  fail "a bare --resume did not take the latest checkpoint"
 echo "ok: bitwise identical losses, parameters and optimizer state after resume"
