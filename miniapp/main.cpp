@@ -7,6 +7,8 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "config/config.hpp"
 #include "core/error.hpp"
@@ -79,8 +81,12 @@ int main(int argc, char** argv) {
       ->option_text("N (default: the ranks launched)")
       ->check(CLI::PositiveNumber);
 
+  // Kokkos has read its --kokkos-* arguments (Kokkos 3.4 leaves them in argv).
+  std::vector<const char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (i == 0 || std::string(argv[i]).rfind("--kokkos-", 0) != 0) args.push_back(argv[i]);
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     const int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
     Kokkos::finalize();
