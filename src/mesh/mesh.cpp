@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
@@ -78,21 +79,8 @@ int product_of(const MeshShape& shape, const Mask& keep) {
   return p;
 }
 
-const char* key_of(Axis a) {
-  switch (a) {
-    case Axis::pp:
-      return "parallel.pp";
-    case Axis::dp_replicate:
-      return "parallel.dp_replicate";
-    case Axis::dp_shard:
-      return "parallel.dp_shard";
-    case Axis::cp:
-      return "parallel.cp";
-    case Axis::tp:
-      return "parallel.tp";
-  }
-  return "parallel.?";
-}
+// The deck key of an axis, for messages: "parallel.tp".
+std::string key_of(Axis a) { return std::string("parallel.") + axis_name(a); }
 
 // The reductions of the header's table, defined here once for the
 // communicators and for describe_mesh.
