@@ -284,11 +284,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   const char* peak_source = "given in the deck (perf.peak_gflops)";
   result.peak_flops = cfg.perf.peak_gflops * 1e9;
   if (result.peak_flops <= 0) {
-    // Every rank calibrates its own core; the slowest sets the peak, so MFU
-    // is never flattered by one lucky rank.
+    // Every rank calibrates its own core; the fastest sets the peak, so a
+    // calibration slowed by a busy core cannot flatter the MFU.
     result.peak_flops = calibrate_gemm_flops();
-    MPI_Allreduce(MPI_IN_PLACE, &result.peak_flops, 1, MPI_DOUBLE, MPI_MIN, comm);
-    peak_source = "measured (1024^3 SGEMM calibration, slowest rank)";
+    MPI_Allreduce(MPI_IN_PLACE, &result.peak_flops, 1, MPI_DOUBLE, MPI_MAX, comm);
+    peak_source = "measured (1024^3 SGEMM calibration, fastest rank)";
   }
   const double flops_per_token = gpt_flops_per_token(cfg.model);
   const std::int64_t state_bytes =
