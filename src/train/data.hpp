@@ -28,7 +28,7 @@ class DataSource {
 std::unique_ptr<DataSource> make_data_source(const Config& cfg);
 
 // Writes an llm.c token file (256 int32 header, magic 20240520, version 1,
-// token count; then uint16 tokens). Used by tests and examples.
+// token count; then uint16 tokens), e.g. to make a small corpus for a test.
 void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens);
 
 }  // namespace ndmini
