@@ -183,6 +183,44 @@ TEST_P(CommTest, SendRecvPairs) {
   EXPECT_EQ(comm_->stats().bytes, static_cast<std::int64_t>(2 * n * sizeof(real)));
 }
 
+TEST_P(CommTest, RingExchangeDoesNotDeadlock) {
+  // Every rank sends to the next and receives from the previous at once, the
+  // pattern of ring attention: with blocking calls this would deadlock.
+  const int n_ranks = comm_->size(), rank = comm_->rank();
+  const int next = (rank + 1) % n_ranks, prev = (rank + n_ranks - 1) % n_ranks;
+  const std::size_t n = 70000;  // above MPICH's eager limit: a rendezvous transfer
+  auto out = device_from(rank_values(rank, n));
+  View1D in("in", n);
+  CommRequest req = comm_->batch_p2p({{P2POp::Kind::send, out.data(), n, next, 3},  //
+                                      {P2POp::Kind::recv, in.data(), n, prev, 3}});
+  req.wait();
+  EXPECT_EQ(host_from(in), rank_values(prev, n));
+  EXPECT_EQ(comm_->stats().calls, 1);
+  EXPECT_EQ(comm_->stats().bytes, static_cast<std::int64_t>(2 * n * sizeof(real)));
+}
+
+TEST_P(CommTest, IsendBeforeIrecvOnBothSides) {
+  // Both sides send first and receive second, the order a pipeline stage may
+  // reach them in: fine when neither call blocks. Tags keep two messages apart.
+  if (comm_->size() < 2) GTEST_SKIP() << "needs two ranks in the group";
+  const int peer = comm_->rank() ^ 1;
+  if (peer >= comm_->size()) return;
+  const std::size_t n = 70000;
+  auto a = device_from(rank_values(comm_->rank(), n)), b = device_from(rank_values(comm_->rank() + 7, n));
+  View1D in_a("in_a", n), in_b("in_b", n);
+  CommRequest send_b = comm_->isend(b.data(), n, peer, 2);
+  CommRequest send_a = comm_->isend(a.data(), n, peer, 1);
+  CommRequest recv_a = comm_->irecv(in_a.data(), n, peer, 1);
+  CommRequest recv_b = comm_->irecv(in_b.data(), n, peer, 2);
+  recv_a.wait();
+  recv_b.wait();
+  send_a.wait();
+  send_b.wait();
+  EXPECT_EQ(host_from(in_a), rank_values(peer, n));
+  EXPECT_EQ(host_from(in_b), rank_values(peer + 7, n));
+  EXPECT_THROW(comm_->isend(a.data(), 1, comm_->size()), Error);
+}
+
 TEST_P(CommTest, ScalarAllReduce) {
   const int n = comm_->size();
   EXPECT_DOUBLE_EQ(comm_->all_reduce_scalar(comm_->rank() + 0.5), n * (n - 1) / 2.0 + 0.5 * n);

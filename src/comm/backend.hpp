@@ -59,6 +59,7 @@ struct Communicator::BackendImpl {
   virtual std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
   virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
                                                              std::size_t count_per_rank) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) = 0;
 };
 
 }  // namespace ndmini

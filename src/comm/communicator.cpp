@@ -146,6 +146,23 @@ class MpiRequest final : public CommRequest::Impl {
   }
 };
 
+// Several point-to-point requests completed together.
+class MpiRequests final : public CommRequest::Impl {
+ public:
+  std::vector<MPI_Request> requests;
+
+ protected:
+  void wait_backend() override {
+    mpi_check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+  bool test_backend() override {
+    int flag = 0;
+    mpi_check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    return flag != 0;
+  }
+};
+
 class MpiBackend final : public Communicator::BackendImpl {
  public:
   MpiBackend(MPI_Comm comm, int rank) : comm_(comm), rank_(rank) {}
@@ -195,6 +212,21 @@ class MpiBackend final : public Communicator::BackendImpl {
     mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), MPI_FLOAT,
                                         MPI_SUM, comm_, &r->request),
               "MPI_Ireduce_scatter_block");
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {
+    auto r = std::make_unique<MpiRequests>();
+    r->requests.reserve(ops.size());
+    for (const P2POp& op : ops) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (op.kind == P2POp::Kind::send)
+        mpi_check(MPI_Isend(op.buf, mpi_count(op.count, "MPI_Isend"), MPI_FLOAT, op.peer, op.tag, comm_, &req),
+                  "MPI_Isend");
+      else
+        mpi_check(MPI_Irecv(op.buf, mpi_count(op.count, "MPI_Irecv"), MPI_FLOAT, op.peer, op.tag, comm_, &req),
+                  "MPI_Irecv");
+      r->requests.push_back(req);
+    }
     return r;
   }
 
@@ -317,6 +349,25 @@ CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t 
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
   return detail::nonblocking(stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
+}
+
+CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
+  std::size_t count = 0;
+  for (const P2POp& op : ops) {
+    require(op.peer >= 0 && op.peer < size_, "Communicator '" + name_ + "': point-to-point peer " +
+                                                 std::to_string(op.peer) + " is not a rank of a group of " +
+                                                 std::to_string(size_));
+    count += op.count;
+  }
+  return detail::nonblocking(stats_, detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
+}
+
+CommRequest Communicator::isend(const real* buf, std::size_t count, int peer, int tag) {
+  return batch_p2p({{P2POp::Kind::send, const_cast<real*>(buf), count, peer, tag}});
+}
+
+CommRequest Communicator::irecv(real* buf, std::size_t count, int peer, int tag) {
+  return batch_p2p({{P2POp::Kind::recv, buf, count, peer, tag}});
 }
 
 // Host scalars go over MPI whatever the backend: NCCL wants device buffers,

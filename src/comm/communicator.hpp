@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/types.hpp"
 
@@ -34,6 +35,16 @@ struct CommStats {
 };
 
 enum class ReduceOp { sum, max };
+
+// One point-to-point transfer of a batch (see Communicator::batch_p2p).
+struct P2POp {
+  enum class Kind { send, recv };
+  Kind kind;
+  real* buf;  // send: read only; recv: written
+  std::size_t count;
+  int peer;     // rank in this communicator
+  int tag = 0;  // MPI matches on it; NCCL matches in issue order (tags ignored)
+};
 
 // A non-blocking collective in flight. wait() completes it (and is called by
 // the destructor if the owner forgets, so no request leaks).
@@ -86,6 +97,15 @@ class Communicator {
   CommRequest iall_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
   CommRequest iall_gather(const real* send, real* recv, std::size_t count_per_rank);
   CommRequest ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
+
+  // Non-blocking point-to-point: every send and receive of `ops` is issued
+  // at once (MPI_Isend/MPI_Irecv; one ncclGroupStart/End group on NCCL, so a
+  // ring exchange -- send to the next rank, receive from the previous -- or a
+  // pipeline stage's send and receive cannot deadlock); one request completes
+  // them all. Accounted as one call; bytes are those sent plus received.
+  CommRequest batch_p2p(const std::vector<P2POp>& ops);
+  CommRequest isend(const real* buf, std::size_t count, int peer, int tag = 0);
+  CommRequest irecv(real* buf, std::size_t count, int peer, int tag = 0);
 
   // Host scalars (loss sums, squared norms): blocking, double precision.
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::sum);

@@ -143,6 +143,23 @@ class NcclBackend final : public Communicator::BackendImpl {
     return issue("ncclReduceScatter",
                  [&] { return ncclReduceScatter(send, recv, count_per_rank, ncclFloat, ncclSum, comm_, stream_); });
   }
+  // One NCCL group: the sends and receives progress together, so an exchange
+  // in which every rank sends and receives cannot deadlock.
+  std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {
+    return issue("ncclGroupEnd", [&] {
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (const P2POp& op : ops) {
+        const ncclResult_t rc = op.kind == P2POp::Kind::send
+                                    ? ncclSend(op.buf, op.count, ncclFloat, op.peer, comm_, stream_)
+                                    : ncclRecv(op.buf, op.count, ncclFloat, op.peer, comm_, stream_);
+        if (rc != ncclSuccess) {
+          ncclGroupEnd();  // close the group before reporting, or NCCL stays inside it
+          check(rc, op.kind == P2POp::Kind::send ? "ncclSend" : "ncclRecv");
+        }
+      }
+      return ncclGroupEnd();
+    });
+  }
 
   // Polls the event under the watchdog (see nccl_backend.hpp).
   void wait_event(cudaEvent_t event) {
