@@ -25,7 +25,7 @@ void BM_TrainingMicroStep(benchmark::State& state) {
     par.data.fsdp = &group;
   else
     par.data.dp_replicate = &group;
-  GPT model(m, bench::kBatch, par);
+  GptStage model(m, bench::kBatch, par);
   model.init(1234);
   // Any tokens do: the step's cost does not depend on them.
   TokenView tokens("tokens", bench::kRows), targets("targets", bench::kRows);

@@ -14,28 +14,40 @@
 #include "core/error.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "train/layout.hpp"
 #include "train/trainer.hpp"
 
 namespace {
 
-void print_check(const ndmini::Config& cfg, const ndmini::MeshShape& mesh) {
+void print_check(const ndmini::Config& cfg, const ndmini::RunLayout& layout) {
   using namespace ndmini;
   const auto& m = cfg.model;
   const double mib = 1048576.0;
-  const int dp = mesh.degree_of(Axis::dp_replicate) * mesh.degree_of(Axis::dp_shard);
-  const int tp = mesh.degree_of(Axis::tp), fsdp = mesh.degree_of(Axis::dp_shard) * mesh.degree_of(Axis::cp);
   std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
   std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
               static_cast<long long>(gpt_flops_param_count(m)));
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
-  // Per rank: tp splits the matrices and the activations, FSDP the model state.
-  std::printf(
-      "memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations per rank"
-      " (micro-batch %d)\n",
-      gpt_state_bytes(m) / mib / (tp * fsdp), gpt_activation_bytes(m, cfg.train.micro_batch) / mib / tp,
-      cfg.train.micro_batch);
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
-              cfg.train.global_batch / (dp * cfg.train.micro_batch), cfg.train.micro_batch, dp);
+              layout.micro_batches, cfg.train.micro_batch, layout.data_parallel);
+  if (layout.split.pp > 1) {
+    const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
+    std::printf("pipeline          %s, %d chunks: %s\n", schedule_name(layout.schedule),
+                layout.split.pp * layout.split.virtual_stages,
+                StagePlan(m.layers, layout.split.pp, layout.split.virtual_stages).describe().c_str());
+    std::printf("                  ideal bubble %.1f%%; at most %d micro-batch records in flight on stage 0\n",
+                100 * schedule.ideal_bubble(), schedule.max_in_flight(0));
+  }
+  if (layout.split.cp > 1)
+    std::printf("context           %d chunks of %d tokens per sequence; cp rank i holds chunks i and %d-i\n",
+                2 * layout.split.cp, m.seq_len / (2 * layout.split.cp), 2 * layout.split.cp - 1);
+  // Per rank, the busiest pipeline stage: the sizes the model allocates.
+  const MemoryEstimate e = estimate_memory(cfg, layout);
+  std::printf(
+      "memory estimate   %.1f MiB per rank: %.1f MiB model state (params, grads, AdamW) + %lld x %.1f MiB "
+      "activations in flight (micro-batch %d%s) + %.1f MiB scratch\n",
+      e.total() / mib, e.state_bytes / mib, static_cast<long long>(e.in_flight),
+      e.activation_bytes_per_micro_batch / mib, cfg.train.micro_batch,
+      layout.recompute == Recompute::block ? ", recompute = block" : "", e.scratch_bytes / mib);
   std::printf("deck OK\n");
 }
 
@@ -101,10 +113,10 @@ int main(int argc, char** argv) {
     ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { cfg = ndmini::load_config(deck, overrides); });
     if (*check) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
-      const ndmini::MeshShape shape = ndmini::resolve_mesh(cfg, check_world);
+      const ndmini::RunLayout layout = ndmini::resolve_layout(cfg, check_world);
       if (rank == 0) {
-        print_check(cfg, shape);
-        std::printf("%s", ndmini::describe_mesh(shape, true).c_str());
+        print_check(cfg, layout);
+        std::printf("%s", ndmini::describe_mesh(layout.mesh, true).c_str());
       }
     } else {
       ndmini::TrainOptions opts;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Every parallel layout trains the same model as one rank (DESIGN section 3).
+// Every parallel layout trains the same model as one rank.
 //
-// For each layout that fits the launched world size, the tiny deck trains
-// 10 steps twice in this process: once on MPI_COMM_SELF (the one-rank
-// reference, computed by every rank independently) and once over the world
-// with the layout. Compared: the loss of every step (relative 1e-5), the
+// For each layout that fits the launched world size, the tiny deck (more
+// layers where a pipeline needs them) trains 10 steps twice in this process:
+// once on MPI_COMM_SELF (the one-rank reference, computed by every rank
+// independently) and once over the world with the layout. Compared: the loss of every step (relative 1e-5), the
 // gradients of the first step and the parameters after the last step
 // (each tensor by ||a - b|| / ||b||, 1e-4; Adam's early steps amplify
 // rounding noise in near-zero elements, so not element-wise).
@@ -60,9 +60,12 @@ TrainedRun train_with(const Config& cfg, MPI_Comm comm, TrainOptions opts = {}) 
   return run;
 }
 
-const TrainedRun& reference() {
-  static const TrainedRun run = train_with(deck({}), MPI_COMM_SELF);
-  return run;
+// The one-rank run of the tiny deck with `model` overrides (e.g. more layers), computed once.
+const TrainedRun& reference(const std::vector<std::string>& model = {}) {
+  static std::map<std::vector<std::string>, TrainedRun> runs;
+  auto it = runs.find(model);
+  if (it == runs.end()) it = runs.emplace(model, train_with(deck(model), MPI_COMM_SELF)).first;
+  return it->second;
 }
 
 double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
@@ -94,34 +97,59 @@ std::pair<double, std::string> worst(const std::map<std::string, std::vector<flo
 
 struct Layout {
   int ranks;
-  std::vector<std::string> degrees;  // --set values
+  std::vector<std::string> degrees;  // --set values of the layout
+  std::vector<std::string> model;    // --set values of the model, for the reference too
 };
 
 std::string label(const Layout& l) {
   std::string s;
-  for (const auto& d : l.degrees) s += (s.empty() ? "" : " ") + d.substr(d.find('.') + 1);
+  for (const auto* list : {&l.model, &l.degrees})
+    for (const auto& d : *list) s += (s.empty() ? "" : " ") + d.substr(d.find('.') + 1);
   return s;
 }
 
-// The layouts of the equivalence suite, built from dp_replicate, dp_shard, tp
-// and sequence_parallel over 1, 2, 4 and 8 ranks (tiny: 4 heads, so tp <= 4).
+std::vector<std::string> joined(const Layout& l) {
+  std::vector<std::string> all = l.model;
+  all.insert(all.end(), l.degrees.begin(), l.degrees.end());
+  return all;
+}
+
+// The layouts of the equivalence suite over 1, 2, 4 and 8 ranks (tiny: 4
+// heads, so tp <= 4; seq_len 64, so cp <= 4 with SP at tp = 2). Pipelines
+// take more layers where they need them (a layer per chunk); recompute =
+// block runs beside each pipeline and context layout.
 const std::vector<Layout>& layouts() {
+  const std::string rc = "train.recompute=block";
+  const std::vector<std::string> four = {"model.layers=4"}, eight = {"model.layers=8"};
   static const std::vector<Layout> all = {
-      {1, {"parallel.tp=1"}},
-      {2, {"parallel.dp_replicate=2"}},
-      {2, {"parallel.dp_shard=2"}},
-      {2, {"parallel.tp=2"}},
-      {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+      {1, {"parallel.tp=1"}, {}},
+      {1, {rc}, {}},
+      {2, {"parallel.dp_replicate=2"}, {}},
+      {2, {"parallel.dp_shard=2"}, {}},
+      {2, {"parallel.tp=2"}, {}},
+      {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
       // Two sequences per micro-batch: the sequence-parallel chunks of N/tp rows cross sequences.
-      {2, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=2"}},
-      {4, {"parallel.dp_replicate=2", "parallel.dp_shard=2"}},
-      {4, {"parallel.dp_shard=4", "parallel.reshard_after_forward=false"}},
-      {4, {"parallel.dp_replicate=2", "parallel.tp=2"}},
-      {4, {"parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true"}},
-      {4, {"parallel.tp=4"}},
-      {8, {"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"}},
-      {8, {"parallel.dp_shard=2", "parallel.tp=4", "parallel.sequence_parallel=true"}},
-      {8, {"parallel.dp_replicate=8"}},
+      {2, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=2"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=gpipe"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=gpipe", rc}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=1f1b", "train.micro_batch=2"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=1f1b", rc}, {}},
+      {4, {"parallel.dp_replicate=2", "parallel.dp_shard=2"}, {}},
+      {4, {"parallel.dp_shard=4", "parallel.reshard_after_forward=false"}, {}},
+      {4, {"parallel.dp_replicate=2", "parallel.tp=2"}, {}},
+      {4, {"parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      {4, {"parallel.tp=4"}, {}},
+      {4, {"parallel.pp=4", "parallel.schedule=1f1b"}, four},
+      {4, {"parallel.pp=4", "parallel.schedule=1f1b", rc}, four},
+      {4, {"parallel.pp=4", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2"}, eight},
+      {4, {"parallel.pp=4", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2", rc}, eight},
+      {4, {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      {4, {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", rc}, {}},
+      {8, {"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.dp_shard=2", "parallel.tp=4", "parallel.sequence_parallel=true"}, {}},
+      {8, {"parallel.dp_replicate=8"}, {}},
+      {8, {"parallel.pp=2", "parallel.dp_shard=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.pp=2", "parallel.dp_shard=2", "parallel.tp=2", rc}, {}},
   };
   return all;
 }
@@ -129,13 +157,13 @@ const std::vector<Layout>& layouts() {
 }  // namespace
 
 TEST(Equivalence, EveryLayoutMatchesOneRank) {
-  const TrainedRun& ref = reference();
-  ASSERT_EQ(ref.result.losses.size(), 10u);
   int tested = 0;
   for (const Layout& layout : layouts()) {
     if (layout.ranks != world_size()) continue;
     ++tested;
-    const TrainedRun run = train_with(deck(layout.degrees), MPI_COMM_WORLD);
+    const TrainedRun& ref = reference(layout.model);
+    ASSERT_EQ(ref.result.losses.size(), 10u);
+    const TrainedRun run = train_with(deck(joined(layout)), MPI_COMM_WORLD);
     ASSERT_EQ(run.result.losses.size(), ref.result.losses.size());
     double loss_err = 0;
     for (std::size_t s = 0; s < ref.result.losses.size(); ++s)
@@ -143,10 +171,13 @@ TEST(Equivalence, EveryLayoutMatchesOneRank) {
     const auto grads = worst(run.capture.first_step_grads, ref.capture.first_step_grads);
     const auto params = worst(run.capture.final_params, ref.capture.final_params);
     if (world_rank() == 0)
-      std::printf("[equivalence] %d ranks, %-52s loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n", layout.ranks,
+      std::printf("[equivalence] %d ranks, %-72s loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n", layout.ranks,
                   label(layout).c_str(), loss_err, grads.first, grads.second.c_str(), params.first,
                   params.second.c_str());
     EXPECT_LE(loss_err, 1e-5) << label(layout);
+    // With a pipeline, wte lives on the first and the last stage; summed
+    // gradients keep the two copies bitwise equal (trivially true without pp).
+    EXPECT_TRUE(run.capture.tied_wte_identical) << label(layout);
     EXPECT_LE(grads.first, 1e-4) << label(layout) << ": " << grads.second;
     EXPECT_LE(params.first, 1e-4) << label(layout) << ": " << params.second;
   }
@@ -161,16 +192,23 @@ TEST(Equivalence, ComparisonCanFail) {
 }
 
 TEST(Equivalence, CheckpointReshardsExactly) {
-  // Save after 3 steps under the widest layout of this world, then resume
-  // under another (and on one rank): the loaded global tensors are bit-identical.
+  // Save after 3 steps under one layout of this world, then resume under
+  // another (and on one rank): the loaded global tensors are bit-identical.
   const int n = world_size();
-  std::vector<std::string> write_layout = {"parallel.tp=1"}, read_layout = {"parallel.tp=1"};
-  if (n == 2) write_layout = {"parallel.tp=2"}, read_layout = {"parallel.dp_shard=2"};
-  if (n == 4) write_layout = {"parallel.dp_shard=2", "parallel.tp=2"}, read_layout = {"parallel.tp=4"};
+  using Degrees = std::vector<std::string>;
+  std::vector<std::pair<Degrees, Degrees>> pairs = {{{"parallel.tp=1"}, {"parallel.tp=1"}}};
+  if (n == 2)
+    pairs = {{{"parallel.tp=2"}, {"parallel.dp_shard=2"}},
+             {{"parallel.pp=2"}, {"parallel.tp=2"}},
+             {{"parallel.dp_shard=2"}, {"parallel.pp=2"}}};
+  if (n == 4)
+    pairs = {{{"parallel.dp_shard=2", "parallel.tp=2"}, {"parallel.tp=4"}},
+             {{"parallel.pp=2", "parallel.tp=2"}, {"parallel.dp_shard=4"}},
+             {{"parallel.dp_shard=4"}, {"parallel.pp=2", "parallel.tp=2"}}};
   if (n == 8)
-    write_layout = {"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"},
-    read_layout = {"parallel.dp_shard=4", "parallel.tp=2"};
-  int rank = world_rank();
+    pairs = {
+        {{"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"}, {"parallel.dp_shard=4", "parallel.tp=2"}},
+        {{"parallel.pp=2", "parallel.dp_shard=2", "parallel.tp=2"}, {"parallel.dp_replicate=8"}}};
   std::string dir = "equivalence_ckpt_" + std::to_string(n) + "_" + std::to_string(::getpid());
   int len = static_cast<int>(dir.size());
   MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -182,21 +220,24 @@ TEST(Equivalence, CheckpointReshardsExactly) {
     v.push_back("checkpoint.dir=" + dir);
     return v;
   };
-  std::vector<std::string> save = with(write_layout);
-  save.push_back("checkpoint.every=3");
-  const TrainedRun written = train_with(deck(save), MPI_COMM_WORLD);
+  for (const auto& [write_layout, read_layout] : pairs) {
+    SCOPED_TRACE(write_layout.front() + " -> " + read_layout.front());
+    std::vector<std::string> save = with(write_layout);
+    save.push_back("checkpoint.every=3");
+    const TrainedRun written = train_with(deck(save), MPI_COMM_WORLD);
 
-  TrainOptions resume;
-  resume.resume = true;
-  const TrainedRun reread = train_with(deck(with(read_layout)), MPI_COMM_WORLD, resume);
-  EXPECT_EQ(worst(reread.capture.final_params, written.capture.final_params).first, 0.0);
-  // And on one rank, which the layout never wrote.
-  const TrainedRun single = train_with(deck(with({"parallel.tp=1"})), MPI_COMM_SELF, resume);
-  EXPECT_EQ(worst(single.capture.final_params, written.capture.final_params).first, 0.0);
-  // Negative control: the parameters did change during the 3 steps.
-  EXPECT_GT(worst(written.capture.final_params, reference().capture.final_params).first, 0.0);
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (rank == 0) std::filesystem::remove_all(dir);
+    TrainOptions resume;
+    resume.resume = true;
+    const TrainedRun reread = train_with(deck(with(read_layout)), MPI_COMM_WORLD, resume);
+    EXPECT_EQ(worst(reread.capture.final_params, written.capture.final_params).first, 0.0);
+    // And on one rank, which the layout never wrote.
+    const TrainedRun single = train_with(deck(with({"parallel.tp=1"})), MPI_COMM_SELF, resume);
+    EXPECT_EQ(worst(single.capture.final_params, written.capture.final_params).first, 0.0);
+    // Negative control: the parameters did change during the 3 steps.
+    EXPECT_GT(worst(written.capture.final_params, reference().capture.final_params).first, 0.0);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
@@ -212,7 +253,7 @@ TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
       par.data.fsdp = &group;
     else
       par.data.dp_replicate = &group;
-    GPT model(cfg.model, 1, par);
+    GptStage model(cfg.model, 1, par);
     // Parameters and gradients, plus AdamW's two moments of the same size as the shard.
     return model.store().persistent_bytes() + 2 * model.param_buffer().extent(0) * sizeof(real);
   };

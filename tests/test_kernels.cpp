@@ -220,31 +220,33 @@ TEST(Kernels, EmbeddingForwardAndBackward) {
   const int B = 2, T = 5, C = 13, V = 11;
   // Token 3 appears five times, at several positions of both sequences.
   const std::vector<int> tok = {3, 1, 3, 3, 0, 10, 3, 7, 1, 3};
-  TokenView tokens = tokens_from(tok);
+  // Positions in any order (context parallelism holds two chunks of a sequence per rank).
+  const std::vector<int> pos = {4, 0, 2, 1, 3, 0, 1, 2, 3, 4};
+  TokenView tokens = tokens_from(tok), positions = tokens_from(pos);
   View2D wte("wte", V, C), wpe("wpe", T, C), out("out", B * T, C), R("R", B * T, C);
   fill_uniform(wte, 11, -1, 1);
   fill_uniform(wpe, 12, -1, 1);
   fill_uniform(R, 13, -1, 1);
   const auto hR = host(R);
 
-  kn::embedding_forward(out, tokens, wte, wpe, T);
+  kn::embedding_forward(out, tokens, wte, wpe, positions);
   {
     const auto hte = host(wte), hpe = host(wpe);
     std::vector<double> ref(B * T * C);
     for (int r = 0; r < B * T; ++r)
-      for (int c = 0; c < C; ++c) ref[r * C + c] = hte[tok[r] * C + c] + hpe[(r % T) * C + c];
+      for (int c = 0; c < C; ++c) ref[r * C + c] = hte[tok[r] * C + c] + hpe[pos[r] * C + c];
     expect_close("embedding_forward", ref, host(out));
   }
 
   auto L = [&] {
-    kn::embedding_forward(out, tokens, wte, wpe, T);
+    kn::embedding_forward(out, tokens, wte, wpe, positions);
     return dot(host(out), hR);
   };
   View2D dwte("dwte", V, C), dwpe("dwpe", T, C);
   fill_uniform(dwte, 14, -1, 1);
   fill_uniform(dwpe, 15, -1, 1);
   const auto dwte0 = host(dwte), dwpe0 = host(dwpe);
-  kn::embedding_backward(dwte, dwpe, R, tokens, T);
+  kn::embedding_backward(dwte, dwpe, R, tokens, positions);
   expect_grad("embedding dwte (repeats)", central_diff(wte, indices(wte.size(), 1000), L), minus(host(dwte), dwte0));
   expect_grad("embedding dwpe", central_diff(wpe, indices(wpe.size(), 1000), L), minus(host(dwpe), dwpe0));
 }

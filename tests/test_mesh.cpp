@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The mesh: rank <-> coordinate arithmetic, the resolution and validation of
-// [parallel] (every refusal with its message), and, on the real world size,
-// every dp_replicate x dp_shard x tp layout built with MPI and checked against
-// the coordinates: axis sizes, tp on consecutive ranks, group membership.
+// The mesh: rank <-> coordinate arithmetic, the resolution and validation of a
+// run's layout (the mesh's own rules and the model's, pipeline's and batch's
+// checked with it: every refusal with its message), and, on the real world
+// size, every factorization over the five axes built with MPI and checked
+// against the coordinates: axis sizes, tp on consecutive ranks, group
+// membership (fsdp, batch, norm, the tied-embedding pair).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,6 +15,7 @@
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "mesh/mesh.hpp"
+#include "train/layout.hpp"
 
 using namespace ndmini;
 
@@ -45,7 +48,7 @@ micro_batch = 2
 
 std::string resolve_error(const std::vector<std::string>& overrides, int world) {
   try {
-    resolve_mesh(config_with(overrides), world);
+    resolve_layout(config_with(overrides), world);
   } catch (const Error& e) {
     return e.what();
   }
@@ -54,7 +57,7 @@ std::string resolve_error(const std::vector<std::string>& overrides, int world) 
 
 void expect_refused(const std::vector<std::string>& overrides, int world, const std::vector<std::string>& parts) {
   const std::string msg = resolve_error(overrides, world);
-  ASSERT_FALSE(msg.empty()) << "expected resolve_mesh to refuse world " << world;
+  ASSERT_FALSE(msg.empty()) << "expected resolve_layout to refuse world " << world;
   for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
 }
 
@@ -115,20 +118,26 @@ TEST(MeshShape, CoordsRoundTripTpFastest) {
   EXPECT_STREQ(axis_name(Axis::dp_shard), "dp_shard");
 }
 
+MeshShape resolve(const std::vector<std::string>& overrides, int world) {
+  return resolve_layout(config_with(overrides), world).mesh;
+}
+
 TEST(ResolveMesh, DefaultsToOneRank) {
-  const MeshShape s = resolve_mesh(config_with({}), 1);
+  const MeshShape s = resolve({}, 1);
   EXPECT_EQ(s.size(), 1);
 }
 
 TEST(ResolveMesh, MinusOneTakesWhatIsLeft) {
-  const MeshShape s = resolve_mesh(config_with({"parallel.tp=2", "parallel.dp_replicate=-1"}), 8);
+  const MeshShape s = resolve({"parallel.tp=2", "parallel.dp_replicate=-1"}, 8);
   EXPECT_EQ(s.degree_of(Axis::dp_replicate), 4);
   EXPECT_EQ(s.degree_of(Axis::tp), 2);
   EXPECT_EQ(s.size(), 8);
-  const MeshShape t = resolve_mesh(config_with({"parallel.tp=-1", "parallel.dp_shard=2"}), 8);
+  const MeshShape t = resolve({"parallel.tp=-1", "parallel.dp_shard=2"}, 8);
   EXPECT_EQ(t.degree_of(Axis::tp), 4);
-  const MeshShape one = resolve_mesh(config_with({"parallel.cp=-1"}), 1);  // resolves to 1: allowed
+  const MeshShape one = resolve({"parallel.cp=-1"}, 1);  // resolves to 1
   EXPECT_EQ(one.degree_of(Axis::cp), 1);
+  const MeshShape pp = resolve({"parallel.pp=-1", "parallel.cp=2"}, 4);
+  EXPECT_EQ(pp.degree_of(Axis::pp), 2);
 }
 
 TEST(ResolveMesh, RefusesTwoMinusOnes) {
@@ -147,10 +156,30 @@ TEST(ResolveMesh, RefusesWrongProduct) {
                   "launch 4 ranks (mpiexec -n 4)"});
 }
 
-TEST(ResolveMesh, RefusesAxesNotBuilt) {
-  expect_refused({"parallel.cp=2"}, 2, {"parallel.cp = 2: context parallelism is not built yet; set it to 1"});
-  expect_refused({"parallel.pp=2"}, 2, {"parallel.pp = 2: pipeline parallelism is not built yet; set it to 1"});
-  expect_refused({"parallel.cp=-1"}, 2, {"parallel.cp = -1 resolves to 2", "not built yet"});
+TEST(ResolveMesh, ContextAndPipelineRules) {
+  // seq_len 32: 2 cp must divide it.
+  EXPECT_EQ(resolve_error({"parallel.cp=4"}, 4), "");
+  expect_refused({"parallel.cp=2", "model.seq_len=30"}, 2,
+                 {"model.seq_len = 30 is not divisible by 2 x parallel.cp = 4", "two chunks"});
+  // With SP, tp divides each cp rank's share of the sequence.
+  expect_refused({"parallel.cp=2", "parallel.tp=4", "parallel.sequence_parallel=true", "model.seq_len=20"}, 8,
+                 {"model.seq_len / parallel.cp = 20 / 2 = 10 is not divisible by parallel.tp = 4"});
+  // A chunk per layer at least: layers = 2 here.
+  EXPECT_EQ(resolve_error({"parallel.pp=2"}, 2), "");
+  expect_refused({"parallel.pp=4"}, 4, {"model.layers = 2 is fewer than the 4 pipeline chunks", "parallel.pp = 4"});
+  expect_refused({"parallel.pp=2", "parallel.virtual_stages=2", "parallel.schedule=interleaved_1f1b"}, 2,
+                 {"model.layers = 2 is fewer than the 4 pipeline chunks", "virtual_stages = 2"});
+  expect_refused({"parallel.pp=2", "parallel.virtual_stages=2", "model.layers=4"}, 2,
+                 {"parallel.virtual_stages = 2 needs parallel.schedule = \"interleaved_1f1b\""});
+  // 1F1B needs pp micro-batches: 64 / (1 x 32) = 2 < 4.
+  expect_refused({"parallel.pp=4", "model.layers=4", "train.micro_batch=32"}, 4,
+                 {"needs at least pp micro-batches per step, but each pipeline gets 2"});
+  EXPECT_EQ(resolve_error({"parallel.pp=4", "model.layers=4", "train.micro_batch=32", "parallel.schedule=gpipe"}, 4),
+            "");
+  // Interleaved: the micro-batches a multiple of pp (64 / 16 = 4 micro-batches; pp = 3 does not divide them).
+  expect_refused({"parallel.pp=3", "parallel.virtual_stages=2", "parallel.schedule=interleaved_1f1b", "model.layers=6",
+                  "train.micro_batch=16"},
+                 3, {"to be a multiple of parallel.pp = 3"});
 }
 
 TEST(ResolveMesh, RefusesTpThatDoesNotDivideTheModel) {
@@ -191,14 +220,24 @@ TEST(DescribeMesh, StaysCompactForBigMeshes) {
   EXPECT_NE(d.find("more"), std::string::npos) << d;
 }
 
-// Every dp_replicate x dp_shard x tp factorization of the world, built for real.
+// Every factorization of the world over the five axes, built for real.
+std::vector<MeshShape> factorizations(int n) {
+  std::vector<MeshShape> out;
+  for (int pp = 1; pp <= n; ++pp)
+    for (int r = 1; pp * r <= n; ++r)
+      for (int s = 1; pp * r * s <= n; ++s)
+        for (int cp = 1; pp * r * s * cp <= n; ++cp) {
+          const int rest = pp * r * s * cp;
+          if (n % rest == 0) out.push_back(shape_of(pp, r, s, cp, n / rest));
+        }
+  return out;
+}
+
 TEST(Mesh, EveryLayoutOfTheWorld) {
   const int n = world_size(), me = world_rank();
   int layouts = 0;
-  for (int r = 1; r <= n; ++r) {
-    for (int s = 1; r * s <= n; ++s) {
-      if (n % (r * s) != 0) continue;
-      const MeshShape shape = shape_of(1, r, s, 1, n / (r * s));
+  for (const MeshShape& shape : factorizations(n)) {
+    {
       SCOPED_TRACE(shape.str());
       ++layouts;
       Mesh mesh(shape, MPI_COMM_WORLD);
@@ -229,19 +268,31 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
       for (std::size_t i = 1; i < tp.size(); ++i) EXPECT_EQ(tp[i], tp[i - 1] + 1);
 
       const auto fsdp = expected_group(shape, mine, {Axis::dp_shard, Axis::cp});
-      const auto batch = expected_group(shape, mine, {Axis::dp_replicate, Axis::dp_shard, Axis::cp});
-      const auto norm = expected_group(shape, mine, {Axis::dp_shard, Axis::cp, Axis::tp});
-      EXPECT_EQ(fsdp.size(), static_cast<std::size_t>(s));
-      EXPECT_EQ(batch.size(), static_cast<std::size_t>(r * s));
-      EXPECT_EQ(norm.size(), static_cast<std::size_t>(s * (n / (r * s))));
+      const auto batch = expected_group(shape, mine, {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp});
+      const auto norm = expected_group(shape, mine, {Axis::pp, Axis::dp_shard, Axis::cp, Axis::tp});
+      const int pp = shape.degree_of(Axis::pp), tp_ = shape.degree_of(Axis::tp);
+      EXPECT_EQ(fsdp.size(), static_cast<std::size_t>(shape.degree_of(Axis::dp_shard) * shape.degree_of(Axis::cp)));
+      EXPECT_EQ(batch.size(), static_cast<std::size_t>(n / tp_));
+      EXPECT_EQ(norm.size(), static_cast<std::size_t>(n / shape.degree_of(Axis::dp_replicate)));
       EXPECT_EQ(members(mesh.fsdp()), fsdp);
       EXPECT_EQ(members(mesh.batch()), batch);
       EXPECT_EQ(members(mesh.norm()), norm);
 
+      // The tied wte: the first and the last stage of this rank's pipeline, first stage first.
+      const int stage = mine[static_cast<int>(Axis::pp)];
+      if (pp > 1 && (stage == 0 || stage == pp - 1)) {
+        Coords first = mine, last = mine;
+        first[static_cast<int>(Axis::pp)] = 0;
+        last[static_cast<int>(Axis::pp)] = pp - 1;
+        EXPECT_EQ(members(mesh.tied_embedding()), (std::vector<int>{shape.rank_of(first), shape.rank_of(last)}));
+      } else {
+        EXPECT_EQ(mesh.tied_embedding(), MPI_COMM_NULL);
+      }
+
       // Node awareness: sane, and agreed on by every rank.
       EXPECT_GE(mesh.ranks_per_node(), 1);
       EXPECT_LE(mesh.ranks_per_node(), n);
-      const int spans = mesh.tp_spans_nodes() ? 1 : 0;
+      const int spans = (mesh.tp_spans_nodes() ? 1 : 0) + (mesh.cp_spans_nodes() ? 2 : 0);
       int lo = 0, hi = 0;
       MPI_Allreduce(&spans, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
       MPI_Allreduce(&spans, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -249,7 +300,7 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
       const int per_node = mesh.ranks_per_node();
       int fewest = 0;
       MPI_Allreduce(&per_node, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-      if (fewest == n) EXPECT_FALSE(mesh.tp_spans_nodes());  // one node: nothing can span
+      if (fewest == n) EXPECT_FALSE(mesh.tp_spans_nodes() || mesh.cp_spans_nodes());  // one node: nothing can span
     }
   }
   EXPECT_GE(layouts, 1);
@@ -270,7 +321,7 @@ TEST(Mesh, RefusesWrongSizeOnEveryRank) {
 TEST(Mesh, FromTheDeck) {
   const int n = world_size();
   const Config cfg = config_with({"parallel.dp_shard=-1", "train.global_batch=" + std::to_string(2 * n)});
-  Mesh mesh(resolve_mesh(cfg, n), MPI_COMM_WORLD);
+  Mesh mesh(resolve_layout(cfg, n).mesh, MPI_COMM_WORLD);
   EXPECT_EQ(mesh.degree(Axis::dp_shard), n);
   int size = 0;
   MPI_Comm_size(mesh.fsdp(), &size);

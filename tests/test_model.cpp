@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The whole GPT-2 on one rank: gradient of the mean loss against central
-// differences for a sample of every parameter tensor, DESIGN section 2's
-// init, gradient accumulation, and the parameter/FLOP counts.
+// differences for a sample of every parameter tensor, the init of docs/model.md,
+// gradient accumulation, and the parameter/FLOP counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,7 +43,7 @@ TokenView tokens_from(const std::vector<int>& t) {
 // Init, then move every parameter off its init values (biases 0 and LN
 // weights 1 are special points) so every gradient term is exercised and
 // attention is far from uniform.
-void init_perturbed(GPT& gpt, std::uint64_t seed) {
+void init_perturbed(GptStage& gpt, std::uint64_t seed) {
   gpt.init(seed);
   auto p = Kokkos::create_mirror_view(gpt.param_buffer());
   Kokkos::deep_copy(p, gpt.param_buffer());
@@ -54,12 +54,18 @@ void init_perturbed(GPT& gpt, std::uint64_t seed) {
   Kokkos::deep_copy(gpt.param_buffer(), p);
 }
 
+const ParamInfo& param_named(const GptStage& gpt, const std::string& name) {
+  for (const auto& p : gpt.params())
+    if (p.name == name) return p;
+  throw std::runtime_error("no parameter " + name);
+}
+
 }  // namespace
 
 TEST(Model, GradientMatchesFiniteDifferences) {
   const ModelConfig m = tiny();
   const int B = 2, T = m.seq_len;
-  GPT gpt(m, B);
+  GptStage gpt(m, B);
   init_perturbed(gpt, 7);
   // Repeated tokens, and targets that differ from the inputs.
   TokenView tokens = tokens_from({1, 4, 1, 9, 0, 10, 4, 4, 2, 1});
@@ -116,7 +122,7 @@ TEST(Model, GradientMatchesFiniteDifferences) {
 
 TEST(Model, ForwardBackwardAccumulates) {
   const ModelConfig m = tiny();
-  GPT gpt(m, 2);
+  GptStage gpt(m, 2);
   init_perturbed(gpt, 11);
   TokenView tokens = tokens_from({1, 4, 1, 9, 0, 10, 4, 4, 2, 1});
   TokenView targets = tokens_from({4, 1, 9, 0, 3, 4, 4, 2, 1, 7});
@@ -136,17 +142,17 @@ TEST(Model, ForwardBackwardAccumulates) {
 
 TEST(Model, InitIsDeterministic) {
   const ModelConfig m = tiny();
-  GPT a(m, 1), b(m, 1), c(m, 1);
+  GptStage a(m, 1), b(m, 1), c(m, 1);
   a.init(42);
   b.init(42);
   c.init(43);
   EXPECT_EQ(host(a.param_buffer()), host(b.param_buffer()));
   EXPECT_NE(host(a.param_buffer()), host(c.param_buffer()));
-  // Element i of a tensor comes from (seed, name, i), as DESIGN section 2 says,
+  // Element i of a tensor comes from (seed, name, i), as docs/model.md says,
   // so any layout can rebuild the same model.
   const auto hp = host(a.param_buffer());
   for (const char* name : {"wte", "h/1/attn/c_attn/weight"}) {
-    const auto& p = a.param(name);
+    const auto& p = param_named(a, name);
     for (std::size_t i : {std::size_t(0), std::size_t(5), p.size - 1})
       EXPECT_EQ(hp[p.offset + i], static_cast<double>(static_cast<real>(static_cast<real>(0.02) *
                                                                         rng::normal(rng::stream_key(42, name), i))))
@@ -165,7 +171,7 @@ TEST(Model, InitStatistics) {
   m.heads = 4;
   m.vocab = 256;
   m.seq_len = 32;
-  GPT gpt(m, 1);
+  GptStage gpt(m, 1);
   gpt.init(2024);
   const auto hp = host(gpt.param_buffer());
   const double std_proj = 0.02 / std::sqrt(2.0 * m.layers);
@@ -194,7 +200,7 @@ TEST(Model, InitStatistics) {
 
 TEST(Model, LayoutCoversEveryTensorOnce) {
   const ModelConfig m = tiny();
-  GPT gpt(m, 1);
+  GptStage gpt(m, 1);
   const auto& ps = gpt.params();
   ASSERT_EQ(ps.size(), 2u + 12u * m.layers + 2u);
   std::int64_t total = 0;

@@ -73,6 +73,7 @@ const std::vector<Key>& schema() {
       float_key("train", "weight_decay", &Config::train, &TrainConfig::weight_decay),
       float_key("train", "grad_clip", &Config::train, &TrainConfig::grad_clip),
       int_key("train", "log_every", &Config::train, &TrainConfig::log_every),
+      string_key("train", "recompute", &Config::train, &TrainConfig::recompute),
       int_key("parallel", "dp_replicate", &Config::parallel, &ParallelConfig::dp_replicate),
       int_key("parallel", "dp_shard", &Config::parallel, &ParallelConfig::dp_shard),
       int_key("parallel", "tp", &Config::parallel, &ParallelConfig::tp),
@@ -81,6 +82,7 @@ const std::vector<Key>& schema() {
       bool_key("parallel", "sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
       bool_key("parallel", "reshard_after_forward", &Config::parallel, &ParallelConfig::reshard_after_forward),
       string_key("parallel", "schedule", &Config::parallel, &ParallelConfig::schedule),
+      int_key("parallel", "virtual_stages", &Config::parallel, &ParallelConfig::virtual_stages),
       string_key("checkpoint", "dir", &Config::checkpoint, &CheckpointConfig::dir),
       int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),
       int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
@@ -211,6 +213,8 @@ void validate(const Config& c, const std::string& origin) {
   check_range(t.weight_decay >= 0, origin, "train.weight_decay", s(t.weight_decay), "must be >= 0");
   check_range(t.grad_clip >= 0, origin, "train.grad_clip", s(t.grad_clip), "must be >= 0 (0 disables clipping)");
   check_range(t.log_every >= 1, origin, "train.log_every", s(t.log_every), "must be at least 1");
+  check_range(t.recompute == "none" || t.recompute == "block", origin, "train.recompute", "\"" + t.recompute + "\"",
+              "must be \"none\" or \"block\"");
   const auto& d = c.data;
   check_range(d.source == "synthetic" || d.source == "text" || d.source == "tokens", origin, "data.source",
               "\"" + d.source + "\"", "must be \"synthetic\", \"text\" or \"tokens\"");
@@ -225,6 +229,7 @@ void validate(const Config& c, const std::string& origin) {
                 "must be a degree >= 1, or -1 for what is left of the world");
   check_range(p.schedule == "1f1b" || p.schedule == "gpipe" || p.schedule == "interleaved_1f1b", origin,
               "parallel.schedule", "\"" + p.schedule + "\"", "must be \"1f1b\", \"gpipe\" or \"interleaved_1f1b\"");
+  check_range(p.virtual_stages >= 1, origin, "parallel.virtual_stages", s(p.virtual_stages), "must be at least 1");
   const auto& k = c.checkpoint;
   check_range(k.every >= 0, origin, "checkpoint.every", s(k.every), "must be >= 0 (0: never)");
   check_range(k.keep >= 1, origin, "checkpoint.keep", s(k.keep), "must be at least 1");

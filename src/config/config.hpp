@@ -32,6 +32,7 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   int log_every = 1;
+  std::string recompute = "none";  // "none" or "block": recompute each block's forward in its backward
 };
 
 struct ParallelConfig {
@@ -42,7 +43,8 @@ struct ParallelConfig {
   int pp = 1;
   bool sequence_parallel = false;
   bool reshard_after_forward = true;  // FSDP: free a block's gathered parameters after its forward
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b";      // pipeline schedule: "1f1b", "gpipe" or "interleaved_1f1b"
+  int virtual_stages = 1;             // pipeline chunks per pp rank (interleaved_1f1b)
 };
 
 struct CheckpointConfig {

@@ -89,26 +89,26 @@ void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy
 
 // ---- embeddings -----------------------------------------------------------
 
-void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len,
-                       int vocab_start, int row_offset) {
+void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, ConstTokenView positions,
+                       int vocab_start) {
   const int C = out.extent(1);
   const int vocab_local = wte.extent(0);
   const bool with_positions = wpe.extent(0) > 0;
   Kokkos::parallel_for(
       "ndmini::embedding_fwd", Range(0, out.extent(0)), KOKKOS_LAMBDA(const int row) {
-        const int t = (row_offset + row) % seq_len;
         const int tok = tokens(row) - vocab_start;
         const bool local = tok >= 0 && tok < vocab_local;
+        const int t = with_positions ? positions(row) : 0;
         for (int c = 0; c < C; ++c)
           out(row, c) = (local ? wte(tok, c) : real(0)) + (with_positions ? wpe(t, c) : real(0));
       });
 }
 
-void position_embedding_forward(Slice2D out, ConstSlice2D wpe, int seq_len, int row_offset) {
+void position_embedding_forward(Slice2D out, ConstSlice2D wpe, ConstTokenView positions) {
   const int C = out.extent(1);
   Kokkos::parallel_for(
       "ndmini::position_embedding_fwd", Range(0, out.extent(0)), KOKKOS_LAMBDA(const int row) {
-        const int t = (row_offset + row) % seq_len;
+        const int t = positions(row);
         for (int c = 0; c < C; ++c) out(row, c) += wpe(t, c);
       });
 }
@@ -126,23 +126,19 @@ void token_embedding_backward(Slice2D dwte, ConstSlice2D dout, ConstTokenView to
       });
 }
 
-void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, int seq_len, int row_offset) {
+void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, ConstTokenView positions) {
   const int C = dout.extent(1);
   const int rows = dout.extent(0);
   Kokkos::parallel_for(
-      "ndmini::embedding_bwd_wpe", Range(0, static_cast<std::size_t>(seq_len) * C), KOKKOS_LAMBDA(const std::size_t i) {
-        const int t = i / C, c = i % C;
-        // Rows of position t: row_offset + row = t (mod seq_len).
-        const int first = ((t - row_offset) % seq_len + seq_len) % seq_len;
-        real acc = 0;
-        for (int row = first; row < rows; row += seq_len) acc += dout(row, c);
-        dwpe(t, c) += acc;
+      "ndmini::embedding_bwd_wpe", Range(0, C), KOKKOS_LAMBDA(const int c) {
+        for (int row = 0; row < rows; ++row) dwpe(positions(row), c) += dout(row, c);
       });
 }
 
-void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len) {
+void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens,
+                        ConstTokenView positions) {
   token_embedding_backward(dwte, dout, tokens, 0);
-  position_embedding_backward(dwpe, dout, seq_len, 0);
+  position_embedding_backward(dwpe, dout, positions);
 }
 
 void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias) {

@@ -23,21 +23,25 @@ void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);
 
 // ---- embeddings -----------------------------------------------------------
-// out[row, :] = wte[tokens[row], :] + wpe[(row_offset + row) % seq_len, :]
+// Positions: one per row, the absolute position of that row's token in its
+// sequence (with context parallelism a rank holds two chunks of each
+// sequence, so rows are not simply t = row mod seq_len).
+//
+// out[row, :] = wte[tokens[row], :] + wpe[positions[row], :]
 // With a vocabulary-parallel wte (rows [vocab_start, vocab_start + V_local)),
 // tokens outside the local range contribute zeros; pass an empty wpe to add
 // the positions later (after the vocabulary all-reduce).
-void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, int seq_len,
-                       int vocab_start = 0, int row_offset = 0);
-// out[row, :] += wpe[(row_offset + row) % seq_len, :]
-void position_embedding_forward(Slice2D out, ConstSlice2D wpe, int seq_len, int row_offset = 0);
+void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe, ConstTokenView positions,
+                       int vocab_start = 0);
+// out[row, :] += wpe[positions[row], :]
+void position_embedding_forward(Slice2D out, ConstSlice2D wpe, ConstTokenView positions);
 // dwte[tok - vocab_start] += dout rows of local tokens. Deterministic: each
 // thread owns a column, so repeated tokens add in a fixed order.
 void token_embedding_backward(Slice2D dwte, ConstSlice2D dout, ConstTokenView tokens, int vocab_start = 0);
-// dwpe[(row_offset + row) % seq_len] += dout[row]
-void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, int seq_len, int row_offset = 0);
+// dwpe[positions[row]] += dout[row], deterministic in the same way.
+void position_embedding_backward(Slice2D dwpe, ConstSlice2D dout, ConstTokenView positions);
 // Both of the above.
-void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, int seq_len);
+void embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dout, ConstTokenView tokens, ConstTokenView positions);
 
 // y += residual + bias (either may be empty): the epilogue of a row-parallel
 // linear layer whose partial sums were just reduce-scattered.

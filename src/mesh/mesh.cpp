@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -85,8 +84,8 @@ std::string key_of(Axis a) { return std::string("parallel.") + axis_name(a); }
 // The reductions of the header's table, defined here once for the
 // communicators and for describe_mesh.
 const Mask kFsdp = mask_of({Axis::dp_shard, Axis::cp});
-const Mask kBatch = mask_of({Axis::dp_replicate, Axis::dp_shard, Axis::cp});
-const Mask kNorm = mask_of({Axis::dp_shard, Axis::cp, Axis::tp});
+const Mask kBatch = mask_of({Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp});
+const Mask kNorm = mask_of({Axis::pp, Axis::dp_shard, Axis::cp, Axis::tp});
 
 }  // namespace
 }  // namespace detail
@@ -139,12 +138,9 @@ std::string MeshShape::str() const {
   return out;
 }
 
-MeshShape resolve_mesh(const Config& cfg, int world) {
+MeshShape resolve_mesh(const ParallelConfig& p, int world) {
   using std::to_string;
   require(world >= 1, "the job must have at least one rank, got " + to_string(world));
-  const auto& p = cfg.parallel;
-  const auto& m = cfg.model;
-  const auto& t = cfg.train;
   MeshShape shape;
   shape.degree = {p.pp, p.dp_replicate, p.dp_shard, p.cp, p.tp};
 
@@ -163,14 +159,6 @@ MeshShape resolve_mesh(const Config& cfg, int world) {
             std::string(detail::key_of(a)) + " = " + to_string(shape.degree[i]) + " must be -1 or at least 1");
   }
 
-  // Not built yet: refuse before the arithmetic, so the message is about the real problem.
-  for (Axis a : {Axis::cp, Axis::pp}) {
-    const int d = shape.degree_of(a);
-    const char* what = a == Axis::cp ? "context" : "pipeline";
-    require(d <= 1, std::string(detail::key_of(a)) + " = " + to_string(d) + ": " + what +
-                        " parallelism is not built yet; set it to 1");
-  }
-
   if (wild >= 0) {
     long long others = 1;  // 64-bit: a deck may hold degrees whose product overflows an int
     for (int i = 0; i < kNumAxes; ++i)
@@ -181,10 +169,6 @@ MeshShape resolve_mesh(const Config& cfg, int world) {
                                      " ranks of the job; change the degrees or launch a multiple of " +
                                      to_string(others) + " ranks");
     shape.degree[wild] = static_cast<int>(world / others);
-    for (Axis a : {Axis::cp, Axis::pp})
-      require(static_cast<int>(a) != wild || shape.degree[wild] == 1,
-              key + " = -1 resolves to " + to_string(shape.degree[wild]) + " on " + to_string(world) + " ranks, but " +
-                  (a == Axis::cp ? "context" : "pipeline") + " parallelism is not built yet; set it to 1");
   }
 
   // Product of the degrees, written in the deck's order so the user recognises it.
@@ -200,33 +184,6 @@ MeshShape resolve_mesh(const Config& cfg, int world) {
     throw Error("parallel: " + expr + " = " + ranks(product) + ", but the job has " + to_string(world) +
                 "; change the degrees or launch " + ranks(product) + " (mpiexec -n " + to_string(product) + ")");
   }
-
-  // Tensor parallelism splits heads, the MLP's hidden 4C and the vocabulary (the
-  // embedding and logits) over tp: each must split evenly.
-  const int tp = shape.degree_of(Axis::tp);
-  const std::string by_tp = " is not divisible by parallel.tp = " + to_string(tp);
-  require(m.heads % tp == 0, "model.heads = " + to_string(m.heads) + by_tp +
-                                 "; choose a tp that divides the heads, or change model.heads");
-  require((4 * m.channels) % tp == 0, "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " +
-                                          to_string(m.channels) + " = " + to_string(4 * m.channels) + by_tp +
-                                          "; choose a tp that divides it, or change model.channels");
-  if (m.vocab % tp != 0) {
-    // Suggest a GPU-friendly size too: a multiple of 64 per tp rank is what GPT-2 uses (50257 -> 50304).
-    const int step = std::lcm(tp, 64);
-    const long long padded = (static_cast<long long>(m.vocab) + step - 1) / step * step;
-    throw Error("model.vocab = " + to_string(m.vocab) + by_tp + "; pad it (e.g. " + to_string(padded) + ")");
-  }
-  if (p.sequence_parallel)
-    require(m.seq_len % tp == 0, "model.seq_len = " + to_string(m.seq_len) + by_tp +
-                                     " (parallel.sequence_parallel splits the sequence over tp); change one, "
-                                     "or set parallel.sequence_parallel = false");
-
-  // Each data-parallel rank runs whole micro-batches of distinct sequences.
-  const long long dp = static_cast<long long>(shape.degree_of(Axis::dp_replicate)) * shape.degree_of(Axis::dp_shard);
-  const long long unit = dp * t.micro_batch;
-  require(t.global_batch % unit == 0,
-          "train.global_batch = " + to_string(t.global_batch) + " must be a multiple of dp_replicate x dp_shard x " +
-              "micro_batch = " + to_string(unit) + " (each data-parallel rank runs whole micro-batches)");
   return shape;
 }
 
@@ -255,6 +212,14 @@ std::string describe_mesh(const MeshShape& shape, bool details) {
   if (detail::product_of(shape, detail::kFsdp) > 1)
     out += "fsdp groups (" + detail::names_of(detail::kFsdp) +
            "): " + detail::format_groups(detail::groups_of(shape, detail::kFsdp)) + "\n";
+  if (shape.degree_of(Axis::pp) > 1) {
+    // The first and the last stage of each pipeline: every group of pp ranks, its two ends.
+    detail::Mask keep{};
+    keep[static_cast<int>(Axis::pp)] = true;
+    auto groups = detail::groups_of(shape, keep);
+    for (auto& g : groups) g = {g.front(), g.back()};
+    out += "tied wte (first and last stage): " + detail::format_groups(groups) + "\n";
+  }
   // Which ranks each reduction spans: the one place a reader can check it.
   out += "loss summed over " + detail::names_of(detail::kBatch) + " (" +
          std::to_string(detail::product_of(shape, detail::kBatch)) + " ranks); gradient norm over " +
@@ -298,6 +263,15 @@ Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
   fsdp_ = cart_sub(cart_, detail::kFsdp);
   batch_ = cart_sub(cart_, detail::kBatch);
   norm_ = cart_sub(cart_, detail::kNorm);
+  // The two ends of each pipeline, one group per set of other coordinates;
+  // the rank index inside it is the stage order (first, then last).
+  const int pp = degree(Axis::pp), stage = coord(Axis::pp);
+  if (pp > 1) {
+    std::array<int, kNumAxes> key = coords_;
+    key[static_cast<int>(Axis::pp)] = 0;
+    const bool end = stage == 0 || stage == pp - 1;
+    MPI_Comm_split(cart_, end ? shape_.rank_of(key) : MPI_UNDEFINED, stage, &tied_);
+  }
 
   // Node awareness: a node is named by the lowest world rank on it.
   MPI_Comm node = MPI_COMM_NULL;
@@ -307,19 +281,23 @@ Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
   MPI_Allreduce(&rank_, &node_id, 1, MPI_INT, MPI_MIN, node);
   MPI_Comm_free(&node);
 
-  int lo = 0, hi = 0;
-  MPI_Allreduce(&node_id, &lo, 1, MPI_INT, MPI_MIN, axis(Axis::tp));
-  MPI_Allreduce(&node_id, &hi, 1, MPI_INT, MPI_MAX, axis(Axis::tp));
-  // Over the whole mesh: rank 0's own tp group may sit on one node while another spans two.
-  int mine = lo != hi ? 1 : 0, any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, cart_);
-  tp_spans_nodes_ = any != 0;
-  if (tp_spans_nodes_ && rank_ == 0) {
-    std::fprintf(stderr,
-                 "warning: tp groups span nodes: tp traffic will cross the network; put tp on consecutive ranks "
-                 "of one node (%d ranks per node here, tp = %d)\n",
-                 ranks_per_node_, degree(Axis::tp));
-    std::fflush(stderr);
+  // Over the whole mesh: rank 0's own group may sit on one node while another spans two.
+  for (int k = 0; k < 2; ++k) {
+    const MPI_Comm group = axis(k == 0 ? Axis::tp : Axis::cp);
+    int lo = 0, hi = 0;
+    MPI_Allreduce(&node_id, &lo, 1, MPI_INT, MPI_MIN, group);
+    MPI_Allreduce(&node_id, &hi, 1, MPI_INT, MPI_MAX, group);
+    int mine = lo != hi ? 1 : 0, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, cart_);
+    spans_nodes_[k] = any != 0;
+    if (spans_nodes_[k] && rank_ == 0) {
+      const char* name = k == 0 ? "tp" : "cp";
+      std::fprintf(stderr,
+                   "warning: %s groups span nodes: %s traffic will cross the network; put %s on consecutive ranks "
+                   "of one node (%d ranks per node here, %s = %d)\n",
+                   name, name, name, ranks_per_node_, name, degree(k == 0 ? Axis::tp : Axis::cp));
+      std::fflush(stderr);
+    }
   }
 }
 
@@ -331,6 +309,7 @@ Mesh::~Mesh() {
   auto release = [](MPI_Comm& c) {
     if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
   };
+  release(tied_);
   release(norm_);
   release(batch_);
   release(fsdp_);

@@ -1,19 +1,27 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The Cartesian mesh (DESIGN section 3): the world as an MPI_Cart_create over
-// the axes pp, dp_replicate, dp_shard, cp, tp (outermost to innermost, rank
-// order kept, so tp is fastest-varying and lands on consecutive ranks), one
+// The Cartesian mesh: the world as an MPI_Cart_create over the axes
+// pp, dp_replicate, dp_shard, cp, tp (outermost to innermost, rank order kept,
+// so tp is fastest-varying and lands on consecutive ranks), one
 // sub-communicator per axis, and the flattened groups the layers need.
 //
 // Which ranks reduce what is defined HERE, once:
 //   fsdp()        dp_shard x cp       parameters, gradients and optimizer state are sharded over it
 //                                     (gradients reduce-scattered)
 //   axis(dp_replicate)                gradients all-reduced (pure DP, and the replicate half of HSDP)
-//   batch()       dp_replicate x dp_shard x cp
-//                                     ranks that hold distinct tokens: the loss is summed over it
-//   norm()        dp_shard x cp x tp  ranks that hold distinct parameter elements (with
-//                                     tp-replicated tensors counted on tp rank 0 only): the
-//                                     squared gradient norm is summed over it
+//   batch()       pp x dp_replicate x dp_shard x cp
+//                                     ranks whose losses are distinct: the loss is summed over it
+//                                     (only the last pipeline stage holds losses; the others add 0)
+//   norm()        pp x dp_shard x cp x tp
+//                                     ranks that hold distinct parameter elements (tp-replicated
+//                                     tensors counted on tp rank 0 only, the tied wte on the first
+//                                     stage only): the squared gradient norm is summed over it
+//   tied_embedding()                  the first and the last pipeline stage of one pipeline (same
+//                                     coordinates but pp): both hold wte (embedding and LM head),
+//                                     and its gradients are summed over it; null when pp = 1
+//
+// The mesh knows no model: whether a layout fits the model (heads, sequence,
+// layers) is the model's rule, checked where the layout is resolved.
 #include <mpi.h>
 
 #include <array>
@@ -40,12 +48,10 @@ struct MeshShape {
   std::string str() const;  // "pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=2"
 };
 
-// Resolves -1 ("what is left of the world") and validates the layout against
-// the world size and the model: the product must equal `world`; heads, 4C and
-// the vocabulary divisible by tp; the global batch divisible by
-// dp_replicate x dp_shard x micro_batch; cp and pp must be 1 until they exist.
-// Throws Error with one clear message naming the key and the fix.
-MeshShape resolve_mesh(const Config& cfg, int world);
+// Resolves -1 ("what is left of the world") and checks the degrees against the
+// world size: each at least 1, their product equal to `world`. Throws Error
+// with one clear message naming the key and the fix.
+MeshShape resolve_mesh(const ParallelConfig& p, int world);
 
 // Human-readable mesh: degrees, then (with details) each rank's coordinates
 // and the rank groups of each axis.
@@ -71,10 +77,12 @@ class Mesh {
   MPI_Comm fsdp() const { return fsdp_; }
   MPI_Comm batch() const { return batch_; }
   MPI_Comm norm() const { return norm_; }
+  MPI_Comm tied_embedding() const { return tied_; }  // MPI_COMM_NULL on middle stages and when pp = 1
 
   int ranks_per_node() const { return ranks_per_node_; }  // on this rank's node
-  // Whether any tp group (not just this rank's) spans nodes; the same on every rank.
-  bool tp_spans_nodes() const { return tp_spans_nodes_; }
+  // Whether any tp (or cp) group, not just this rank's, spans nodes; the same on every rank.
+  bool tp_spans_nodes() const { return spans_nodes_[0]; }
+  bool cp_spans_nodes() const { return spans_nodes_[1]; }
 
  private:
   MeshShape shape_;
@@ -82,9 +90,9 @@ class Mesh {
   std::array<int, kNumAxes> coords_{};
   MPI_Comm cart_ = MPI_COMM_NULL;
   std::array<MPI_Comm, kNumAxes> axis_{};
-  MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL;
+  MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
   int ranks_per_node_ = 1;
-  bool tp_spans_nodes_ = false;
+  std::array<bool, 2> spans_nodes_{};  // tp, cp
 };
 
 }  // namespace ndmini

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
+// GptStage: the chunks of one pipeline stage, their micro-batch records, the
+// embedding and head units, and the FSDP unit life cycle around each block.
 #include "model/gpt.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -11,191 +14,120 @@
 namespace ndmini {
 namespace {
 
-// Parameter offsets are rounded up to 16 floats (64 bytes) so every tensor
-// starts on a cache line (and a SIMD boundary) of the flat buffer.
-constexpr std::size_t kAlign = 16;
+View1D alloc(const std::string& label, std::size_t n) {
+  return View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
+}
 
-std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-View1D alloc(const std::string& label, std::size_t n) { return View1D("ndmini::" + label, n); }
-
-// [rows, cols] view of a flat buffer.
 Slice2D mat(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
+
+int size_of(const Communicator* c) { return c != nullptr ? c->size() : 1; }
+int rank_of(const Communicator* c) { return c != nullptr ? c->rank() : 0; }
+
+// Parameter offsets inside a unit are rounded to this many floats (see the layout).
+constexpr std::size_t kAlign = 16;
 
 }  // namespace
 
-ParamLayout gpt_param_layout(const ModelConfig& m, int tp, int tp_rank, std::size_t pad) {
-  const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len;
-  ParamLayout layout;
-  layout.tp_rank = tp_rank;
-  layout.tp_size = tp;
-  std::size_t offset = 0;
-  auto add = [&](std::string name, std::vector<std::int64_t> global, TpSplit split, int sections, int unit) {
-    std::vector<std::int64_t> local = global;
-    if (split == TpSplit::rows) local[0] /= tp;
-    if (split == TpSplit::cols) local[1] /= tp;
-    std::size_t size = 1;
-    for (auto d : local) size *= static_cast<std::size_t>(d);
-    const bool decay = global.size() == 2;
-    layout.params.push_back(
-        {std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size, decay});
-    offset += round_up(size, kAlign);
-  };
-  auto close_unit = [&](std::size_t unit_begin) {
-    offset = unit_begin + round_up(offset - unit_begin, round_up(pad, kAlign));
-    layout.unit_offset.push_back(unit_begin);
-    layout.unit_size.push_back(offset - unit_begin);
-  };
-  // Unit 0, the root: what the embedding and the tied LM head use.
-  add("wte", {V, C}, TpSplit::rows, 1, 0);
-  add("wpe", {T, C}, TpSplit::replicated, 1, 0);
-  add("ln_f/weight", {C}, TpSplit::replicated, 1, 0);
-  add("ln_f/bias", {C}, TpSplit::replicated, 1, 0);
-  close_unit(0);
-  for (int l = 0; l < m.layers; ++l) {
-    const std::size_t begin = offset;
-    const std::string p = "h/" + std::to_string(l) + "/";
-    const int u = l + 1;
-    add(p + "ln_1/weight", {C}, TpSplit::replicated, 1, u);
-    add(p + "ln_1/bias", {C}, TpSplit::replicated, 1, u);
-    add(p + "attn/c_attn/weight", {3 * C, C}, TpSplit::rows, 3, u);
-    add(p + "attn/c_attn/bias", {3 * C}, TpSplit::rows, 3, u);
-    add(p + "attn/c_proj/weight", {C, C}, TpSplit::cols, 1, u);
-    add(p + "attn/c_proj/bias", {C}, TpSplit::replicated, 1, u);
-    add(p + "ln_2/weight", {C}, TpSplit::replicated, 1, u);
-    add(p + "ln_2/bias", {C}, TpSplit::replicated, 1, u);
-    add(p + "mlp/c_fc/weight", {4 * C, C}, TpSplit::rows, 1, u);
-    add(p + "mlp/c_fc/bias", {4 * C}, TpSplit::rows, 1, u);
-    add(p + "mlp/c_proj/weight", {C, 4 * C}, TpSplit::cols, 1, u);
-    add(p + "mlp/c_proj/bias", {C}, TpSplit::replicated, 1, u);
-    close_unit(begin);
+GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute)
+    : cfg_(m),
+      micro_batch_(micro_batch),
+      recompute_(recompute),
+      chunks_(StagePlan(m.layers, par.pp, par.virtual_stages).chunks_of(par.stage)),
+      cp_layout_{size_of(par.cp), rank_of(par.cp), m.seq_len},
+      tied_(par.tied_embedding),
+      tp_(par.tp, par.sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(par.cp),
+          m.channels, m.vocab),
+      attention_shape_{micro_batch, m.seq_len / size_of(par.cp), m.channels / size_of(par.tp),
+                       m.heads / size_of(par.tp)},
+      attention_(par.cp, attention_shape_, m.seq_len),
+      block_(m.channels, tp_, attention_) {
+  // The store learns the FSDP group size here: every unit is padded to split evenly over it.
+  const int fsdp = size_of(par.data.fsdp);
+  store_ = std::make_unique<ParamStore>(gpt_param_layout(m, chunks_, tp_.size(), tp_.rank(), fsdp * kAlign), par.data);
+
+  // Which units each chunk uses, in the layout's order.
+  const ParamLayout& layout = store_->layout();
+  int unit = 0;
+  for (const Chunk& c : chunks_) {
+    ChunkUnits u;
+    if (c.embedding || c.head) u.wte = unit++;
+    if (c.embedding) u.wpe = unit++;
+    for (int l = c.first_layer; l < c.end_layer; ++l) u.blocks.push_back(unit++);
+    if (c.head) u.ln_f = unit++;
+    units_.push_back(std::move(u));
   }
-  layout.total = offset;
-  return layout;
-}
+  require(unit == store_->units(), "internal: the chunks' units do not match the parameter layout");
+  block_layout_ = BlockLayout(layout, units_.front().blocks.front());
+  spare_.resize(chunks_.size());
 
-std::int64_t gpt_param_count(const ModelConfig& m) {
-  std::int64_t n = 0;
-  for (const auto& p : gpt_param_layout(m).params) n += p.size;
-  return n;
-}
+  // Absolute position of every residual row: rows are sequence-major, each
+  // sequence holding this cp rank's tokens; with SP this tp rank's slice.
+  const int Tl = cp_layout_.local_len();
+  positions_ = TokenView("ndmini::positions", tp_.local_rows());
+  auto h = Kokkos::create_mirror_view(positions_);
+  for (std::size_t r = 0; r < tp_.local_rows(); ++r)
+    h(r) = cp_layout_.position(static_cast<int>((tp_.first_local_row() + r) % Tl));
+  Kokkos::deep_copy(positions_, h);
 
-std::int64_t gpt_flops_param_count(const ModelConfig& m) {
-  return gpt_param_count(m) - static_cast<std::int64_t>(m.seq_len) * m.channels;
-}
-
-double gpt_flops_per_token(const ModelConfig& m) {
-  return 6.0 * gpt_flops_param_count(m) + 12.0 * m.layers * m.channels * m.seq_len;
-}
-
-std::int64_t gpt_state_bytes(const ModelConfig& m) {
-  // parameters, gradients, exp_avg, exp_avg_sq
-  return 4 * gpt_param_count(m) * static_cast<std::int64_t>(sizeof(real));
-}
-
-std::int64_t gpt_activation_bytes(const ModelConfig& m, int micro_batch) {
-  const std::int64_t B = micro_batch, T = m.seq_len, C = m.channels, H = m.heads, L = m.layers, V = m.vocab;
-  const std::int64_t N = B * T;
-  const std::int64_t per_layer = 16 * N * C + B * H * T * T + 4 * N;
-  const std::int64_t kept = N * C + L * per_layer + N * C + 2 * N + N * V + N;
-  const std::int64_t scratch =
-      3 * N * C + N * C + N * C + N * C + 4 * N * C + 3 * N * C + N * C + N * C + 3 * N * C + T * T;
-  return (kept + scratch) * static_cast<std::int64_t>(sizeof(real));
-}
-
-GPT::GPT(const ModelConfig& m, int micro_batch, const ModelParallel& par) : cfg_(m), batch_(micro_batch) {
-  if (par.tp != nullptr && par.tp->size() > 1) {
-    tp_ = par.tp;
-    tp_size_ = tp_->size();
-    tp_rank_ = tp_->rank();
-    sp_ = par.sequence_parallel;
+  const std::size_t N = tp_.rows(), Nr = tp_.local_rows(), C = m.channels;
+  if (chunks_.back().head) {
+    lnf_ = alloc("ndmini::lnf", N * C);
+    lnf_mean_ = alloc("ndmini::lnf_mean", Nr);
+    lnf_rstd_ = alloc("ndmini::lnf_rstd", Nr);
+    logits_ = alloc("ndmini::logits", N * tp_.local_vocab());
+    losses_ = alloc("ndmini::losses", N);
+    dln_ = alloc("ndmini::head_dln", N * C);
   }
-  const std::size_t T = m.seq_len, C = m.channels, B = batch_;
-  rows_ = B * T;
-  local_rows_ = sp_ ? rows_ / tp_size_ : rows_;
-  require(
-      m.heads % tp_size_ == 0 && (4 * C) % tp_size_ == 0 && m.vocab % tp_size_ == 0 && (!sp_ || rows_ % tp_size_ == 0),
-      "internal: the model shape does not divide over tp (the mesh should have refused it)");
-  // The store learns tp and sequence parallelism from here: one source of truth.
-  DataParallelGroups groups = par.data;
-  groups.tp = tp_;
-  groups.sequence_parallel = sp_;
-  const int fsdp = groups.fsdp != nullptr ? groups.fsdp->size() : 1;
-  store_ = std::make_unique<ParamStore>(gpt_param_layout(m, tp_size_, tp_rank_, fsdp * kAlign), groups);
-  for (int k = 0; k < static_cast<int>(params().size()); ++k) index_[params()[k].name] = k;
+  if (recompute_ == Recompute::block) recomputed_ = block_.allocate(false);
+}
 
-  const std::size_t N = rows_, Nr = local_rows_, Cl = C / tp_size_, F = 4 * C / tp_size_, Q = 3 * C / tp_size_;
-  const std::size_t att = B * (m.heads / tp_size_) * T * T;
-  encoded_ = alloc("encoded", Nr * C);
-  layers_.resize(m.layers);
-  for (auto& a : layers_) {
-    a.ln1 = alloc("ln1", N * C);
-    a.ln1_mean = alloc("ln1_mean", Nr);
-    a.ln1_rstd = alloc("ln1_rstd", Nr);
-    a.qkvh = alloc("qkvh", N * Q);
-    a.att = alloc("att", att);
-    a.atty = alloc("atty", N * Cl);
-    a.res2 = alloc("res2", Nr * C);
-    a.ln2 = alloc("ln2", N * C);
-    a.ln2_mean = alloc("ln2_mean", Nr);
-    a.ln2_rstd = alloc("ln2_rstd", Nr);
-    a.fch = alloc("fch", N * F);
-    a.fch_gelu = alloc("fch_gelu", N * F);
-    a.res3 = alloc("res3", Nr * C);
+GptStage::~GptStage() = default;
+
+std::size_t GptStage::activation_elements() const { return tp_.local_rows() * cfg_.channels; }
+
+int GptStage::local_chunk(int chunk) const {
+  for (std::size_t i = 0; i < chunks_.size(); ++i)
+    if (chunks_[i].index == chunk) return static_cast<int>(i);
+  throw Error("internal: chunk " + std::to_string(chunk) + " does not run on this pipeline stage");
+}
+
+GptStage::Record& GptStage::record(int chunk, int micro_batch) {
+  const int k = local_chunk(chunk);
+  auto it = records_.find({k, micro_batch});
+  if (it != records_.end()) return it->second;
+  Record r;
+  if (!spare_[k].empty()) {
+    r = std::move(spare_[k].back());
+    spare_[k].pop_back();
+  } else {
+    const bool output_only = recompute_ == Recompute::block;
+    const std::size_t n = activation_elements();
+    r.input = alloc("ndmini::chunk_input", n);
+    r.grad = alloc("ndmini::chunk_output_grad", n);
+    if (chunks_[k].embedding) r.tokens = TokenView("ndmini::tokens", tp_.rows());
+    for (int l = 0; l < chunks_[k].layers(); ++l) r.layers.push_back(block_.allocate(output_only));
+    r.bytes = (2 * n + (chunks_[k].embedding ? tp_.rows() : 0)) * sizeof(real) +
+              chunks_[k].layers() * block_activation_bytes(cfg_.channels, tp_.size(), tp_.rows(), tp_.local_rows(),
+                                                           attention_.saved_bytes(attention_shape_), output_only);
   }
-  lnf_ = alloc("lnf", N * C);
-  lnf_mean_ = alloc("lnf_mean", Nr);
-  lnf_rstd_ = alloc("lnf_rstd", Nr);
-  logits_ = alloc("logits", N * (m.vocab / tp_size_));
-  losses_ = alloc("losses", N);
-  qkv_ = alloc("qkv", N * Q);
-  att_y_ = alloc("att_y", N * Cl);
-  dres_ = alloc("dres", Nr * C);
-  dln_ = alloc("dln", N * C);
-  dfc_ = alloc("dfc", N * F);
-  dqkv_ = alloc("dqkv", N * Q);
-  datty_ = alloc("datty", N * Cl);
-  dscratch_dy_ = alloc("dscratch_dy", N * Cl);
-  dscratch_qkvh_ = alloc("dscratch_qkvh", N * Q);
-  dscratch_att_ = alloc("dscratch_att", T * T);
-  if (tp_size_ > 1) {
-    xent_max_ = alloc("xent_max", N);
-    xent_stats_ = alloc("xent_stats", 2 * N);
-    partial_ = alloc("partial", N * C);
-  }
-  if (sp_) {
-    ln_local_ = alloc("ln_local", Nr * C);
-    dres_full_ = alloc("dres_full", N * C);
-    dln_local_ = alloc("dln_local", Nr * C);
-  }
+  activation_bytes_ += r.bytes;
+  peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_bytes_);
+  return records_.emplace(std::make_pair(k, micro_batch), std::move(r)).first->second;
 }
 
-const ParamInfo& GPT::param(const std::string& name) const {
-  const auto it = index_.find(name);
-  require(it != index_.end(), "internal: no parameter named '" + name + "'");
-  return params()[it->second];
+void GptStage::free_record(int chunk, int micro_batch) {
+  const int k = local_chunk(chunk);
+  auto it = records_.find({k, micro_batch});
+  activation_bytes_ -= it->second.bytes;
+  spare_[k].push_back(std::move(it->second));
+  records_.erase(it);
 }
 
-Slice2D GPT::w(const std::string& name) {
-  const auto& p = param(name);
-  const std::size_t at = p.offset - store_->layout().unit_offset[p.unit];
-  return Slice2D(store_->params(p.unit) + at, p.shape[0], p.shape[1]);
-}
-Slice1D GPT::v(const std::string& name) {
-  const auto& p = param(name);
-  return Slice1D(store_->params(p.unit) + (p.offset - store_->layout().unit_offset[p.unit]), p.size);
-}
-Slice2D GPT::gw(const std::string& name) {
-  const auto& p = param(name);
-  const std::size_t at = p.offset - store_->layout().unit_offset[p.unit];
-  return Slice2D(store_->grads(p.unit) + at, p.shape[0], p.shape[1]);
-}
-Slice1D GPT::gv(const std::string& name) {
-  const auto& p = param(name);
-  return Slice1D(store_->grads(p.unit) + (p.offset - store_->layout().unit_offset[p.unit]), p.size);
+Slice2D GptStage::wte(real* unit_base) const {
+  return Slice2D(unit_base, tp_.local_vocab(), cfg_.channels);  // wte is alone in its unit
 }
 
-void GPT::init(std::uint64_t seed) {
+void GptStage::init(std::uint64_t seed) {
   const real std_proj = static_cast<real>(0.02 / std::sqrt(2.0 * cfg_.layers));
   real* base = store_->shard_params().data();
   for (const auto& piece : store_->pieces()) {
@@ -215,7 +147,7 @@ void GPT::init(std::uint64_t seed) {
     // Each run of elements with consecutive GLOBAL indices is one kernel.
     const std::uint64_t cols_global = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
     const std::size_t cols_local = p.shape.size() == 2 ? p.shape[1] : 1;
-    for (const auto& b : global_blocks(p, tp_rank_, piece.local_begin, piece.local_begin + piece.length)) {
+    for (const auto& b : global_blocks(p, tp_.rank(), piece.local_begin, piece.local_begin + piece.length)) {
       real* at = data + (b.local_begin - piece.local_begin);
       const std::uint64_t rows = b.count[0], cols = b.count.size() == 2 ? b.count[1] : 1;
       const std::uint64_t first = b.offset[0] * cols_global + (b.offset.size() == 2 ? b.offset[1] : 0);
@@ -230,190 +162,170 @@ void GPT::init(std::uint64_t seed) {
   Kokkos::deep_copy(store_->shard_grads(), real(0));
 }
 
-void GPT::layernorm_to_full(const View1D& full, const View1D& mean, const View1D& rstd, const View1D& x,
-                            const std::string& prefix) {
-  const std::size_t C = cfg_.channels;
-  if (!sp_) {
-    kernels::layernorm_forward(mat(full, rows_, C), mean, rstd, mat(x, rows_, C), v(prefix + "/weight"),
-                               v(prefix + "/bias"));
-    return;
-  }
-  kernels::layernorm_forward(mat(ln_local_, local_rows_, C), mean, rstd, mat(x, local_rows_, C), v(prefix + "/weight"),
-                             v(prefix + "/bias"));
-  tp_->all_gather(ln_local_.data(), full.data(), local_rows_ * C);
-}
+real* GptStage::input_buffer(int chunk, int micro_batch) { return record(chunk, micro_batch).input.data(); }
 
-void GPT::row_parallel_forward(const View1D& y, const View1D& in, int in_cols, const std::string& prefix,
-                               const View1D& residual) {
-  const std::size_t C = cfg_.channels;
-  const Slice2D weight = w(prefix + "/weight");
-  const Slice1D bias = v(prefix + "/bias");
-  if (tp_size_ == 1) {
-    kernels::linear_forward(mat(y, rows_, C), mat(in, rows_, in_cols), weight, bias, mat(residual, rows_, C));
-  } else if (!sp_) {
-    // Rank 0 seeds the residual and the bias; the all-reduce adds every rank's partial product.
-    if (tp_rank_ == 0)
-      kernels::linear_forward(mat(y, rows_, C), mat(in, rows_, in_cols), weight, bias, mat(residual, rows_, C));
-    else
-      kernels::linear_forward(mat(y, rows_, C), mat(in, rows_, in_cols), weight, Slice1D());
-    tp_->all_reduce(y.data(), rows_ * C);
-  } else {
-    kernels::linear_forward(mat(partial_, rows_, C), mat(in, rows_, in_cols), weight, Slice1D());
-    tp_->reduce_scatter(partial_.data(), y.data(), local_rows_ * C);
-    kernels::add_residual_bias(mat(y, local_rows_, C), mat(residual, local_rows_, C), bias);
-  }
-}
-
-View1D GPT::reduce_input_grad(const View1D& partial) {
-  if (tp_size_ == 1) return partial;
-  if (!sp_) {
-    tp_->all_reduce(partial.data(), rows_ * cfg_.channels);
-    return partial;
-  }
-  tp_->reduce_scatter(partial.data(), dln_local_.data(), local_rows_ * cfg_.channels);
-  return dln_local_;
-}
-
-View1D GPT::full_dres() {
-  if (!sp_) return dres_;
-  tp_->all_gather(dres_.data(), dres_full_.data(), local_rows_ * cfg_.channels);
-  return dres_full_;
-}
-
-void GPT::forward(ConstTokenView tokens) {
-  const std::size_t T = cfg_.seq_len, C = cfg_.channels, N = rows_, Nr = local_rows_;
-  const std::size_t Cl = C / tp_size_, F = 4 * C / tp_size_, Q = 3 * C / tp_size_;
-  const int vocab_start = tp_rank_ * (cfg_.vocab / tp_size_);
-  const kernels::AttentionShape shape{batch_, cfg_.seq_len, static_cast<int>(Cl), cfg_.heads / tp_size_};
-  store_->gather(0);
-  store_->prefetch(1);
-  if (tp_size_ == 1) {
-    kernels::embedding_forward(mat(encoded_, N, C), tokens, w("wte"), w("wpe"), T);
-  } else {
-    // Vocabulary-parallel lookup: each rank fills the rows of its tokens,
-    // zeros elsewhere; the sum over tp is the embedding (exact: one non-zero term).
-    if (sp_) {
-      kernels::embedding_forward(mat(partial_, N, C), tokens, w("wte"), Slice2D(), T, vocab_start);
-      tp_->reduce_scatter(partial_.data(), encoded_.data(), Nr * C);
-    } else {
-      kernels::embedding_forward(mat(encoded_, N, C), tokens, w("wte"), Slice2D(), T, vocab_start);
-      tp_->all_reduce(encoded_.data(), N * C);
-    }
-    kernels::position_embedding_forward(mat(encoded_, Nr, C), w("wpe"), T, sp_ ? tp_rank_ * Nr : 0);
-  }
-  View1D x = encoded_;
-  for (int l = 0; l < cfg_.layers; ++l) {
-    const int unit = l + 1;
-    store_->gather(unit);
-    store_->prefetch(unit + 1);  // the next block's all-gather overlaps this block
-    auto& a = layers_[l];
-    const std::string p = "h/" + std::to_string(l) + "/";
-    layernorm_to_full(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + "ln_1");
-    kernels::linear_forward(mat(qkv_, N, Q), mat(a.ln1, N, C), w(p + "attn/c_attn/weight"), v(p + "attn/c_attn/bias"));
-    kernels::attention_forward(mat(a.atty, N, Cl), a.qkvh, a.att, att_y_, mat(qkv_, N, Q), shape);
-    row_parallel_forward(a.res2, a.atty, Cl, p + "attn/c_proj", x);
-    layernorm_to_full(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + "ln_2");
-    kernels::linear_forward(mat(a.fch, N, F), mat(a.ln2, N, C), w(p + "mlp/c_fc/weight"), v(p + "mlp/c_fc/bias"));
-    kernels::gelu_forward(mat(a.fch_gelu, N, F), mat(a.fch, N, F));
-    row_parallel_forward(a.res3, a.fch_gelu, F, p + "mlp/c_proj", a.res2);
-    if (store_->reshard_after_forward()) store_->release(unit);
-    x = a.res3;
-  }
-  layernorm_to_full(lnf_, lnf_mean_, lnf_rstd_, x, "ln_f");
+double GptStage::head(ConstSlice2D x, ConstTokenView targets, real grad_scale, const ChunkUnits& u, Slice2D dx,
+                      bool last_micro_batch, bool owns_wte) {
+  const std::size_t N = tp_.rows(), Nr = tp_.local_rows(), C = cfg_.channels;
+  const bool backward = grad_scale != 0;
+  ParamStore& s = *store_;
+  s.gather(u.ln_f);
+  s.gather(u.wte);
+  real* lnf = s.params(u.ln_f);
+  const Slice1D lnf_w(lnf, C), lnf_b(lnf + (C + kAlign - 1) / kAlign * kAlign, C);
+  tp_.layernorm_enter(mat(lnf_, N, C), lnf_mean_, lnf_rstd_, x, lnf_w, lnf_b);
   // The LM head is tied to the token embedding: logits = lnf wte^T (this rank's vocabulary).
-  kernels::linear_forward(mat(logits_, N, cfg_.vocab / tp_size_), mat(lnf_, N, C), w("wte"), Slice1D());
-}
-
-double GPT::loss(ConstTokenView targets, real grad_scale) {
-  const std::size_t N = rows_;
-  const Slice2D logits = mat(logits_, N, cfg_.vocab / tp_size_);
-  if (tp_size_ == 1)
-    return grad_scale != 0 ? kernels::softmax_cross_entropy(logits, losses_, targets, grad_scale)
-                           : kernels::cross_entropy_loss(logits, targets);
-  const int vocab_start = tp_rank_ * (cfg_.vocab / tp_size_);
-  kernels::row_max(xent_max_, logits);
-  tp_->all_reduce(xent_max_.data(), N, ReduceOp::max);
-  kernels::vocab_parallel_xent_partials(xent_stats_, logits, xent_max_, targets, vocab_start);
-  tp_->all_reduce(xent_stats_.data(), 2 * N);
-  return kernels::vocab_parallel_xent_finish(logits, losses_, xent_max_, xent_stats_, targets, vocab_start, grad_scale);
-}
-
-void GPT::backward(ConstTokenView tokens, bool last_micro_batch) {
-  const std::size_t T = cfg_.seq_len, C = cfg_.channels, N = rows_, Nr = local_rows_;
-  const std::size_t Cl = C / tp_size_, F = 4 * C / tp_size_, Q = 3 * C / tp_size_;
-  const int vocab_start = tp_rank_ * (cfg_.vocab / tp_size_);
-  const kernels::AttentionShape shape{batch_, cfg_.seq_len, static_cast<int>(Cl), cfg_.heads / tp_size_};
-  const View1D& last = cfg_.layers > 0 ? layers_.back().res3 : encoded_;
-  store_->begin_grads(0);
-  // logits_ already holds dlogits (fused into the loss).
-  kernels::linear_backward(mat(dln_, N, C), gw("wte"), Slice1D(), mat(logits_, N, cfg_.vocab / tp_size_),
-                           mat(lnf_, N, C), w("wte"));
-  Kokkos::deep_copy(dres_, real(0));
-  View1D g = reduce_input_grad(dln_);
-  kernels::layernorm_backward(mat(dres_, Nr, C), gv("ln_f/weight"), gv("ln_f/bias"), mat(g, Nr, C), mat(last, Nr, C),
-                              v("ln_f/weight"), lnf_mean_, lnf_rstd_);
-  for (int l = cfg_.layers - 1; l >= 0; --l) {
-    const int unit = l + 1;
-    store_->gather(unit);
-    store_->prefetch(unit - 1 >= 1 ? unit - 1 : -1);  // the block before is next
-    store_->begin_grads(unit);
-    store_->poll();
-    auto& a = layers_[l];
-    const View1D& x = l > 0 ? layers_[l - 1].res3 : encoded_;
-    const std::string p = "h/" + std::to_string(l) + "/";
-    // dres is d(res3); res3 = res2 + mlp(ln2(res2)), so d(res2) starts as a copy.
-    View1D dfull = full_dres();
-    // With sequence parallelism the bias sits in the sharded region: its
-    // gradient sums this rank's rows only (completed over tp by the ParamStore).
-    kernels::linear_backward(mat(dfc_, N, F), gw(p + "mlp/c_proj/weight"), sp_ ? Slice1D() : gv(p + "mlp/c_proj/bias"),
-                             mat(dfull, N, C), mat(a.fch_gelu, N, F), w(p + "mlp/c_proj/weight"));
-    if (sp_) kernels::bias_backward(gv(p + "mlp/c_proj/bias"), mat(dres_, Nr, C));
-    kernels::gelu_backward(mat(dfc_, N, F), mat(a.fch, N, F), mat(dfc_, N, F));
-    kernels::linear_backward(mat(dln_, N, C), gw(p + "mlp/c_fc/weight"), gv(p + "mlp/c_fc/bias"), mat(dfc_, N, F),
-                             mat(a.ln2, N, C), w(p + "mlp/c_fc/weight"));
-    g = reduce_input_grad(dln_);
-    kernels::layernorm_backward(mat(dres_, Nr, C), gv(p + "ln_2/weight"), gv(p + "ln_2/bias"), mat(g, Nr, C),
-                                mat(a.res2, Nr, C), v(p + "ln_2/weight"), a.ln2_mean, a.ln2_rstd);
-    // dres is now d(res2); res2 = x + attn(ln1(x)).
-    dfull = full_dres();
-    kernels::linear_backward(mat(datty_, N, Cl), gw(p + "attn/c_proj/weight"),
-                             sp_ ? Slice1D() : gv(p + "attn/c_proj/bias"), mat(dfull, N, C), mat(a.atty, N, Cl),
-                             w(p + "attn/c_proj/weight"));
-    if (sp_) kernels::bias_backward(gv(p + "attn/c_proj/bias"), mat(dres_, Nr, C));
-    kernels::attention_backward(mat(dqkv_, N, Q), dscratch_dy_, dscratch_qkvh_, dscratch_att_, mat(datty_, N, Cl),
-                                a.qkvh, a.att, shape);
-    kernels::linear_backward(mat(dln_, N, C), gw(p + "attn/c_attn/weight"), gv(p + "attn/c_attn/bias"),
-                             mat(dqkv_, N, Q), mat(a.ln1, N, C), w(p + "attn/c_attn/weight"));
-    // The key bias cannot change any output (it adds q . b_k to every score of
-    // a softmax row), so its gradient is exactly zero. Store that zero, not
-    // the rounding noise of a column sum, which Adam would amplify into
-    // updates that differ between layouts.
-    kernels::fill(Slice1D(gv(p + "attn/c_attn/bias").data() + Cl, Cl), 0);
-    g = reduce_input_grad(dln_);
-    kernels::layernorm_backward(mat(dres_, Nr, C), gv(p + "ln_1/weight"), gv(p + "ln_1/bias"), mat(g, Nr, C),
-                                mat(x, Nr, C), v(p + "ln_1/weight"), a.ln1_mean, a.ln1_rstd);
-    store_->end_grads(unit, last_micro_batch);
-    store_->release(unit);
+  const Slice2D logits = mat(logits_, N, tp_.local_vocab());
+  kernels::linear_forward(logits, mat(lnf_, N, C), wte(s.params(u.wte)), Slice1D());
+  const double loss = tp_.cross_entropy(logits, losses_, targets, grad_scale);
+  if (backward) {
+    // The head's backward runs at once, so the logits are never kept per
+    // micro-batch: the record holds only d(x). logits now holds dlogits.
+    s.begin_grads(u.ln_f);
+    s.begin_grads(u.wte);
+    kernels::linear_backward(mat(dln_, N, C), wte(s.grads(u.wte)), Slice1D(), logits, mat(lnf_, N, C),
+                             wte(s.params(u.wte)));
+    ConstSlice2D gin = tp_.reduce_input_grad(mat(dln_, N, C));
+    real* g = s.grads(u.ln_f);
+    kernels::fill(Slice1D(dx.data(), Nr * C), 0);
+    kernels::layernorm_backward(dx, Slice1D(g, C), Slice1D(g + (C + kAlign - 1) / kAlign * kAlign, C), gin, x, lnf_w,
+                                lnf_mean_, lnf_rstd_);
+    s.end_grads(u.ln_f, last_micro_batch);
+    if (!owns_wte) s.end_grads(u.wte, last_micro_batch);
   }
-  kernels::position_embedding_backward(gw("wpe"), mat(dres_, Nr, C), T, sp_ ? tp_rank_ * Nr : 0);
-  const View1D dfull = full_dres();
-  kernels::token_embedding_backward(gw("wte"), mat(dfull, N, C), tokens, vocab_start);
-  store_->end_grads(0, last_micro_batch);
-  store_->release(0);
+  s.release(u.ln_f);
+  if (!owns_wte) s.release(u.wte);
+  return loss;
 }
 
-double GPT::forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale, bool last_micro_batch) {
-  forward(tokens);
-  const double loss_sum = loss(targets, loss_scale);
-  backward(tokens, last_micro_batch);
-  return loss_sum;
+double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, ConstTokenView targets, real loss_scale,
+                         bool last_micro_batch) {
+  const int k = local_chunk(chunk);
+  const Chunk& c = chunks_[k];
+  const ChunkUnits& u = units_[k];
+  ParamStore& s = *store_;
+  Record& r = record(chunk, micro_batch);
+  const std::size_t Nr = tp_.local_rows(), C = cfg_.channels;
+  if (c.embedding) {
+    s.gather(u.wte);
+    s.gather(u.wpe);
+    s.prefetch(u.blocks.front());
+    Kokkos::deep_copy(r.tokens, tokens);
+    tp_.embedding_forward(mat(r.input, Nr, C), r.tokens, wte(s.params(u.wte)),
+                          Slice2D(s.params(u.wpe), cfg_.seq_len, C), positions_);
+    s.release(u.wpe);
+    if (!c.head) s.release(u.wte);
+  }
+  const View1D* x = &r.input;
+  for (std::size_t i = 0; i < u.blocks.size(); ++i) {
+    const int unit = u.blocks[i];
+    s.gather(unit);
+    s.prefetch(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);  // the next unit's all-gather overlaps this block
+    BlockActivations& a = r.layers[i];
+    if (recompute_ == Recompute::block) {
+      // Only the block output is kept; the rest goes to the shared buffers
+      // and is computed again in the backward.
+      BlockActivations work = recomputed_;
+      work.res3 = a.res3;
+      block_.forward(block_params(unit), mat(*x, Nr, C), work);
+    } else {
+      block_.forward(block_params(unit), mat(*x, Nr, C), a);
+    }
+    if (s.reshard_after_forward()) s.release(unit);
+    x = &a.res3;
+  }
+  if (!c.head) return 0;
+  return head(mat(*x, Nr, C), targets, loss_scale, u, mat(r.grad, Nr, C), last_micro_batch, c.embedding);
 }
 
-double GPT::forward_loss(ConstTokenView tokens, ConstTokenView targets) {
-  forward(tokens);
-  const double loss_sum = loss(targets, 0);
+const real* GptStage::output(int chunk, int micro_batch) const {
+  const int k = local_chunk(chunk);
+  return records_.at({k, micro_batch}).layers.back().res3.data();
+}
+
+real* GptStage::output_grad_buffer(int chunk, int micro_batch) { return record(chunk, micro_batch).grad.data(); }
+
+void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch) {
+  const int k = local_chunk(chunk);
+  const Chunk& c = chunks_[k];
+  const ChunkUnits& u = units_[k];
+  ParamStore& s = *store_;
+  Record& r = record(chunk, micro_batch);
+  const std::size_t Nr = tp_.local_rows(), C = cfg_.channels;
+  // r.grad holds d(output) and becomes, block by block, d(input).
+  const Slice2D dres = mat(r.grad, Nr, C);
+  for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
+    const int unit = u.blocks[i];
+    s.gather(unit);
+    s.prefetch(i > 0 ? u.blocks[i - 1] : -1);  // the block before is next
+    s.begin_grads(unit);
+    s.poll();
+    const View1D& x = i > 0 ? r.layers[i - 1].res3 : r.input;
+    if (recompute_ == Recompute::block) {
+      BlockActivations work = recomputed_;
+      block_.forward(block_params(unit), mat(x, Nr, C), work);
+      block_.backward(block_params(unit), block_grads(unit), mat(x, Nr, C), work, dres);
+    } else {
+      block_.backward(block_params(unit), block_grads(unit), mat(x, Nr, C), r.layers[i], dres);
+    }
+    s.end_grads(unit, last_micro_batch);
+    s.release(unit);
+  }
+  if (c.embedding) {
+    s.begin_grads(u.wte);
+    s.begin_grads(u.wpe);
+    tp_.embedding_backward(wte(s.grads(u.wte)), Slice2D(s.grads(u.wpe), cfg_.seq_len, C), dres, r.tokens, positions_);
+    s.end_grads(u.wpe, last_micro_batch);
+    s.end_grads(u.wte, last_micro_batch);
+    if (c.head) s.release(u.wte);
+  } else {
+    Kokkos::deep_copy(Kokkos::View<real*, MemSpace, Unmanaged>(input_grad, Nr * C), r.grad);
+  }
+  free_record(chunk, micro_batch);
+}
+
+void GptStage::finish_grads() {
+  store_->finish_grads();
+  tp_.reduce_replicated_grads(*store_);
+  // The tied wte: the embedding's and the LM head's gradients, summed over
+  // the first and the last stage, so both copies take the same update.
+  if (tied_ != nullptr) {
+    const int unit = units_.front().wte >= 0 ? units_.front().wte : units_.back().wte;
+    tied_->all_reduce(store_->shard_grads().data() + store_->shard_offset(unit), store_->shard_size(unit));
+  }
+}
+
+bool GptStage::tied_wte_identical() {
+  if (tied_ == nullptr) return true;
+  const int unit = units_.front().wte >= 0 ? units_.front().wte : units_.back().wte;
+  const std::size_t n = store_->shard_size(unit);
+  auto mine = Kokkos::create_mirror_view_and_copy(
+      HostSpace(), Kokkos::subview(store_->shard_params(),
+                                   std::make_pair(store_->shard_offset(unit), store_->shard_offset(unit) + n)));
+  std::vector<real> theirs(n);
+  const int peer = 1 - tied_->rank();
+  MPI_Sendrecv(mine.data(), static_cast<int>(n), MPI_FLOAT, peer, 0, theirs.data(), static_cast<int>(n), MPI_FLOAT,
+               peer, 0, tied_->mpi(), MPI_STATUS_IGNORE);
+  return std::memcmp(mine.data(), theirs.data(), n * sizeof(real)) == 0;
+}
+
+double GptStage::forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale,
+                                  bool last_micro_batch) {
+  require(chunks_.size() == 1 && chunks_.front().embedding && chunks_.front().head,
+          "internal: forward_backward needs the whole model on this rank (pp = 1)");
+  const double loss = forward(0, 0, tokens, targets, loss_scale, last_micro_batch);
+  backward(0, 0, nullptr, last_micro_batch);
+  return loss;
+}
+
+double GptStage::forward_loss(ConstTokenView tokens, ConstTokenView targets) {
+  require(chunks_.size() == 1 && chunks_.front().embedding && chunks_.front().head,
+          "internal: forward_loss needs the whole model on this rank (pp = 1)");
+  // No backward: drop the record and every unit FSDP still holds.
+  const double loss = forward(0, 0, tokens, targets, 0, false);
+  free_record(0, 0);
   for (int u = 0; u < store_->units(); ++u) store_->release(u);
-  return loss_sum;
+  return loss;
 }
 
 }  // namespace ndmini

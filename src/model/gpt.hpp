@@ -1,121 +1,210 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// GPT-2 (DESIGN section 2) with Megatron-style tensor parallelism and
-// optional sequence parallelism, on parameters held by a ParamStore (which
-// does FSDP and data-parallel gradient reduction).
+// GPT-2 (docs/model.md) as a stack of pipeline chunks: an embedding unit, the
+// transformer blocks, a head unit (final LayerNorm, the LM head tied to wte,
+// the loss). One rank runs the chunks its pipeline stage holds
+// (parallel/pipeline/schedule.hpp); for each chunk it runs the forward or the
+// backward of one micro-batch at a time, keeping the activations of every
+// micro-batch in flight until its backward.
 //
-// Tensor parallelism over the tp group: c_attn and c_fc are column-parallel
-// (each rank holds its heads' q, k, v rows and 4C/tp rows of c_fc), both
-// c_proj are row-parallel (partial sums all-reduced), wte is split over the
-// vocabulary (embedding and cross-entropy are vocabulary-parallel: the full
-// logits are never gathered). With sequence_parallel the LayerNorm and
-// residual regions compute only N/tp of the rows (the all-gathered LayerNorm
-// outputs are kept whole for the backward), and all-gather / reduce-scatter
-// replace each all-reduce.
+// This file says WHAT is computed. How it is split lives in src/parallel/:
+// tensor and sequence parallelism (tensor_parallel.hpp), context-parallel
+// attention (context_parallel.hpp), FSDP and data-parallel gradient
+// reduction (param_store.hpp), the pipeline's stages and schedules
+// (pipeline/). The model calls them; it issues no collective itself.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
-#include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/types.hpp"
+#include "model/block.hpp"
+#include "parallel/context_parallel.hpp"
 #include "parallel/param_layout.hpp"
 #include "parallel/param_store.hpp"
+#include "parallel/pipeline/schedule.hpp"
+#include "parallel/tensor_parallel.hpp"
 
 namespace ndmini {
 
-// Parameter names, shapes and flat-buffer places for a configuration, for tp
-// rank `tp_rank` of `tp`; every unit padded to a multiple of `pad` elements.
-ParamLayout gpt_param_layout(const ModelConfig& m, int tp = 1, int tp_rank = 0, std::size_t pad = 16);
+// ---- sizes and rules (no allocation) ----------------------------------------
 
 // All parameters, and N for MFU: all but wpe (the LM head is tied to wte).
 std::int64_t gpt_param_count(const ModelConfig& m);
 std::int64_t gpt_flops_param_count(const ModelConfig& m);
 // Model FLOPs per trained token: 6N + 12 L C T (forward and backward).
 double gpt_flops_per_token(const ModelConfig& m);
-// Bytes of parameters + gradients + AdamW state on one rank, and of
-// activations and scratch for one micro-batch of `micro_batch` sequences.
-std::int64_t gpt_state_bytes(const ModelConfig& m);
-std::int64_t gpt_activation_bytes(const ModelConfig& m, int micro_batch);
 
-// How this rank's model is distributed. All null/false: one rank.
-struct ModelParallel {
-  Communicator* tp = nullptr;  // tensor-parallel group
+// How one model is split over the mesh: what its layout rules are checked against.
+struct ModelSplit {
+  int tp = 1, cp = 1, pp = 1, virtual_stages = 1;
   bool sequence_parallel = false;
-  DataParallelGroups data;  // FSDP and data-parallel groups (see ParamStore)
+};
+// The model's rules for a split: tp divides the heads, 4C and the vocabulary;
+// 2 cp divides seq_len; with sequence parallelism tp divides seq_len / cp.
+// Throws Error naming the key and the fix.
+void check_model_split(const ModelConfig& m, const ModelSplit& split);
+
+// The global tensors of the model, in checkpoint order: names and shapes.
+struct GlobalTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m);
+
+// Parameter layout of the chunks one pipeline stage holds, for tp rank
+// `tp_rank` of `tp`, every unit padded to a multiple of `pad` elements.
+// Units, per chunk in order: wte (a unit of its own, so the embedding's and
+// the head's copies shard alike), wpe (embedding chunk), one per block,
+// ln_f (head chunk).
+ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp = 1, int tp_rank = 0,
+                             std::size_t pad = 16);
+
+// Activation recomputation: "block" keeps only each block's input during the
+// forward and recomputes the block in its backward.
+enum class Recompute { none, block };
+
+// Bytes per rank, from the same sizes the model allocates: parameters,
+// gradients and AdamW state; the activations one micro-batch keeps in one
+// chunk (the largest chunk of the stage); and scratch. `fsdp` is the FSDP
+// group size, `in_flight` the most (micro-batch, chunk) records the
+// schedule keeps at once on the stage.
+struct MemoryEstimate {
+  std::int64_t state_bytes = 0;
+  std::int64_t activation_bytes_per_micro_batch = 0;
+  std::int64_t in_flight = 0;
+  std::int64_t scratch_bytes = 0;
+  std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
+};
+MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
+                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute);
+
+// ---- the model on one rank ----------------------------------------------------
+
+// The groups this rank's model is split over (from ParallelContext); all
+// null: one rank.
+struct ModelParallel {
+  Communicator* tp = nullptr;
+  bool sequence_parallel = false;
+  Communicator* cp = nullptr;
+  DataParallelGroups data;                 // FSDP and data-parallel groups
+  Communicator* tied_embedding = nullptr;  // first and last pipeline stage (pp > 1)
+  int pp = 1, stage = 0, virtual_stages = 1;
 };
 
-class GPT {
+class GptStage {
  public:
-  GPT(const ModelConfig& m, int micro_batch, const ModelParallel& par = {});
+  GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& par = {}, Recompute recompute = Recompute::none);
+  ~GptStage();
+  GptStage(const GptStage&) = delete;
+  GptStage& operator=(const GptStage&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  const std::vector<Chunk>& chunks() const { return chunks_; }
   ParamStore& store() { return *store_; }
   const ParamStore& store() const { return *store_; }
   const std::vector<ParamInfo>& params() const { return store_->layout().params; }
-  const ParamInfo& param(const std::string& name) const;
   // This rank's persistent parameters and gradients: the whole flat buffer
   // when unsharded (indexed by ParamInfo::offset), else its FSDP shard.
   View1D param_buffer() const { return store_->shard_params(); }
   View1D grad_buffer() const { return store_->shard_grads(); }
+  // Which tokens of each sequence this rank holds (context parallelism).
+  const CpLayout& cp_layout() const { return cp_layout_; }
 
-  // Deterministic init (DESIGN section 2): global element i of parameter
-  // `name` is drawn from the counter-based RNG at (seed, name, i), so every
-  // layout builds the same global model.
+  // Deterministic init: global element i of parameter `name` is drawn from
+  // the counter-based RNG at (seed, name, i), so every layout builds the
+  // same global model.
   void init(std::uint64_t seed);
 
-  // Forward and backward over one micro-batch of micro_batch x seq_len
-  // tokens (tokens and targets on the device, row b*T + t). Gradients are
-  // ADDED scaled by loss_scale (1 / tokens of the global batch gives the
-  // global mean); `last_micro_batch` lets data parallelism start reducing.
-  // Returns the sum of this micro-batch's per-token losses.
-  double forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale, bool last_micro_batch = true);
+  // ---- one micro-batch through one chunk (the pipeline's actions) ----
+  // Rows: tokens and targets hold micro_batch x seq_len / cp tokens (this cp
+  // rank's chunks of each sequence, sequence-major); activations between
+  // chunks hold activation_elements() floats (the residual rows this rank
+  // holds: a sequence-parallel slice with SP).
+  std::size_t activation_elements() const;
+  // Where the previous stage's output goes before forward() of a chunk that
+  // is not the first (the record of (chunk, micro_batch) is created here).
+  real* input_buffer(int chunk, int micro_batch);
+  // The forward of `micro_batch` through `chunk`. The first chunk embeds
+  // `tokens`; the head chunk computes the loss of `targets` and at once its
+  // own backward (its gradients are ADDED, scaled by loss_scale), and
+  // returns the sum of the micro-batch's per-token losses (0 elsewhere).
+  // `last_micro_batch`: no further micro-batch runs through this chunk in
+  // this step (data parallelism may start reducing).
+  double forward(int chunk, int micro_batch, ConstTokenView tokens, ConstTokenView targets, real loss_scale,
+                 bool last_micro_batch);
+  // The output of a forward (not the head chunk): what the next stage receives.
+  const real* output(int chunk, int micro_batch) const;
+  // Where the next stage's gradient of that output goes before backward().
+  real* output_grad_buffer(int chunk, int micro_batch);
+  // The backward of `micro_batch` through `chunk`: gradients ADDED; the
+  // gradient of the chunk's input written to `input_grad` (not the first
+  // chunk; activation_elements() floats). The micro-batch's record is freed.
+  void backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch);
+  // After the step's last backward: completes every gradient reduction
+  // (FSDP, data parallel, sequence-parallel partial sums, the tied wte).
+  void finish_grads();
+  // Whether this stage's copy of the tied wte equals the other pipeline
+  // end's, bit for bit. Collective over the tied pair; true on other ranks.
+  bool tied_wte_identical();
 
-  // Forward only: the sum of per-token losses (for evaluation and tests).
+  // ---- one rank holding the whole model (tests, evaluation) ----
+  // Forward and backward of one micro-batch; returns the loss sum.
+  double forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale, bool last_micro_batch = true);
+  // Forward only: the sum of per-token losses.
   double forward_loss(ConstTokenView tokens, ConstTokenView targets);
 
+  // Bytes of activations held now and at most so far (records in flight).
+  std::size_t activation_bytes() const { return activation_bytes_; }
+  std::size_t peak_activation_bytes() const { return peak_activation_bytes_; }
+
  private:
-  struct LayerActivations {
-    View1D ln1, ln1_mean, ln1_rstd, qkvh, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
+  // The units of one chunk (-1: not in this chunk).
+  struct ChunkUnits {
+    int wte = -1, wpe = -1, ln_f = -1;
+    std::vector<int> blocks;
   };
-  void forward(ConstTokenView tokens);
-  double loss(ConstTokenView targets, real grad_scale);
-  void backward(ConstTokenView tokens, bool last_micro_batch);
-  // The LayerNorm of the residual rows x into `full` [N, C]: in place
-  // without sequence parallelism, else local rows then an all-gather.
-  void layernorm_to_full(const View1D& full, const View1D& mean, const View1D& rstd, const View1D& x,
-                         const std::string& prefix);
-  // y [rows, C] = residual + in W^T + bias for a row-parallel layer (partial
-  // sums over tp reduced), or a plain linear layer without tp.
-  void row_parallel_forward(const View1D& y, const View1D& in, int in_cols, const std::string& prefix,
-                            const View1D& residual);
-  // Gradient of the input of a column-parallel layer: the partial sums [N, C]
-  // over tp reduced (all-reduce in place, or reduce-scatter with sequence
-  // parallelism); returns the buffer holding this rank's rows.
-  View1D reduce_input_grad(const View1D& partial);
-  // d(residual) for all N rows: dres itself, or all-gathered with sequence parallelism.
-  View1D full_dres();
-  Slice2D w(const std::string& name);   // a 2-D parameter
-  Slice1D v(const std::string& name);   // a 1-D parameter
-  Slice2D gw(const std::string& name);  // its gradient
-  Slice1D gv(const std::string& name);
+  // What one micro-batch keeps between the forward and the backward of one chunk.
+  struct Record {
+    View1D input;                          // the chunk's input: embedding output or received activations
+    View1D grad;                           // d(output): received, or computed by the head's loss
+    TokenView tokens;                      // first chunk: the embedding backward needs them
+    std::vector<BlockActivations> layers;  // per block (only the outputs with recomputation)
+    std::size_t bytes = 0;
+  };
+  int local_chunk(int chunk) const;
+  Record& record(int chunk, int micro_batch);
+  void free_record(int chunk, int micro_batch);
+  BlockTensors block_params(int unit) { return block_layout_.view(store_->params(unit)); }
+  BlockTensors block_grads(int unit) { return block_layout_.view(store_->grads(unit)); }
+  Slice2D wte(real* unit_base) const;
+  // The head: final LayerNorm, tied LM head, loss; with grad_scale != 0 also
+  // its backward, writing d(x) into dx. Returns the loss sum.
+  double head(ConstSlice2D x, ConstTokenView targets, real grad_scale, const ChunkUnits& u, Slice2D dx,
+              bool last_micro_batch, bool owns_wte);
 
   ModelConfig cfg_;
-  int batch_;
-  Communicator* tp_ = nullptr;
-  int tp_size_ = 1, tp_rank_ = 0;
-  bool sp_ = false;
-  std::size_t rows_ = 0, local_rows_ = 0;  // B*T, and the rows of the residual stream on this rank
+  int micro_batch_ = 1;
+  Recompute recompute_ = Recompute::none;
+  std::vector<Chunk> chunks_;
+  std::vector<ChunkUnits> units_;
+  CpLayout cp_layout_;
   std::unique_ptr<ParamStore> store_;
-  std::unordered_map<std::string, int> index_;
-  // Activations kept for backward, and scratch reused by every layer.
-  View1D encoded_;
-  std::vector<LayerActivations> layers_;
-  View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, xent_max_, xent_stats_;
-  View1D qkv_, att_y_, partial_, ln_local_, dres_, dres_full_, dln_, dln_local_, dfc_, dqkv_, datty_, dscratch_dy_,
-      dscratch_qkvh_, dscratch_att_;
+  Communicator* tied_ = nullptr;
+  TensorParallel tp_;
+  kernels::AttentionShape attention_shape_;  // this rank's part: its tokens, its heads
+  ContextParallelAttention attention_;
+  TransformerBlock block_;
+  BlockLayout block_layout_;
+  TokenView positions_;                            // absolute position of each residual row
+  std::map<std::pair<int, int>, Record> records_;  // (local chunk, micro-batch) in flight
+  std::vector<std::vector<Record>> spare_;         // freed records per local chunk, reused
+  BlockActivations recomputed_;                    // recompute = block: one block's activations
+  View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
+  std::size_t activation_bytes_ = 0, peak_activation_bytes_ = 0;
 };
 
 }  // namespace ndmini

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Where every parameter element lives: the global tensor (DESIGN names and
-// shapes), this tensor-parallel rank's part of it, and its place in the flat
-// buffers that FSDP shards.
+// Where every parameter element lives: the global tensor (its name and
+// shape, as in docs/model.md), this tensor-parallel rank's part of it, and its
+// place in the flat buffers that FSDP shards.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,19 +18,28 @@ enum class TpSplit {
 };
 
 struct ParamInfo {
-  std::string name;                        // DESIGN name, e.g. "h/3/mlp/c_fc/weight"
+  std::string name;                        // global name, e.g. "h/3/mlp/c_fc/weight"
   std::vector<std::int64_t> global_shape;  // the whole tensor, row-major
   std::vector<std::int64_t> shape;         // this tp rank's part
   TpSplit split = TpSplit::replicated;
   // A rows split applies per section: c_attn's rows are q, then k, then v,
   // and each tp rank holds its heads' rows of all three (3 sections).
   int sections = 1;
-  int unit = 0;            // FSDP unit: 0 is the root (wte, wpe, ln_f), 1 + l is block l
+  int unit = 0;            // FSDP unit (this rank's numbering; see ParamLayout)
   std::size_t offset = 0;  // in the flat tp-local buffer (all units, unsharded)
   std::size_t size = 0;    // elements of `shape`
   bool decay = false;      // AdamW weight decay: 2-D tensors only
+  // A second copy of a tensor another rank owns: the tied wte of the last
+  // pipeline stage (the first stage's copy is the owner). Its gradients are
+  // summed with the owner's, so both stay equal; it is not written to
+  // checkpoints nor counted in the gradient norm.
+  bool tied_copy = false;
 };
 
+// The parameters one rank holds, cut into units: the granularity of FSDP's
+// gather/release and reduce-scatter and of data parallelism's all-reduce
+// buckets. The model decides the units (one per block, small ones for the
+// embedding and the head); every unit is padded so it splits evenly.
 struct ParamLayout {
   std::vector<ParamInfo> params;         // in flat-buffer order
   std::vector<std::size_t> unit_offset;  // start of each unit in the flat buffer

@@ -39,6 +39,7 @@ void MetricsWriter::step(const StepRecord& r) {
                       {"tokens_per_s", r.tokens_per_s},
                       {"mfu", r.mfu},
                       {"comm", comm},
+                      {"bubble_ms", r.bubble_ms},
                       {"mem_bytes", r.mem_bytes}};
   out_ << j.dump() << '\n';
   out_.flush();

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// What a run reports (DESIGN section 6): the progress line on stdout and its
+// What a run reports (docs/output.md): the progress line on stdout and its
 // machine-readable twin, one JSON object per logged step in --metrics FILE.
 #include <cstdint>
 #include <fstream>
@@ -16,6 +16,7 @@ struct StepRecord {
   std::int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
   double exposed_comm_ms = 0;
+  std::vector<double> bubble_ms;  // per pipeline stage: time it waited for its neighbours
   std::int64_t mem_bytes = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // per communicator (axis or reduction group)
 };

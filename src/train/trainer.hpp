@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The training loop: data, forward/backward with gradient accumulation,
-// global-norm clipping, AdamW with warm-up + cosine schedule, logging,
-// metrics and checkpoints.
+// The training loop: each step runs the schedule's forward and backward
+// micro-batch actions (parallel/pipeline/), completes the gradient
+// reductions, checks the loss and the gradient norm, clips, and takes an
+// AdamW step (optimizer.hpp); it logs (report.hpp, metrics.hpp) and saves
+// checkpoints (checkpoint_state.hpp, io/).
 #include <mpi.h>
 
 #include <cstdint>
@@ -15,15 +17,12 @@
 
 namespace ndmini {
 
-// Learning rate of step s: linear warm-up over warmup_steps, then cosine
-// decay from lr to min_lr at the last step.
-double learning_rate(const TrainConfig& t, std::int64_t step);
-
 // Global tensors captured from a run, for comparing layouts (tests): every
 // rank receives the full tensors, assembled from the owners' blocks.
 struct TrainCapture {
   std::map<std::string, std::vector<float>> first_step_grads;  // after reduction, before clipping
   std::map<std::string, std::vector<float>> final_params;
+  bool tied_wte_identical = false;  // after the last step: both pipeline ends hold the same wte, bit for bit
 };
 
 struct TrainOptions {
@@ -41,14 +40,13 @@ struct TrainResult {
   double median_step_ms = 0;
   double tokens_per_s = 0;
   double mfu = 0;
-  double peak_flops = 0;  // per rank, FLOP/s
+  double peak_flops = 0;                   // per rank, FLOP/s
+  std::vector<double> bubble_ms;           // per pipeline stage, median over the timed steps
+  std::int64_t peak_activation_bytes = 0;  // the most this rank held in flight
 };
 
 // Trains on the ranks of `comm` as the deck says. Throws Error on bad input,
 // missing files and non-finite losses.
 TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm);
-
-// Measures the GEMM rate (FLOP/s) with a short SGEMM calibration.
-double calibrate_gemm_flops();
 
 }  // namespace ndmini

@@ -41,9 +41,14 @@ case "$1" in
       check tiny.toml --set parallel.tp=2 --world 3 ;;
   tp_heads)
     expect_error "model.heads = 4 is not divisible by parallel.tp = 8" check tiny.toml --set parallel.tp=8 --world 8 ;;
-  cp_not_built)
-    expect_error "parallel.cp = 2: context parallelism is not built yet; set it to 1" \
-      check tiny.toml --set parallel.cp=2 --world 2 ;;
+  cp_seq_divide)
+    expect_error "model.seq_len = 64 is not divisible by 2 x parallel.cp = 6" \
+      check tiny.toml --set parallel.cp=3 --world 3 ;;
+  pp_layers)
+    expect_error "model.layers = 2 is fewer than the 4 pipeline chunks" check tiny.toml --set parallel.pp=4 --world 4 ;;
+  pp_micro_batches)
+    expect_error "needs at least pp micro-batches per step, but each pipeline gets 1" \
+      check tiny.toml --set parallel.pp=2 --set train.micro_batch=8 --world 2 ;;
   unwritable_metrics)
     # Only rank 0 writes the metrics: its failure must stop rank 1 too, not leave it waiting.
     rc=0

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// One GPT-2 transformer block: x -> res2 = x + attn(ln_1(x)) -> res3 = res2 +
+// mlp(ln_2(res2)), forward and backward of one micro-batch. Where tensor
+// parallelism splits the work (the LayerNorms entering a region, the
+// row-parallel projections leaving it) the block calls TensorParallel; the
+// attention itself is ContextParallelAttention (a ring over cp when cp > 1).
+#include <array>
+#include <cstddef>
+
+#include "core/types.hpp"
+#include "parallel/context_parallel.hpp"
+#include "parallel/param_layout.hpp"
+#include "parallel/tensor_parallel.hpp"
+
+namespace ndmini {
+
+// A block's twelve tensors (its parameters, or their gradients) as views
+// into its unit, in the layout's order.
+struct BlockTensors {
+  Slice1D ln1_w, ln1_b;
+  Slice2D attn_w;  // c_attn [3C/tp, C]: this rank's heads' q, k, v rows
+  Slice1D attn_b;
+  Slice2D attn_proj_w;  // attn/c_proj [C, C/tp]
+  Slice1D attn_proj_b;
+  Slice1D ln2_w, ln2_b;
+  Slice2D fc_w;  // c_fc [4C/tp, C]
+  Slice1D fc_b;
+  Slice2D mlp_proj_w;  // mlp/c_proj [C, 4C/tp]
+  Slice1D mlp_proj_b;
+};
+
+// Where those tensors sit in a block's unit: the same for every block.
+class BlockLayout {
+ public:
+  BlockLayout() = default;
+  // From the parameters of one block unit `unit` of `layout`.
+  BlockLayout(const ParamLayout& layout, int unit);
+  BlockTensors view(real* unit_base) const;
+
+ private:
+  struct Place {
+    std::size_t offset = 0;  // from the unit's start
+    std::size_t rows = 0, cols = 0;
+  };
+  std::array<Place, 12> places_{};
+};
+
+// What one block keeps from its forward for its backward.
+struct BlockActivations {
+  View1D ln1, ln1_mean, ln1_rstd;  // ln1 all N rows (gathered with SP), stats of the residual rows
+  ContextParallelAttention::Saved attn;
+  View1D atty;  // attention output, [N, C/tp], the input of c_proj
+  View1D res2;  // residual after attention, residual rows
+  View1D ln2, ln2_mean, ln2_rstd;
+  View1D fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
+  View1D res3;           // the block's output, residual rows
+};
+
+// Bytes of one block's activations for one micro-batch (what allocate()
+// returns): N token rows, Nr of them residual rows here, C channels split
+// over tp, `attention_saved` bytes kept by the attention.
+std::size_t block_activation_bytes(std::size_t channels, int tp, std::size_t rows, std::size_t local_rows,
+                                   std::size_t attention_saved, bool output_only);
+
+class TransformerBlock {
+ public:
+  // Shared by every block of a stage; owns the scratch buffers one forward
+  // or backward needs (valid across blocks and micro-batches).
+  TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention);
+
+  // Activations of one block for one micro-batch: all of them, or (output_only,
+  // with recomputation) just the block output res3.
+  BlockActivations allocate(bool output_only) const;
+
+  // x: the block input, residual rows [Nr, C]. Fills `a` (a.res3 = output).
+  void forward(const BlockTensors& w, ConstSlice2D x, BlockActivations& a);
+  // dres: d(output) on entry, d(input) on exit (residual rows). Parameter
+  // gradients are ADDED into g.
+  void backward(const BlockTensors& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
+
+ private:
+  TensorParallel& tp_;
+  ContextParallelAttention& attention_;
+  std::size_t C_, Cl_, F_, Q_;  // channels; per tp rank: attention width, MLP width, q+k+v width
+  View1D qkv_, dln_, dfc_, dqkv_, datty_;
+};
+
+}  // namespace ndmini

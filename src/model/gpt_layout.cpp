@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The model's sizes and rules, computed without building it: parameter
+// counts, FLOPs, the layout rules for a split, the global tensor list, the
+// parameter layout of one pipeline stage and the memory estimate.
+#include <numeric>
+
+#include "core/error.hpp"
+#include "model/block.hpp"
+#include "model/gpt.hpp"
+
+namespace ndmini {
+namespace {
+
+// Parameter offsets are rounded up to 16 floats (64 bytes) so every tensor
+// starts on a cache line (and a SIMD boundary) of the flat buffer.
+constexpr std::size_t kAlign = 16;
+
+std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// The tensors of one block, in unit order: (suffix, shape, tp split, q/k/v sections).
+struct BlockTensorSpec {
+  const char* suffix;
+  int rows_c, cols_c;  // shape in multiples of C (cols 0: a 1-D tensor)
+  TpSplit split;
+  int sections;
+};
+constexpr BlockTensorSpec kBlockTensors[] = {
+    {"ln_1/weight", 1, 0, TpSplit::replicated, 1},  {"ln_1/bias", 1, 0, TpSplit::replicated, 1},
+    {"attn/c_attn/weight", 3, 1, TpSplit::rows, 3}, {"attn/c_attn/bias", 3, 0, TpSplit::rows, 3},
+    {"attn/c_proj/weight", 1, 1, TpSplit::cols, 1}, {"attn/c_proj/bias", 1, 0, TpSplit::replicated, 1},
+    {"ln_2/weight", 1, 0, TpSplit::replicated, 1},  {"ln_2/bias", 1, 0, TpSplit::replicated, 1},
+    {"mlp/c_fc/weight", 4, 1, TpSplit::rows, 1},    {"mlp/c_fc/bias", 4, 0, TpSplit::rows, 1},
+    {"mlp/c_proj/weight", 1, 4, TpSplit::cols, 1},  {"mlp/c_proj/bias", 1, 0, TpSplit::replicated, 1},
+};
+
+std::string block_prefix(int layer) { return "h/" + std::to_string(layer) + "/"; }
+
+}  // namespace
+
+std::int64_t gpt_param_count(const ModelConfig& m) {
+  // wte [V, C], wpe [T, C], ln_f 2C, and per block 12 C^2 + 13 C (see kBlockTensors).
+  const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len, L = m.layers;
+  return V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
+}
+
+std::int64_t gpt_flops_param_count(const ModelConfig& m) {
+  return gpt_param_count(m) - static_cast<std::int64_t>(m.seq_len) * m.channels;
+}
+
+double gpt_flops_per_token(const ModelConfig& m) {
+  return 6.0 * gpt_flops_param_count(m) + 12.0 * m.layers * m.channels * m.seq_len;
+}
+
+void check_model_split(const ModelConfig& m, const ModelSplit& s) {
+  using std::to_string;
+  // Tensor parallelism splits heads, the MLP's hidden 4C and the vocabulary
+  // (the embedding and logits) over tp: each must split evenly.
+  const int tp = s.tp;
+  const std::string by_tp = " is not divisible by parallel.tp = " + to_string(tp);
+  require(m.heads % tp == 0, "model.heads = " + to_string(m.heads) + by_tp +
+                                 "; choose a tp that divides the heads, or change model.heads");
+  require((4 * static_cast<long long>(m.channels)) % tp == 0,
+          "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " + to_string(m.channels) + by_tp +
+              "; choose a tp that divides it, or change model.channels");
+  if (m.vocab % tp != 0) {
+    // Suggest a GPU-friendly size too: a multiple of 64 per tp rank is what GPT-2 uses (50257 -> 50304).
+    const long long step = std::lcm(tp, 64);
+    const long long padded = (static_cast<long long>(m.vocab) + step - 1) / step * step;
+    throw Error("model.vocab = " + to_string(m.vocab) + by_tp + "; pad it (e.g. " + to_string(padded) + ")");
+  }
+  // Context parallelism cuts each sequence into 2 cp chunks (two per cp rank).
+  const int cp = s.cp;
+  require(m.seq_len % (2 * cp) == 0 || cp == 1,
+          "model.seq_len = " + to_string(m.seq_len) + " is not divisible by 2 x parallel.cp = " + to_string(2 * cp) +
+              " (context parallelism gives each cp rank two chunks of every sequence); change one of them");
+  if (s.sequence_parallel && tp > 1) {
+    const int local = m.seq_len / cp;
+    const std::string what = cp > 1 ? "model.seq_len / parallel.cp = " + to_string(m.seq_len) + " / " + to_string(cp) +
+                                          " = " + to_string(local)
+                                    : "model.seq_len = " + to_string(m.seq_len);
+    require(local % tp == 0, what + by_tp +
+                                 " (parallel.sequence_parallel splits the sequence over tp); change one, "
+                                 "or set parallel.sequence_parallel = false");
+  }
+}
+
+std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m) {
+  const std::int64_t C = m.channels;
+  std::vector<GlobalTensor> out = {{"wte", {m.vocab, C}}, {"wpe", {m.seq_len, C}}};
+  for (int l = 0; l < m.layers; ++l)
+    for (const auto& t : kBlockTensors) {
+      GlobalTensor g{block_prefix(l) + t.suffix, {t.rows_c * C}};
+      if (t.cols_c > 0) g.shape.push_back(t.cols_c * C);
+      out.push_back(std::move(g));
+    }
+  out.push_back({"ln_f/weight", {C}});
+  out.push_back({"ln_f/bias", {C}});
+  return out;
+}
+
+ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp, int tp_rank,
+                             std::size_t pad) {
+  const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len;
+  ParamLayout layout;
+  layout.tp_rank = tp_rank;
+  layout.tp_size = tp;
+  std::size_t offset = 0, unit_begin = 0;
+  int unit = 0;
+  auto add = [&](std::string name, std::vector<std::int64_t> global, TpSplit split, int sections, bool tied_copy) {
+    std::vector<std::int64_t> local = global;
+    if (split == TpSplit::rows) local[0] /= tp;
+    if (split == TpSplit::cols) local[1] /= tp;
+    std::size_t size = 1;
+    for (auto d : local) size *= static_cast<std::size_t>(d);
+    const bool decay = global.size() == 2;
+    layout.params.push_back(
+        {std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size, decay, tied_copy});
+    offset += round_up(size, kAlign);
+  };
+  // Every unit padded so that it splits into equal FSDP shards.
+  auto close_unit = [&] {
+    offset = unit_begin + round_up(offset - unit_begin, round_up(pad, kAlign));
+    layout.unit_offset.push_back(unit_begin);
+    layout.unit_size.push_back(offset - unit_begin);
+    unit_begin = offset;
+    ++unit;
+  };
+  for (const Chunk& chunk : chunks) {
+    if (chunk.embedding || chunk.head) {
+      // The LM head's copy on the last stage is the tied copy; the embedding's is the owner.
+      add("wte", {V, C}, TpSplit::rows, 1, !chunk.embedding);
+      close_unit();
+    }
+    if (chunk.embedding) {
+      add("wpe", {T, C}, TpSplit::replicated, 1, false);
+      close_unit();
+    }
+    for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
+      const std::string prefix = block_prefix(l);
+      for (const auto& t : kBlockTensors) {
+        std::vector<std::int64_t> shape = {t.rows_c * C};
+        if (t.cols_c > 0) shape.push_back(t.cols_c * C);
+        add(prefix + t.suffix, std::move(shape), t.split, t.sections, false);
+      }
+      close_unit();
+    }
+    if (chunk.head) {
+      add("ln_f/weight", {C}, TpSplit::replicated, 1, false);
+      add("ln_f/bias", {C}, TpSplit::replicated, 1, false);
+      close_unit();
+    }
+  }
+  layout.total = offset;
+  return layout;
+}
+
+MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
+                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute) {
+  // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
+  const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
+  const double N = B * T / split.cp;
+  const double Nr = split.sequence_parallel && split.tp > 1 ? N / tp : N;
+  double params = 0;
+  for (const Chunk& c : chunks) {
+    if (c.embedding || c.head) params += V * C / tp;
+    if (c.embedding) params += T * C;
+    if (c.head) params += 2 * C;
+    params += c.layers() * (12 * C * C / tp + 13 * C);
+  }
+  MemoryEstimate e;
+  const auto bytes = [](double n) { return static_cast<std::int64_t>(std::min(n * sizeof(real), 9.0e18)); };
+  // Parameters, gradients and AdamW's two moments, sharded over fsdp.
+  e.state_bytes = bytes(4 * params / fsdp);
+  const kernels::AttentionShape att{micro_batch, m.seq_len / split.cp, m.channels / split.tp, m.heads / split.tp};
+  // Floats of one block's activations, all of them or only its output.
+  const auto block_floats = [&](bool output_only) {
+    if (N > 1e15) return N * C * 20;  // absurd decks: a rough count, refused by the caller anyway
+    return static_cast<double>(block_activation_bytes(m.channels, split.tp, static_cast<std::size_t>(N),
+                                                      static_cast<std::size_t>(Nr),
+                                                      ContextParallelAttention::saved_bytes(att), output_only)) /
+           sizeof(real);
+  };
+  // One record: one micro-batch through one chunk (the largest of this stage's chunks).
+  double per_mb = 0;
+  for (const Chunk& c : chunks) {
+    double record = Nr * C + Nr * C;  // the chunk input, and the gradient of its output
+    if (c.embedding) record += N;     // the tokens
+    record += c.layers() * block_floats(recompute == Recompute::block);
+    per_mb = std::max(per_mb, record);
+  }
+  e.activation_bytes_per_micro_batch = bytes(per_mb);
+  e.in_flight = in_flight;
+  // Scratch: one block's backward buffers, the head's logits and LayerNorm,
+  // a recomputed block, and FSDP's gathered parameters and gradients of two units.
+  const double block_params = 12 * C * C / tp + 13 * C;
+  double scratch = N * (3 * C / tp) * 2 + N * C + N * (4 * C / tp) + N * C / tp;  // qkv, dqkv, dln, dfc, datty
+  scratch += N * C + N * V / tp + 3 * N;                                          // ln_f, logits, losses
+  if (recompute == Recompute::block) scratch += block_floats(false);              // the block being recomputed
+  if (fsdp > 1) scratch += 4 * std::max(block_params, V * C / tp);
+  e.scratch_bytes = bytes(scratch);
+  return e;
+}
+
+}  // namespace ndmini

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "parallel/context.hpp"
+
+#include <type_traits>
+
+namespace ndmini {
+
+ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_(shape, world) {
+  const auto device = nccl_available() && !std::is_same_v<MemSpace, HostSpace> ? Communicator::Backend::nccl
+                                                                               : Communicator::Backend::mpi;
+  tp_ = std::make_unique<Communicator>(mesh_.axis(Axis::tp), "tp", device);
+  cp_ = std::make_unique<Communicator>(mesh_.axis(Axis::cp), "cp", device);
+  pp_ = std::make_unique<Communicator>(mesh_.axis(Axis::pp), "pp", device);
+  dp_replicate_ = std::make_unique<Communicator>(mesh_.axis(Axis::dp_replicate), "dp_replicate", device);
+  fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "dp_shard", device);
+  batch_ = std::make_unique<Communicator>(mesh_.batch(), "batch");
+  norm_ = std::make_unique<Communicator>(mesh_.norm(), "norm");
+  if (mesh_.tied_embedding() != MPI_COMM_NULL)
+    tied_ = std::make_unique<Communicator>(mesh_.tied_embedding(), "tied_wte", device);
+}
+
+std::vector<ParallelContext::Reported> ParallelContext::reported() {
+  std::vector<Reported> out;
+  for (Communicator* c : {dp_replicate_.get(), fsdp_.get(), tp_.get(), cp_.get(), pp_.get()})
+    out.push_back({c->name().c_str(), c});
+  if (mesh_.degree(Axis::pp) > 1) out.push_back({"tied_wte", tied_.get()});
+  out.push_back({"batch", batch_.get()});
+  out.push_back({"norm", norm_.get()});
+  return out;
+}
+
+int ParallelContext::data_parallel_size() const {
+  return mesh_.degree(Axis::dp_replicate) * mesh_.degree(Axis::dp_shard);
+}
+
+int ParallelContext::data_parallel_index() const {
+  return mesh_.coord(Axis::dp_replicate) * mesh_.degree(Axis::dp_shard) + mesh_.coord(Axis::dp_shard);
+}
+
+}  // namespace ndmini

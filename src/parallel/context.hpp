@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Every communicator of the mesh, owned in one place: one per axis the
+// model splits over (tp, cp, pp, dp_replicate), the fsdp group (dp_shard x
+// cp, accounted as "dp_shard"), the two scalar reductions (batch: the loss;
+// norm: the gradient norm) and the tied-embedding pair of pipeline ends. The
+// mesh (mesh/mesh.hpp) defines which ranks each one holds.
+//
+// Backends: device buffers go through NCCL where the build has it, host
+// buffers through MPI; the scalar groups always use MPI.
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "mesh/mesh.hpp"
+
+namespace ndmini {
+
+class ParallelContext {
+ public:
+  // Collective over `world`: builds the Cartesian mesh and every communicator.
+  ParallelContext(const MeshShape& shape, MPI_Comm world);
+  ParallelContext(const ParallelContext&) = delete;
+  ParallelContext& operator=(const ParallelContext&) = delete;
+
+  const Mesh& mesh() const { return mesh_; }
+  int rank() const { return mesh_.rank(); }
+  int degree(Axis a) const { return mesh_.degree(a); }
+  int coord(Axis a) const { return mesh_.coord(a); }
+
+  Communicator& tp() { return *tp_; }
+  Communicator& cp() { return *cp_; }
+  Communicator& pp() { return *pp_; }
+  Communicator& dp_replicate() { return *dp_replicate_; }
+  Communicator& fsdp() { return *fsdp_; }
+  Communicator& batch() { return *batch_; }
+  Communicator& norm() { return *norm_; }
+  // The first and last pipeline stage of this pipeline; null elsewhere and when pp = 1.
+  Communicator* tied_embedding() { return tied_.get(); }
+
+  // Every group whose traffic a step reports, in report order; the same
+  // names on every rank (the tied pair, when pp > 1, is null on middle stages).
+  struct Reported {
+    const char* name;
+    Communicator* comm;
+  };
+  std::vector<Reported> reported();
+
+  // Data parallelism: how many ranks take distinct sequences of the global
+  // batch (dp_replicate x dp_shard), and this rank's index among them.
+  int data_parallel_size() const;
+  int data_parallel_index() const;
+
+ private:
+  Mesh mesh_;
+  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_replicate_, fsdp_, batch_, norm_, tied_;
+};
+
+}  // namespace ndmini

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Fully sharded data parallelism (FSDP / ZeRO-3) over the fsdp group
+// (dp_shard x cp): each rank keeps 1/n of every unit -- its shard of the
+// parameters, gradients and optimizer state -- and a unit's full parameters
+// exist only between gather() and release(). The gradients of a unit are
+// reduce-scattered into the shard after each micro-batch's backward.
+//
+// Life cycle of a unit u during one micro-batch (the model calls these
+// through ParamStore): prefetch(u) starts the all-gather early, gather(u)
+// waits for it; release(u) frees the full parameters; begin_grads(u) gives a
+// zeroed full gradient buffer, end_grads(u) starts its reduce-scatter. At
+// most two reduce-scatters stay in flight; finish() completes them all.
+#include <deque>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/types.hpp"
+#include "parallel/param_layout.hpp"
+
+namespace ndmini {
+
+class Fsdp {
+ public:
+  // `group` shards the units of `layout`; shard_params/shard_grads are this
+  // rank's shards (unit u's at shard_offset[u], unit_size[u] / n elements).
+  Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
+       View1D shard_grads);
+  Fsdp(const Fsdp&) = delete;
+  Fsdp& operator=(const Fsdp&) = delete;
+
+  real* params(int u);  // full parameters of a gathered unit
+  real* grads(int u);   // full gradients between begin_grads and end_grads
+  void prefetch(int u);
+  void gather(int u);
+  void release(int u);
+  void begin_grads(int u);
+  void end_grads(int u);
+  void poll();
+  void finish();
+
+  std::size_t peak_transient_bytes() const { return peak_transient_; }
+
+ private:
+  struct PendingReduction {
+    int unit;
+    View1D full_grads, shard_part;  // kept alive until the request completes
+    CommRequest request;            // last: destroyed (and so waited for) before the buffers
+  };
+  void complete(PendingReduction& r);
+  void add_transient(std::size_t elements);
+
+  Communicator& group_;
+  const ParamLayout& layout_;
+  std::vector<std::size_t> shard_offset_;
+  View1D shard_params_, shard_grads_;
+  std::vector<View1D> full_params_, full_grads_;
+  std::vector<CommRequest> gathers_;
+  std::deque<PendingReduction> reductions_;
+  std::size_t transient_ = 0, peak_transient_ = 0;
+};
+
+}  // namespace ndmini

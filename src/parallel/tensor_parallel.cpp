@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "parallel/tensor_parallel.hpp"
+
+#include "core/error.hpp"
+#include "kernels/kernels.hpp"
+
+namespace ndmini {
+namespace {
+
+View1D alloc(const std::string& label, std::size_t n) { return View1D(label, n); }
+
+Slice2D mat(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
+
+}  // namespace
+
+TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab)
+    : rows_(rows), channels_(channels), vocab_(vocab) {
+  if (tp != nullptr && tp->size() > 1) {
+    tp_ = tp;
+    size_ = tp->size();
+    rank_ = tp->rank();
+    sp_ = sequence_parallel;
+  }
+  require(vocab % size_ == 0 && channels % size_ == 0 && (!sp_ || rows % size_ == 0),
+          "internal: the model does not divide over tp (the layout check should have refused it)");
+  local_rows_ = sp_ ? rows / size_ : rows;
+  const std::size_t N = rows_, C = channels_;
+  if (size_ > 1) {
+    partial_ = alloc("ndmini::tp_partial", N * C);
+    xent_max_ = alloc("ndmini::xent_max", N);
+    xent_stats_ = alloc("ndmini::xent_stats", 2 * N);
+  }
+  if (sp_) {
+    ln_local_ = alloc("ndmini::sp_ln_local", local_rows_ * C);
+    dres_full_ = alloc("ndmini::sp_dres_full", N * C);
+    dln_local_ = alloc("ndmini::sp_dln_local", local_rows_ * C);
+  }
+}
+
+void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                                     ConstSlice1D bias) {
+  if (!sp_) {
+    kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
+    return;
+  }
+  kernels::layernorm_forward(mat(ln_local_, local_rows_, channels_), mean, rstd, x, weight, bias);
+  tp_->all_gather(ln_local_.data(), full.data(), local_rows_ * channels_);
+}
+
+void TensorParallel::row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias,
+                                          ConstSlice2D residual) {
+  if (size_ == 1) {
+    kernels::linear_forward(y, in, weight, bias, residual);
+  } else if (!sp_) {
+    // Rank 0 seeds the residual and the bias; the all-reduce adds every rank's partial product.
+    if (rank_ == 0)
+      kernels::linear_forward(y, in, weight, bias, residual);
+    else
+      kernels::linear_forward(y, in, weight, ConstSlice1D());
+    tp_->all_reduce(y.data(), rows_ * channels_);
+  } else {
+    kernels::linear_forward(mat(partial_, rows_, channels_), in, weight, ConstSlice1D());
+    tp_->reduce_scatter(partial_.data(), y.data(), local_rows_ * channels_);
+    kernels::add_residual_bias(y, residual, bias);
+  }
+}
+
+ConstSlice2D TensorParallel::reduce_input_grad(Slice2D partial) {
+  if (size_ == 1) return partial;
+  if (!sp_) {
+    tp_->all_reduce(partial.data(), rows_ * channels_);
+    return partial;
+  }
+  tp_->reduce_scatter(partial.data(), dln_local_.data(), local_rows_ * channels_);
+  return mat(dln_local_, local_rows_, channels_);
+}
+
+ConstSlice2D TensorParallel::gather_output_grad(ConstSlice2D dres) {
+  if (!sp_) return dres;
+  tp_->all_gather(dres.data(), dres_full_.data(), local_rows_ * channels_);
+  return mat(dres_full_, rows_, channels_);
+}
+
+void TensorParallel::row_parallel_bias_backward(Slice1D dbias, ConstSlice2D dy_full, ConstSlice2D dres) {
+  kernels::bias_backward(dbias, sp_ ? dres : dy_full);
+}
+
+void TensorParallel::embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe,
+                                       ConstTokenView positions) {
+  if (size_ == 1) {
+    kernels::embedding_forward(out, tokens, wte, wpe, positions);
+    return;
+  }
+  // Vocabulary-parallel lookup: each rank fills the rows of its tokens, zeros
+  // elsewhere; the sum over tp is the embedding (exact: one non-zero term).
+  const ConstTokenView none;
+  if (sp_) {
+    kernels::embedding_forward(mat(partial_, rows_, channels_), tokens, wte, ConstSlice2D(), none, vocab_start());
+    tp_->reduce_scatter(partial_.data(), out.data(), local_rows_ * channels_);
+  } else {
+    kernels::embedding_forward(out, tokens, wte, ConstSlice2D(), none, vocab_start());
+    tp_->all_reduce(out.data(), rows_ * channels_);
+  }
+  kernels::position_embedding_forward(out, wpe, positions);
+}
+
+void TensorParallel::embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dres, ConstTokenView tokens,
+                                        ConstTokenView positions) {
+  kernels::position_embedding_backward(dwpe, dres, positions);
+  kernels::token_embedding_backward(dwte, gather_output_grad(dres), tokens, vocab_start());
+}
+
+double TensorParallel::cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targets, real grad_scale) {
+  if (size_ == 1)
+    return grad_scale != 0 ? kernels::softmax_cross_entropy(logits, losses, targets, grad_scale)
+                           : kernels::cross_entropy_loss(logits, targets);
+  const std::size_t N = logits.extent(0);
+  kernels::row_max(Slice1D(xent_max_.data(), N), logits);
+  tp_->all_reduce(xent_max_.data(), N, ReduceOp::max);
+  kernels::vocab_parallel_xent_partials(Slice1D(xent_stats_.data(), 2 * N), logits, Slice1D(xent_max_.data(), N),
+                                        targets, vocab_start());
+  tp_->all_reduce(xent_stats_.data(), 2 * N);
+  return kernels::vocab_parallel_xent_finish(logits, losses, Slice1D(xent_max_.data(), N),
+                                             Slice1D(xent_stats_.data(), 2 * N), targets, vocab_start(), grad_scale);
+}
+
+void TensorParallel::reduce_replicated_grads(ParamStore& store) {
+  if (!sp_) return;
+  const ParamLayout& layout = store.layout();
+  for (const ParamStore::Piece& piece : store.pieces())
+    if (layout.params[piece.param].split == TpSplit::replicated)
+      tp_->all_reduce(store.shard_grads().data() + piece.shard_offset, piece.length);
+}
+
+}  // namespace ndmini

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "train/checkpoint_state.hpp"
+
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "model/gpt.hpp"
+
+namespace ndmini {
+namespace {
+
+// Calls f(piece, block) for every global block of every parameter piece this rank holds.
+template <class F>
+void for_each_block(const ParamStore& store, F&& f) {
+  for (const auto& piece : store.pieces()) {
+    const ParamInfo& p = store.layout().params[piece.param];
+    for (const auto& block :
+         global_blocks(p, store.layout().tp_rank, piece.local_begin, piece.local_begin + piece.length))
+      f(piece, block);
+  }
+}
+
+std::vector<std::uint64_t> to_u64(const std::vector<std::int64_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+CheckpointState::CheckpointState(const ModelConfig& m, const ParamStore& store, const AdamW& opt)
+    : params_(Kokkos::create_mirror_view(store.shard_params())),
+      exp_avg_(Kokkos::create_mirror_view(opt.exp_avg)),
+      exp_avg_sq_(Kokkos::create_mirror_view(opt.exp_avg_sq)) {
+  std::set<std::string> named;
+  for_each_block(store, [&](const ParamStore::Piece& piece, const GlobalBlock& block) {
+    const ParamInfo& p = store.layout().params[piece.param];
+    const auto shape = to_u64(p.global_shape);
+    const std::size_t at = piece.shard_offset + (block.local_begin - piece.local_begin);
+    const bool replica = store.is_replica(piece);
+    slabs_.push_back({"model/" + p.name, shape, block.offset, block.count, params_.data() + at, replica});
+    slabs_.push_back({"optimizer/exp_avg/" + p.name, shape, block.offset, block.count, exp_avg_.data() + at, replica});
+    slabs_.push_back(
+        {"optimizer/exp_avg_sq/" + p.name, shape, block.offset, block.count, exp_avg_sq_.data() + at, replica});
+    named.insert(p.name);
+  });
+  // Every rank names every tensor of the model, with an empty block where it
+  // holds none of it (another pipeline stage, another FSDP shard): the HDF5
+  // calls are collective.
+  for (const GlobalTensor& t : gpt_global_tensors(m)) {
+    if (named.count(t.name)) continue;
+    const auto shape = to_u64(t.shape);
+    const std::vector<std::uint64_t> zero(shape.size(), 0);
+    for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"})
+      slabs_.push_back({prefix + t.name, shape, zero, zero, params_.data(), false});
+  }
+}
+
+void CheckpointState::from_device(const ParamStore& store, const AdamW& opt) {
+  Kokkos::deep_copy(params_, store.shard_params());
+  Kokkos::deep_copy(exp_avg_, opt.exp_avg);
+  Kokkos::deep_copy(exp_avg_sq_, opt.exp_avg_sq);
+}
+
+void CheckpointState::to_device(const ParamStore& store, const AdamW& opt) {
+  Kokkos::deep_copy(store.shard_params(), params_);
+  Kokkos::deep_copy(opt.exp_avg, exp_avg_);
+  Kokkos::deep_copy(opt.exp_avg_sq, exp_avg_sq_);
+}
+
+std::map<std::string, std::vector<float>> gather_global(const ModelConfig& m, const ParamStore& store,
+                                                        const View1D& buffer, MPI_Comm world) {
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), buffer);
+  std::map<std::string, std::vector<float>> out;
+  for (const GlobalTensor& t : gpt_global_tensors(m)) {
+    std::size_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::size_t>(d);
+    out[t.name].assign(n, 0.0f);
+  }
+  for_each_block(store, [&](const ParamStore::Piece& piece, const GlobalBlock& block) {
+    if (store.is_replica(piece)) return;
+    const ParamInfo& p = store.layout().params[piece.param];
+    auto& global = out[p.name];
+    const std::uint64_t cols = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
+    const std::uint64_t ncols = block.count.size() == 2 ? block.count[1] : 1;
+    const std::size_t local_cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    const float* src = host.data() + piece.shard_offset + (block.local_begin - piece.local_begin);
+    for (std::uint64_t r = 0; r < block.count[0]; ++r) {
+      const std::uint64_t g = (block.offset[0] + r) * cols + (block.offset.size() == 2 ? block.offset[1] : 0);
+      for (std::uint64_t c = 0; c < ncols; ++c) global[g + c] = src[r * local_cols + c];
+    }
+  });
+  for (auto& [name, values] : out)
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, world);
+  return out;
+}
+
+void check_resume_compatible(const Config& cfg, const io::CheckpointInfo& info, const std::string& where) {
+  const Config saved = parse_config(info.config, where + " (config attribute)");
+  auto mismatch = [&](const std::string& key, auto a, auto b) {
+    if (a != b) {
+      std::ostringstream os;
+      os << "cannot resume from " << where << ": it was written with " << key << " = " << a << ", the deck says " << b
+         << "; resume with the deck that wrote it or start a fresh run in another checkpoint.dir";
+      throw Error(os.str());
+    }
+  };
+  mismatch("model.layers", saved.model.layers, cfg.model.layers);
+  mismatch("model.channels", saved.model.channels, cfg.model.channels);
+  mismatch("model.heads", saved.model.heads, cfg.model.heads);
+  mismatch("model.vocab", saved.model.vocab, cfg.model.vocab);
+  mismatch("model.seq_len", saved.model.seq_len, cfg.model.seq_len);
+  mismatch("train.seed", saved.train.seed, cfg.train.seed);
+  mismatch("train.global_batch", saved.train.global_batch, cfg.train.global_batch);
+  mismatch("data.source", saved.data.source, cfg.data.source);
+}
+
+}  // namespace ndmini

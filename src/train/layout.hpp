@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The layout of a run, resolved and checked once before anything is built:
+// the mesh degrees (mesh/), the model's rules for that split (model/), the
+// pipeline's rules (parallel/pipeline/) and how the global batch divides.
+#include "config/config.hpp"
+#include "mesh/mesh.hpp"
+#include "model/gpt.hpp"
+#include "parallel/pipeline/schedule.hpp"
+
+namespace ndmini {
+
+struct RunLayout {
+  MeshShape mesh;
+  ModelSplit split;
+  ScheduleKind schedule = ScheduleKind::none;
+  int data_parallel = 1;  // dp_replicate x dp_shard: ranks that take distinct sequences
+  int micro_batches = 1;  // per optimizer step, per data-parallel rank (gradient accumulation)
+  int fsdp = 1;           // dp_shard x cp: the FSDP group
+  Recompute recompute = Recompute::none;
+};
+
+// Throws Error with one message naming the key and the fix.
+RunLayout resolve_layout(const Config& cfg, int world);
+
+// The memory estimate of the busiest stage of a layout (no allocation).
+MemoryEstimate estimate_memory(const Config& cfg, const RunLayout& layout);
+
+}  // namespace ndmini

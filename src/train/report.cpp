@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "train/report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "model/gpt.hpp"
+#include "train/metrics.hpp"
+
+namespace ndmini {
+namespace {
+
+constexpr double kMiB = 1048576.0;
+
+// The medians over the timed steps of one figure.
+template <class F>
+double median_of(const std::vector<StepStats>& steps, F&& f) {
+  std::vector<double> v;
+  for (const StepStats& s : steps) v.push_back(f(s));
+  return median(v);
+}
+
+}  // namespace
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double StepStats::exposed_comm_ms() const {
+  double total = 0;
+  for (const auto& [name, s] : comm) total += s.exposed_ms;
+  return total;
+}
+
+StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms) {
+  const auto groups = ctx.reported();
+  const int pp = ctx.degree(Axis::pp);
+  // One reduction for every time: [step, (ms, exposed) per group, bubble per stage].
+  std::vector<double> times(1 + 2 * groups.size() + pp, 0.0);
+  times[0] = step_ms;
+  for (std::size_t k = 0; k < groups.size(); ++k)
+    if (groups[k].comm != nullptr) {
+      times[1 + 2 * k] = groups[k].comm->stats().ms;
+      times[2 + 2 * k] = groups[k].comm->stats().exposed_ms;
+    }
+  times[1 + 2 * groups.size() + ctx.coord(Axis::pp)] = bubble_ms;
+  MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, ctx.mesh().cart());
+  StepStats s;
+  s.step_ms = times[0];
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    CommStats c = groups[k].comm != nullptr ? groups[k].comm->stats() : CommStats{};
+    c.ms = times[1 + 2 * k];
+    c.exposed_ms = times[2 + 2 * k];
+    s.comm.emplace_back(groups[k].name, c);
+    if (groups[k].comm != nullptr) groups[k].comm->reset_stats();
+  }
+  s.bubble_ms.assign(times.end() - pp, times.end());
+  return s;
+}
+
+void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
+                  const PeakFlops& peak, bool show_mesh) {
+  const auto& t = cfg.train;
+  std::printf("ndmini %s | Kokkos %d.%d.%d %s | mesh %s | ranks/node %d | params %lld | %.3g FLOP/token\n",
+              NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
+              ExecSpace::name(), layout.mesh.str().c_str(), ctx.mesh().ranks_per_node(),
+              static_cast<long long>(gpt_param_count(cfg.model)), gpt_flops_per_token(cfg.model));
+  std::printf("data: %s | steps %d | global batch %d x %d tokens | %d data-parallel ranks x %d micro-batches of %d\n",
+              data.c_str(), t.steps, t.global_batch, cfg.model.seq_len, layout.data_parallel, layout.micro_batches,
+              t.micro_batch);
+  if (layout.split.pp > 1)
+    std::printf("pipeline: %s schedule, %d micro-batches | %s\n", schedule_name(layout.schedule), layout.micro_batches,
+                StagePlan(cfg.model.layers, layout.split.pp, layout.split.virtual_stages).describe().c_str());
+  if (layout.split.cp > 1)
+    std::printf("context: each sequence in %d chunks of %d tokens; cp rank i holds chunks i and %d-i\n",
+                2 * layout.split.cp, cfg.model.seq_len / (2 * layout.split.cp), 2 * layout.split.cp - 1);
+  if (layout.recompute == Recompute::block)
+    std::printf("recompute: block (each block's forward again in its backward)\n");
+  std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
+  if (show_mesh) std::printf("%s", describe_mesh(layout.mesh, true).c_str());
+  std::fflush(stdout);
+}
+
+void print_performance(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s) {
+  const int world = layout.mesh.size();
+  double exposed = 0;
+  std::printf("PERFORMANCE\n");
+  std::printf("  ranks              %d (%d per node)\n", world, ctx.mesh().ranks_per_node());
+  std::printf("  mesh               %s\n", layout.mesh.str().c_str());
+  std::printf("  steps timed        %zu (medians; first step excluded as warm-up; times are the slowest rank's)\n",
+              s.timed.size());
+  std::printf("  time/step          %.1f ms\n", s.median_step_ms);
+  const std::size_t groups = s.timed.empty() ? 0 : s.timed.front().comm.size();
+  for (std::size_t k = 0; k < groups; ++k) {
+    const double e = median_of(s.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_ms; });
+    const double all = median_of(s.timed, [&](const StepStats& st) { return st.comm[k].second.ms; });
+    exposed += e;
+    std::printf("    exposed comm     %7.1f ms  %-13s (%.1f ms in flight, summed over its requests)\n", e,
+                s.timed.front().comm[k].first.c_str(), all);
+  }
+  std::printf("    compute          %.1f ms\n", s.median_step_ms - exposed);
+  if (layout.split.pp == 1) {
+    std::printf("    bubble           0.0 ms (no pipeline)\n");
+  } else {
+    // Waiting for a neighbour stage: part of pp's exposed time above.
+    std::printf("    bubble           per stage, ms and share of the step (within pp's exposed time); ideal %.1f%%\n",
+                100 * s.ideal_bubble);
+    for (int stage = 0; stage < layout.split.pp; ++stage) {
+      const double b = median_of(s.timed, [&](const StepStats& st) { return st.bubble_ms[stage]; });
+      std::printf("      stage %-3d      %7.1f ms  %5.1f%%\n", stage, b,
+                  s.median_step_ms > 0 ? 100 * b / s.median_step_ms : 0.0);
+    }
+  }
+  std::printf("    I/O              %.1f ms in total (checkpoints)\n", s.io_ms);
+  std::printf("  tokens/s           %.0f\n", s.tokens_per_s);
+  std::printf("  tokens/s/rank      %.0f\n", s.tokens_per_s / world);
+  std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * s.mfu, s.peak.flops_per_rank / 1e9,
+              s.peak.source.c_str());
+  std::printf(
+      "  memory/rank        %.1f MiB model state, %.1f MiB activations in flight at most (rank 0), "
+      "%.1f MiB estimated in all, %.1f MiB peak RSS\n",
+      s.state_bytes / kMiB, s.peak_activation_bytes / kMiB, s.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
+  (void)cfg;
+  std::fflush(stdout);
+}
+
+std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
+                         double final_loss) {
+  const int world = layout.mesh.size();
+  std::vector<double> bubble;
+  for (int stage = 0; stage < layout.split.pp; ++stage)
+    bubble.push_back(median_of(s.timed, [&](const StepStats& st) { return st.bubble_ms[stage]; }));
+  nlohmann::json j = {{"summary", true},
+                      {"steps", steps},
+                      {"ranks", world},
+                      {"ranks_per_node", ctx.mesh().ranks_per_node()},
+                      {"mesh", layout.mesh.str()},
+                      {"schedule", schedule_name(layout.schedule)},
+                      {"micro_batches", layout.micro_batches},
+                      {"median_step_ms", s.median_step_ms},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"tokens_per_s_per_rank", s.tokens_per_s / world},
+                      {"mfu", s.mfu},
+                      {"peak_flops", s.peak.flops_per_rank},
+                      {"peak_source", s.peak.source},
+                      {"io_ms", s.io_ms},
+                      {"bubble_ms_per_stage", bubble},
+                      {"ideal_bubble", s.ideal_bubble},
+                      {"state_bytes", s.state_bytes},
+                      {"peak_activation_bytes", s.peak_activation_bytes},
+                      {"mem_bytes", s.mem_bytes},
+                      {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
+                      {"final_loss", final_loss}};
+  return j.dump();
+}
+
+}  // namespace ndmini

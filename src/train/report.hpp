@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// What a run prints on rank 0 (docs/output.md): the banner, one progress
+// line per logged step (train/metrics.hpp), and the closing PERFORMANCE
+// block, whose machine-readable twin is the metrics file's summary object.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "parallel/context.hpp"
+#include "train/calibration.hpp"
+#include "train/layout.hpp"
+
+namespace ndmini {
+
+// One step's figures reduced over the world: times are the slowest rank's
+// (MPI_MAX), calls and bytes rank 0's.
+struct StepStats {
+  double step_ms = 0;
+  std::vector<std::pair<std::string, CommStats>> comm;  // every reported group, in report order
+  std::vector<double> bubble_ms;                        // time each pipeline stage waited for its neighbours
+  double exposed_comm_ms() const;
+};
+
+// Collective over the world: reduces this rank's figures; resets the comm stats.
+StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms);
+
+// Everything the closing report needs, gathered by the training loop.
+struct RunSummary {
+  std::vector<StepStats> timed;  // steps after the warm-up step
+  double median_step_ms = 0, tokens_per_s = 0, mfu = 0;
+  double io_ms = 0;
+  double ideal_bubble = 0;
+  std::int64_t state_bytes = 0, peak_activation_bytes = 0, mem_bytes = 0;
+  PeakFlops peak;
+};
+
+double median(std::vector<double> v);
+
+void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
+                  const PeakFlops& peak, bool show_mesh);
+void print_performance(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
+// The metrics file's last line: {"summary": true, ...}.
+std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
+                         double final_loss);
+
+}  // namespace ndmini
