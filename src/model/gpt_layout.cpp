@@ -192,11 +192,14 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   e.in_flight = in_flight;
   // Scratch: one block's backward buffers, the head's logits and LayerNorm,
   // a recomputed block, and FSDP's gathered parameters and gradients of two units.
-  const double block_params = 12 * C * C / tp + 13 * C;
+  // The largest unit this stage holds: a block, or wte where the embedding or the head runs.
+  double largest_unit = 12 * C * C / tp + 13 * C;
+  for (const Chunk& c : chunks)
+    if (c.embedding || c.head) largest_unit = std::max(largest_unit, V * C / tp);
   double scratch = N * (3 * C / tp) * 2 + N * C + N * (4 * C / tp) + N * C / tp;  // qkv, dqkv, dln, dfc, datty
-  scratch += N * C + N * V / tp + 3 * N;                                          // ln_f, logits, losses
-  if (recompute == Recompute::block) scratch += block_floats(false);              // the block being recomputed
-  if (fsdp > 1) scratch += 4 * std::max(block_params, V * C / tp);
+  if (chunks.back().head) scratch += 2 * N * C + N * V / tp + 3 * N;  // the head: ln_f, its gradient, logits, losses
+  if (recompute == Recompute::block) scratch += block_floats(false);  // the block being recomputed
+  if (fsdp > 1) scratch += 4 * largest_unit;                          // two gathered units, their full gradients
   e.scratch_bytes = bytes(scratch);
   return e;
 }

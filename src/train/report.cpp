@@ -107,12 +107,13 @@ void print_performance(const Config& cfg, const RunLayout& layout, const Paralle
     std::printf("    bubble           0.0 ms (no pipeline)\n");
   } else {
     // Waiting for a neighbour stage: part of pp's exposed time above.
-    std::printf("    bubble           per stage, ms and share of the step (within pp's exposed time); ideal %.1f%%\n",
+    std::printf("    bubble           per stage (within pp's exposed time; ideal %.1f%% of the step)\n",
                 100 * s.ideal_bubble);
     for (int stage = 0; stage < layout.split.pp; ++stage) {
       const double b = median_of(s.timed, [&](const StepStats& st) { return st.bubble_ms[stage]; });
-      std::printf("      stage %-3d      %7.1f ms  %5.1f%%\n", stage, b,
-                  s.median_step_ms > 0 ? 100 * b / s.median_step_ms : 0.0);
+      std::printf("      stage %-3d      %7.1f ms  %5.1f%% of the step, %.1f MiB activations in flight at most\n",
+                  stage, b, s.median_step_ms > 0 ? 100 * b / s.median_step_ms : 0.0,
+                  s.peak_activation_bytes[stage] / kMiB);
     }
   }
   std::printf("    I/O              %.1f ms in total (checkpoints)\n", s.io_ms);
@@ -121,9 +122,10 @@ void print_performance(const Config& cfg, const RunLayout& layout, const Paralle
   std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * s.mfu, s.peak.flops_per_rank / 1e9,
               s.peak.source.c_str());
   std::printf(
-      "  memory/rank        %.1f MiB model state, %.1f MiB activations in flight at most (rank 0), "
-      "%.1f MiB estimated in all, %.1f MiB peak RSS\n",
-      s.state_bytes / kMiB, s.peak_activation_bytes / kMiB, s.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
+      "  memory/rank        %.1f MiB model state, %.1f MiB activations in flight at most, "
+      "%.1f MiB estimated in all, %.1f MiB peak RSS (rank 0)\n",
+      s.state_bytes / kMiB, *std::max_element(s.peak_activation_bytes.begin(), s.peak_activation_bytes.end()) / kMiB,
+      s.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
   (void)cfg;
   std::fflush(stdout);
 }
@@ -151,7 +153,7 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"bubble_ms_per_stage", bubble},
                       {"ideal_bubble", s.ideal_bubble},
                       {"state_bytes", s.state_bytes},
-                      {"peak_activation_bytes", s.peak_activation_bytes},
+                      {"peak_activation_bytes_per_stage", s.peak_activation_bytes},
                       {"mem_bytes", s.mem_bytes},
                       {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
                       {"final_loss", final_loss}};

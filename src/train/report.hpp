@@ -33,7 +33,8 @@ struct RunSummary {
   double median_step_ms = 0, tokens_per_s = 0, mfu = 0;
   double io_ms = 0;
   double ideal_bubble = 0;
-  std::int64_t state_bytes = 0, peak_activation_bytes = 0, mem_bytes = 0;
+  std::int64_t state_bytes = 0, mem_bytes = 0;
+  std::vector<std::int64_t> peak_activation_bytes;  // per pipeline stage, the most its ranks held in flight
   PeakFlops peak;
 };
 

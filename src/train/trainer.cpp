@@ -252,9 +252,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   summary.median_step_ms = median(step_ms);
   summary.tokens_per_s = summary.median_step_ms > 0 ? tokens_per_step / (summary.median_step_ms / 1e3) : 0;
   summary.mfu = flops_per_token * summary.tokens_per_s / (summary.peak.flops_per_rank * world);
-  std::int64_t peak_activations = static_cast<std::int64_t>(model.peak_activation_bytes());
-  MPI_Allreduce(MPI_IN_PLACE, &peak_activations, 1, MPI_INT64_T, MPI_MAX, comm);
-  summary.peak_activation_bytes = peak_activations;
+  summary.peak_activation_bytes.assign(layout.split.pp, 0);
+  summary.peak_activation_bytes[ctx.coord(Axis::pp)] = static_cast<std::int64_t>(model.peak_activation_bytes());
+  MPI_Allreduce(MPI_IN_PLACE, summary.peak_activation_bytes.data(), layout.split.pp, MPI_INT64_T, MPI_MAX, comm);
 
   result.median_step_ms = summary.median_step_ms;
   result.tokens_per_s = summary.tokens_per_s;
