@@ -118,11 +118,11 @@ std::size_t backward_scratch(int nq, int nk) {
 }
 
 void check_block(const AttentionBlock& blk, Slice1D scratch, int nq, int nk, bool backward) {
-  require(blk.heads > 0 && blk.head_size > 0, "attention block: heads and head_size must be positive");
+  if (!(blk.heads > 0 && blk.head_size > 0)) throw Error("attention block: heads and head_size must be positive");
   const std::size_t need = backward ? backward_scratch(nq, nk) : forward_scratch(nq, nk);
-  require(scratch.extent(0) >= need, "attention block: scratch holds " + std::to_string(scratch.extent(0)) +
-                                         " floats, the block needs " + std::to_string(need) +
-                                         " (attention_block_scratch_size)");
+  if (scratch.extent(0) < need)  // the message is built only on failure: this runs per block pair
+    throw Error("attention block: scratch holds " + std::to_string(scratch.extent(0)) + " floats, the block needs " +
+                std::to_string(need) + " (attention_block_scratch_size)");
 }
 
 // Moves rows between token-major [B*T, n*C] and head-major [n, B, H, T, hs].
@@ -221,9 +221,9 @@ void backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zer
                        const real* o, bool o_head_major, const AttentionShape& s) {
   const int T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
   const std::size_t part = s.part_size();
-  require(dout_heads.extent(0) >= part && delta.extent(0) >= s.rows_size() &&
-              dqkvh.extent(0) >= static_cast<std::size_t>(zero_parts) * part,
-          "attention_backward_prologue: a buffer is smaller than the shape needs");
+  if (!(dout_heads.extent(0) >= part && delta.extent(0) >= s.rows_size() &&
+        dqkvh.extent(0) >= static_cast<std::size_t>(zero_parts) * part))
+    throw Error("attention_backward_prologue: a buffer is smaller than the shape needs");
   const real* dy = dout.data();
   real* doh = dout_heads.data();
   real* dd = delta.data();
@@ -308,9 +308,9 @@ bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRo
 void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
   const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
   const std::size_t part = s.part_size();
-  require(qkvh.extent(0) >= 3 * part && o.extent(0) >= part && lse.extent(0) >= s.rows_size() &&
-              qkv.extent(0) == static_cast<std::size_t>(B) * T && qkv.extent(1) == static_cast<std::size_t>(3) * C,
-          "attention_split_qkv: a buffer does not match the shape");
+  if (!(qkvh.extent(0) >= 3 * part && o.extent(0) >= part && lse.extent(0) >= s.rows_size() &&
+        qkv.extent(0) == static_cast<std::size_t>(B) * T && qkv.extent(1) == static_cast<std::size_t>(3) * C))
+    throw Error("attention_split_qkv: a buffer does not match the shape");
   const real* in = qkv.data();
   real* qh = qkvh.data();
   real* op = o.data();

@@ -25,13 +25,15 @@ void accumulate(View1D dst, const View1D& src) {
 }  // namespace
 
 CpLayout make_cp_layout(int seq_len, int cp, int rank) {
-  require(cp >= 1 && rank >= 0 && rank < cp,
-          "context parallelism: rank " + std::to_string(rank) + " is not in a cp group of " + std::to_string(cp));
-  require(seq_len >= 1, "model.seq_len = " + std::to_string(seq_len) + " must be positive");
-  require(cp == 1 || seq_len % (2 * cp) == 0,
-          "model.seq_len = " + std::to_string(seq_len) + " is not divisible by 2 x parallel.cp = " +
-              std::to_string(2 * cp) + ": context parallelism cuts each sequence into 2*cp equal chunks; choose a " +
-              "seq_len that is a multiple of " + std::to_string(2 * cp) + " or a smaller cp");
+  if (cp < 1 || rank < 0 || rank >= cp)
+    throw Error("context parallelism: rank " + std::to_string(rank) + " is not in a cp group of " + std::to_string(cp));
+  if (seq_len < 1) throw Error("model.seq_len = " + std::to_string(seq_len) + " must be positive");
+  if (cp > 1 && seq_len % (2 * cp) != 0)
+    throw Error("model.seq_len = " + std::to_string(seq_len) +
+                " is not divisible by 2 x parallel.cp = " + std::to_string(2 * cp) +
+                ": context parallelism cuts each sequence into 2*cp equal chunks; choose a seq_len that is a "
+                "multiple of " +
+                std::to_string(2 * cp) + " or a smaller cp");
   return CpLayout{cp, rank, seq_len};
 }
 
@@ -41,9 +43,9 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
   layout_ = make_cp_layout(seq_len_global, comm_ ? comm_->size() : 1, comm_ ? comm_->rank() : 0);
   require(local.batch > 0 && local.heads > 0 && local.channels > 0 && local.channels % local.heads == 0,
           "ContextParallelAttention: batch, heads and channels must be positive, channels divisible by heads");
-  require(local.seq_len == layout_.local_len(),
-          "ContextParallelAttention: local seq_len " + std::to_string(local.seq_len) +
-              " is not T/cp = " + std::to_string(seq_len_global) + "/" + std::to_string(layout_.cp));
+  if (local.seq_len != layout_.local_len())
+    throw Error("ContextParallelAttention: local seq_len " + std::to_string(local.seq_len) +
+                " is not T/cp = " + std::to_string(seq_len_global) + "/" + std::to_string(layout_.cp));
   const std::size_t part = shape_.part_size();
   const int block_rows = layout_.chunk_len();
   heads_ = View1D("cp_attention_heads", part);
@@ -79,15 +81,15 @@ kernels::AttentionBlock ContextParallelAttention::block(int q_half, int src, int
 void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::size_t out_cols,
                                      std::size_t qkv_cols) const {
   const std::size_t C = shape_.channels;
-  require(saved.qkvh.extent(0) >= qkvh_size(shape_) && saved.lse.extent(0) >= lse_size(shape_),
-          "ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
-  require(rows == static_cast<std::size_t>(shape_.batch) * shape_.seq_len && out_cols == C && qkv_cols == 3 * C,
-          "ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, 3C] of the local shape");
+  if (!(saved.qkvh.extent(0) >= qkvh_size(shape_) && saved.lse.extent(0) >= lse_size(shape_)))
+    throw Error("ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
+  if (!(rows == static_cast<std::size_t>(shape_.batch) * shape_.seq_len && out_cols == C && qkv_cols == 3 * C))
+    throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, 3C] of the local shape");
 }
 
 void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, const Saved& saved) {
   check(saved, qkv.extent(0), out.extent(1), qkv.extent(1));
-  require(out.extent(0) == qkv.extent(0), "ContextParallelAttention::forward: out and qkv differ in rows");
+  if (out.extent(0) != qkv.extent(0)) throw Error("ContextParallelAttention::forward: out and qkv differ in rows");
   kernels::attention_split_qkv(saved.qkvh, heads_, saved.lse, qkv, shape_);
   const std::size_t part = shape_.part_size();
   if (!comm_) {
@@ -132,8 +134,8 @@ void ContextParallelAttention::forward_step(int src, const real* kv, const Saved
 
 void ContextParallelAttention::backward(Slice2D dqkv, ConstSlice2D dout, ConstSlice2D out, const Saved& saved) {
   check(saved, dqkv.extent(0), dout.extent(1), dqkv.extent(1));
-  require(dout.extent(0) == dqkv.extent(0) && out.extent(0) == dqkv.extent(0) && out.extent(1) == dout.extent(1),
-          "ContextParallelAttention::backward: dqkv, dout and out differ in shape");
+  if (dout.extent(0) != dqkv.extent(0) || out.extent(0) != dqkv.extent(0) || out.extent(1) != dout.extent(1))
+    throw Error("ContextParallelAttention::backward: dqkv, dout and out differ in shape");
   const std::size_t part = shape_.part_size();
   // Without a ring dk, dv accumulate in place; with one the final exchange
   // writes them, so only dq needs zeroing.
