@@ -478,6 +478,28 @@ TEST(ContextParallelAttention, RefusesWrongBuffers) {
   EXPECT_THROW(a.attn.forward(a.out, wrong, {a.qkvh, a.lse}), Error);
 }
 
+TEST(ContextParallelAttention, TransitionalEntryPointsAgree) {
+  // The former one-rank entry points (kept until the model calls
+  // ContextParallelAttention) give the same bits, also where T <= hs and
+  // they recompute O in the backward.
+  for (const kn::AttentionShape shape : {kn::AttentionShape{2, 9, 15, 3}, kn::AttentionShape{2, 3, 10, 2}}) {
+    SCOPED_TRACE("T " + std::to_string(shape.seq_len) + " hs " + std::to_string(shape.head_size()));
+    OneRank a(shape, true);
+    fill_uniform(a.qkv, 45, -1.5, 1.5);
+    fill_uniform(a.R, 46, -1, 1);
+    a.forward();
+    a.backward();
+    const std::size_t N = a.qkv.extent(0), C = shape.channels, T = shape.seq_len;
+    View2D out("out", N, C), dqkv("dqkv", N, 3 * C);
+    View1D qkvh("qkvh", 3 * N * C), att("att", shape.rows_size() * T), y("y", N * C), sdy("sdy", N * C),
+        sdqkvh("sdqkvh", 3 * N * C), sdatt("sdatt", T * T);
+    kn::attention_forward(out, qkvh, att, y, a.qkv, shape);
+    kn::attention_backward(dqkv, sdy, sdqkvh, sdatt, a.R, qkvh, att, shape);
+    EXPECT_EQ(host(out), host(a.out));
+    EXPECT_EQ(host(dqkv), host(a.dqkv));
+  }
+}
+
 // ---- the chunk layout ------------------------------------------------------------------
 
 TEST(CpLayout, ChunksPairEarlyWithLate) {
