@@ -2,13 +2,11 @@
 // Every kernel's backward against central finite differences of its forward,
 // on odd shapes (so no power-of-two or divisibility luck hides an indexing
 // bug), plus forward references in double and the optimizer/RNG helpers.
+// (Attention has its own suite: test_attention.cpp.)
 //
-// Objective: L = sum(out .* R) for a fixed random R, evaluated in double, so
-// the analytic gradient is the backward kernel with dout = R. Float32 forward
-// passes make FD noisy at ~1e-7 relative, hence h = 1e-2 and a norm-based
-// relative error ||fd - an|| / ||fd||. Dropping any term of a backward
+// Objective and bounds: numeric_check.hpp. Dropping any term of a backward
 // formula changes the gradient by O(10%) or more of its norm, far above the
-// bounds below (worst measured values are noted next to each bound).
+// bounds (worst measured values are noted next to each bound).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,130 +16,11 @@
 #include "core/rng.hpp"
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
+#include "numeric_check.hpp"
 
 using namespace ndmini;
 namespace kn = ndmini::kernels;
-
-namespace {
-
-constexpr double kStep = 1e-2;    // FD step for float32 forwards
-constexpr double kFdTol = 1e-3;   // norm-relative error bound for FD gradients
-constexpr double kFwdTol = 1e-5;  // norm-relative error bound for forwards vs double references
-
-// ---- host <-> device helpers (correct on a GPU build too) --------------------
-
-// Uniform values in [lo, hi) from the project's counter RNG: the same numbers
-// on every platform and compiler.
-template <class V>
-void fill_uniform(const V& v, std::uint64_t seed, double lo, double hi) {
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const double u = static_cast<double>(rng::bits(seed, i) >> 40) / 16777216.0;
-    h.data()[i] = static_cast<real>(lo + (hi - lo) * u);
-  }
-  Kokkos::deep_copy(v, h);
-}
-
-template <class V>
-std::vector<double> host(const V& v) {
-  auto h = Kokkos::create_mirror_view(v);
-  Kokkos::deep_copy(h, v);
-  return std::vector<double>(h.data(), h.data() + v.size());
-}
-
-template <class V>
-void upload(const V& v, const std::vector<double>& values) {
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < v.size(); ++i) h.data()[i] = static_cast<real>(values[i]);
-  Kokkos::deep_copy(v, h);
-}
-
-TokenView tokens_from(const std::vector<int>& t) {
-  TokenView v("tokens", t.size());
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < t.size(); ++i) h(i) = t[i];
-  Kokkos::deep_copy(v, h);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// ||ref - got|| / ||ref||
-double rel_err(const std::vector<double>& ref, const std::vector<double>& got) {
-  EXPECT_EQ(ref.size(), got.size());
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    num += (ref[i] - got[i]) * (ref[i] - got[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-std::vector<double> minus(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> d(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
-  return d;
-}
-
-// Every index for small tensors, else a deterministic sample of `count`.
-std::vector<std::size_t> indices(std::size_t n, std::size_t count = 64) {
-  std::vector<std::size_t> idx;
-  if (n <= count) {
-    for (std::size_t i = 0; i < n; ++i) idx.push_back(i);
-  } else {
-    for (std::size_t k = 0; k < count; ++k) idx.push_back(k * n / count + rng::bits(99, k) % (n / count));
-  }
-  return idx;
-}
-
-std::vector<double> pick(const std::vector<double>& v, const std::vector<std::size_t>& idx) {
-  std::vector<double> out;
-  for (auto i : idx) out.push_back(v[i]);
-  return out;
-}
-
-// Central differences of objective() w.r.t. the listed flat elements of x,
-// dividing by the step actually taken after rounding to float.
-template <class V, class F>
-std::vector<double> central_diff(const V& x, const std::vector<std::size_t>& idx, F objective, double h = kStep) {
-  auto hx = Kokkos::create_mirror_view(x);
-  Kokkos::deep_copy(hx, x);
-  std::vector<double> g;
-  for (auto i : idx) {
-    const real orig = hx.data()[i];
-    const real up = orig + static_cast<real>(h), dn = orig - static_cast<real>(h);
-    hx.data()[i] = up;
-    Kokkos::deep_copy(x, hx);
-    const double lp = objective();
-    hx.data()[i] = dn;
-    Kokkos::deep_copy(x, hx);
-    const double lm = objective();
-    hx.data()[i] = orig;
-    Kokkos::deep_copy(x, hx);
-    g.push_back((lp - lm) / (static_cast<double>(up) - static_cast<double>(dn)));
-  }
-  return g;
-}
-
-// Compares FD and analytic gradients and prints the error (to size the bounds).
-void expect_grad(const char* what, const std::vector<double>& fd, const std::vector<double>& an, double tol = kFdTol) {
-  const double e = rel_err(fd, an);
-  std::printf("  [fd] %-28s rel err %.3e (bound %.0e, %zu elems)\n", what, e, tol, fd.size());
-  EXPECT_LT(e, tol) << what;
-}
-
-void expect_close(const char* what, const std::vector<double>& ref, const std::vector<double>& got,
-                  double tol = kFwdTol) {
-  const double e = rel_err(ref, got);
-  std::printf("  [ref] %-27s rel err %.3e (bound %.0e)\n", what, e, tol);
-  EXPECT_LT(e, tol) << what;
-}
-
-}  // namespace
+using namespace ndmini::test;
 
 // ---- linear ---------------------------------------------------------------------
 
@@ -338,135 +217,6 @@ TEST(Kernels, GeluForwardAndBackward) {
   Kokkos::deep_copy(g, R);
   kn::gelu_backward(g, x, g);
   expect_close("gelu dx in place", an, host(g));
-}
-
-// ---- attention ------------------------------------------------------------------------
-
-namespace {
-struct Attn {
-  kn::AttentionShape s;
-  View2D qkv, out, dqkv, R;
-  View1D qkvh, att, y, sdy, sdqkvh, sdatt;
-  explicit Attn(kn::AttentionShape shape) : s(shape) {
-    const int N = s.batch * s.seq_len, C = s.channels;
-    qkv = View2D("qkv", N, 3 * C);
-    out = View2D("out", N, C);
-    dqkv = View2D("dqkv", N, 3 * C);
-    R = View2D("R", N, C);
-    qkvh = View1D("qkvh", 3 * N * C);
-    att = View1D("att", static_cast<std::size_t>(s.batch) * s.heads * s.seq_len * s.seq_len);
-    y = View1D("y", N * C);
-    sdy = View1D("sdy", N * C);
-    sdqkvh = View1D("sdqkvh", 3 * N * C);
-    sdatt = View1D("sdatt", s.seq_len * s.seq_len);
-  }
-  void forward() { kn::attention_forward(out, qkvh, att, y, qkv, s); }
-};
-}  // namespace
-
-TEST(Kernels, AttentionForwardMatchesReference) {
-  // C/H = 5 is odd; B = 2 checks the batch offsets.
-  Attn a({2, 5, 15, 3});
-  const int B = a.s.batch, T = a.s.seq_len, C = a.s.channels, H = a.s.heads, hs = C / H;
-  fill_uniform(a.qkv, 41, -1.5, 1.5);
-  a.forward();
-  const auto q = host(a.qkv), got_att = host(a.att);
-  std::vector<double> ref(B * T * C), ref_att(B * H * T * T, 0.0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int t = 0; t < T; ++t) {
-        std::vector<double> p(t + 1);
-        double mx = -1e300, sum = 0;
-        for (int j = 0; j <= t; ++j) {
-          double sc = 0;
-          for (int d = 0; d < hs; ++d)
-            sc += q[(b * T + t) * 3 * C + h * hs + d] * q[(b * T + j) * 3 * C + C + h * hs + d];
-          p[j] = sc / std::sqrt(static_cast<double>(hs));
-          mx = std::max(mx, p[j]);
-        }
-        for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int j = 0; j <= t; ++j) ref_att[((b * H + h) * T + t) * T + j] = p[j] / sum;
-        for (int d = 0; d < hs; ++d) {
-          double o = 0;
-          for (int j = 0; j <= t; ++j) o += p[j] / sum * q[(b * T + j) * 3 * C + 2 * C + h * hs + d];
-          ref[(b * T + t) * C + h * hs + d] = o;
-        }
-      }
-  expect_close("attention_forward out", ref, host(a.out));
-  expect_close("attention_forward att", ref_att, got_att);
-  // Rows of att are probabilities with exact zeros above the diagonal.
-  for (int r = 0; r < B * H * T; ++r) {
-    const int t = r % T;
-    double sum = 0;
-    for (int j = 0; j < T; ++j) {
-      const double p = got_att[r * T + j];
-      if (j > t) {
-        EXPECT_EQ(p, 0.0) << "att row " << r << " col " << j << " above the diagonal";
-      } else {
-        EXPECT_GE(p, 0.0);
-      }
-      sum += p;
-    }
-    EXPECT_NEAR(sum, 1.0, 1e-6) << "att row " << r;
-  }
-}
-
-TEST(Kernels, AttentionIsCausal) {
-  Attn a({2, 5, 15, 3});
-  const int T = a.s.seq_len, C = a.s.channels;
-  fill_uniform(a.qkv, 42, -1.5, 1.5);
-  a.forward();
-  const auto before = host(a.out);
-  // Change token t0's k and v in sequence 0: outputs at t < t0 (and all of
-  // sequence 1) must not move at all.
-  const int t0 = 3;
-  auto q = host(a.qkv);
-  for (int c = C; c < 3 * C; ++c) q[t0 * 3 * C + c] += 0.75;
-  upload(a.qkv, q);
-  a.forward();
-  const auto after = host(a.out);
-  for (int row = 0; row < 2 * T; ++row)
-    for (int c = 0; c < C; ++c) {
-      const bool may_change = row >= t0 && row < T;
-      if (!may_change) {
-        EXPECT_EQ(before[row * C + c], after[row * C + c]) << "row " << row << " col " << c;
-      }
-    }
-  double moved = 0;
-  for (int c = 0; c < C; ++c) moved += std::abs(after[t0 * C + c] - before[t0 * C + c]);
-  EXPECT_GT(moved, 1e-3) << "the perturbed token's own output should change";
-}
-
-TEST(Kernels, AttentionBackwardMatchesFiniteDifferences) {
-  for (const kn::AttentionShape shape : {kn::AttentionShape{2, 5, 15, 3}, kn::AttentionShape{1, 7, 12, 4}}) {
-    Attn a(shape);
-    SCOPED_TRACE("B " + std::to_string(shape.batch) + " T " + std::to_string(shape.seq_len) + " C " +
-                 std::to_string(shape.channels) + " H " + std::to_string(shape.heads));
-    fill_uniform(a.qkv, 43, -1.5, 1.5);
-    fill_uniform(a.R, 44, -1, 1);
-    const auto hR = host(a.R);
-    auto L = [&] {
-      a.forward();
-      return dot(host(a.out), hR);
-    };
-    L();
-    Kokkos::deep_copy(a.dqkv, real(7.5));  // dqkv is overwritten, not accumulated
-    kn::attention_backward(a.dqkv, a.sdy, a.sdqkvh, a.sdatt, a.R, a.qkvh, a.att, a.s);
-    const auto an = host(a.dqkv);
-    const std::size_t C = shape.channels, N = a.qkv.extent(0);
-    // Separately for q, k and v columns, so an error in one cannot hide in the others.
-    const auto fd = central_diff(a.qkv, indices(a.qkv.size(), 100000), L);
-    const char* names[3] = {"attention dq", "attention dk", "attention dv"};
-    for (int which = 0; which < 3; ++which) {
-      std::vector<double> f, g;
-      for (std::size_t n = 0; n < N; ++n)
-        for (std::size_t c = which * C; c < (which + 1) * C; ++c) {
-          f.push_back(fd[n * 3 * C + c]);
-          g.push_back(an[n * 3 * C + c]);
-        }
-      expect_grad(names[which], f, g);
-    }
-  }
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------

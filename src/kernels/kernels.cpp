@@ -12,39 +12,6 @@ namespace {
 using Range = Kokkos::RangePolicy<ExecSpace>;
 constexpr real kLayerNormEps = 1e-5f;
 
-// The head of (which, b, h) in a [3, B, H, T, hs] buffer, as a [T, hs] matrix.
-KOKKOS_INLINE_FUNCTION std::size_t head_offset(int which, int b, int h, const AttentionShape& s) {
-  const std::size_t hs = s.channels / s.heads;
-  return ((static_cast<std::size_t>(which) * s.batch + b) * s.heads + h) * s.seq_len * hs;
-}
-
-// Moves rows between the token-major layout [B*T, n*C] (n = 3 for qkv, 1 for
-// the attention output) and the head-major layout [n, B, H, T, hs], so each
-// head is a contiguous [T, hs] matrix that BLAS can take directly.
-void regroup_heads(real* token_major, real* head_major, int n, const AttentionShape& s, bool to_heads) {
-  const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
-  const std::size_t rows = static_cast<std::size_t>(n) * B * H * T;
-  Kokkos::parallel_for(
-      "ndmini::regroup_heads", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
-        const int t = r % T;
-        const int h = (r / T) % H;
-        const int b = (r / (static_cast<std::size_t>(T) * H)) % B;
-        const int which = r / (static_cast<std::size_t>(T) * H * B);
-        real* tm = token_major + (static_cast<std::size_t>(b) * T + t) * (n * C) + which * C + h * hs;
-        real* hm = head_major + r * hs;
-        if (to_heads) {
-          for (int d = 0; d < hs; ++d) hm[d] = tm[d];
-        } else {
-          for (int d = 0; d < hs; ++d) tm[d] = hm[d];
-        }
-      });
-}
-
-Slice2D matrix(real* base, std::size_t offset, int rows, int cols) { return Slice2D(base + offset, rows, cols); }
-ConstSlice2D const_matrix(const real* base, std::size_t offset, int rows, int cols) {
-  return ConstSlice2D(base + offset, rows, cols);
-}
-
 }  // namespace
 
 // ---- dense layers ---------------------------------------------------------
@@ -246,90 +213,6 @@ void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout) {
         const real dth = (1 - th * th) * kGeluA * (1 + 3 * kGeluB * v * v);
         dp[i] = gp[i] * (real(0.5) * (1 + th) + real(0.5) * v * dth);
       });
-}
-
-// ---- attention ----------------------------------------------------------------
-
-void attention_forward(Slice2D out, Slice1D qkvh, Slice1D att, Slice1D scratch_y, ConstSlice2D qkv,
-                       const AttentionShape& s) {
-  const int B = s.batch, T = s.seq_len, H = s.heads, hs = s.channels / s.heads;
-  const real scale = 1 / std::sqrt(static_cast<real>(hs));
-  regroup_heads(const_cast<real*>(qkv.data()), qkvh.data(), 3, s, true);
-  const std::size_t tt = static_cast<std::size_t>(T) * T;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const std::size_t bh = static_cast<std::size_t>(b) * H + h;
-      KokkosBlas::gemm("N", "T", scale, const_matrix(qkvh.data(), head_offset(0, b, h, s), T, hs),
-                       const_matrix(qkvh.data(), head_offset(1, b, h, s), T, hs), real(0),
-                       matrix(att.data(), bh * tt, T, T));
-    }
-  // Causal softmax, row by row; entries above the diagonal become exact zeros
-  // so that P V and the backward products need no mask.
-  real* a = att.data();
-  Kokkos::parallel_for(
-      "ndmini::causal_softmax", Range(0, static_cast<std::size_t>(B) * H * T), KOKKOS_LAMBDA(const std::size_t r) {
-        const int t = r % T;
-        real* row = a + r * T;
-        real m = row[0];
-        NDMINI_SIMD_REDUCTION(max : m)
-        for (int j = 1; j <= t; ++j) m = compat::max(m, row[j]);
-        real sum = 0;
-        NDMINI_SIMD_REDUCTION(+ : sum)
-        for (int j = 0; j <= t; ++j) {
-          row[j] = compat::fast_exp(row[j] - m);
-          sum += row[j];
-        }
-        const real inv = 1 / sum;
-        for (int j = 0; j <= t; ++j) row[j] *= inv;
-        for (int j = t + 1; j < T; ++j) row[j] = 0;
-      });
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const std::size_t bh = static_cast<std::size_t>(b) * H + h;
-      KokkosBlas::gemm("N", "N", real(1), const_matrix(att.data(), bh * tt, T, T),
-                       const_matrix(qkvh.data(), head_offset(2, b, h, s), T, hs), real(0),
-                       matrix(scratch_y.data(), head_offset(0, b, h, s), T, hs));
-    }
-  regroup_heads(out.data(), scratch_y.data(), 1, s, false);
-}
-
-void attention_backward(Slice2D dqkv, Slice1D scratch_dy, Slice1D scratch_dqkvh, Slice1D scratch_datt,
-                        ConstSlice2D dout, ConstSlice1D qkvh, ConstSlice1D att, const AttentionShape& s) {
-  const int B = s.batch, T = s.seq_len, H = s.heads, hs = s.channels / s.heads;
-  const real scale = 1 / std::sqrt(static_cast<real>(hs));
-  const std::size_t tt = static_cast<std::size_t>(T) * T;
-  regroup_heads(const_cast<real*>(dout.data()), scratch_dy.data(), 1, s, true);
-  real* q = const_cast<real*>(qkvh.data());
-  real* dq = scratch_dqkvh.data();
-  real* dp = scratch_datt.data();
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const std::size_t bh = static_cast<std::size_t>(b) * H + h;
-      const ConstSlice2D P = const_matrix(att.data(), bh * tt, T, T);
-      const ConstSlice2D dY = const_matrix(scratch_dy.data(), head_offset(0, b, h, s), T, hs);
-      const Slice2D dP(dp, T, T);
-      // dP = dY V^T ; dV = P^T dY
-      KokkosBlas::gemm("N", "T", real(1), dY, const_matrix(q, head_offset(2, b, h, s), T, hs), real(0), dP);
-      KokkosBlas::gemm("T", "N", real(1), P, dY, real(0), matrix(dq, head_offset(2, b, h, s), T, hs));
-      // Softmax backward in place: dS = P * (dP - rowsum(P * dP)) * scale.
-      const real* pp = P.data();
-      Kokkos::parallel_for(
-          "ndmini::causal_softmax_bwd", Range(0, T), KOKKOS_LAMBDA(const int t) {
-            const real* prow = pp + static_cast<std::size_t>(t) * T;
-            real* drow = dp + static_cast<std::size_t>(t) * T;
-            real dot = 0;
-            NDMINI_SIMD_REDUCTION(+ : dot)
-            for (int j = 0; j <= t; ++j) dot += prow[j] * drow[j];
-            for (int j = 0; j <= t; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
-            for (int j = t + 1; j < T; ++j) drow[j] = 0;
-          });
-      // dQ = dS K ; dK = dS^T Q
-      KokkosBlas::gemm("N", "N", real(1), dP, const_matrix(q, head_offset(1, b, h, s), T, hs), real(0),
-                       matrix(dq, head_offset(0, b, h, s), T, hs));
-      KokkosBlas::gemm("T", "N", real(1), dP, const_matrix(q, head_offset(0, b, h, s), T, hs), real(0),
-                       matrix(dq, head_offset(1, b, h, s), T, hs));
-    }
-  regroup_heads(dqkv.data(), scratch_dqkvh.data(), 3, s, false);
 }
 
 // ---- cross-entropy -------------------------------------------------------------

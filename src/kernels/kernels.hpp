@@ -60,22 +60,6 @@ void gelu_forward(Slice2D out, ConstSlice2D x);
 // dx = dout * gelu'(x); dx may alias dout.
 void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout);
 
-// ---- causal multi-head self-attention ---------------------------------------
-// Shapes for one micro-batch of B sequences of T tokens, C channels, H heads:
-//   qkv  [B*T, 3C]       c_attn output (all q, then all k, then all v)
-//   qkvh [3, B, H, T, C/H] q, k, v regrouped per head (saved for backward)
-//   att  [B, H, T, T]    softmax probabilities, zero above the diagonal
-//   out  [B*T, C]        heads concatenated, ready for c_proj
-struct AttentionShape {
-  int batch, seq_len, channels, heads;
-};
-void attention_forward(Slice2D out, Slice1D qkvh, Slice1D att, Slice1D scratch_y, ConstSlice2D qkv,
-                       const AttentionShape& s);
-// dqkv = gradient w.r.t. qkv (overwritten). scratch_dy and scratch_dqkvh hold
-// B*T*C and 3*B*T*C floats; scratch_datt holds T*T.
-void attention_backward(Slice2D dqkv, Slice1D scratch_dy, Slice1D scratch_dqkvh, Slice1D scratch_datt,
-                        ConstSlice2D dout, ConstSlice1D qkvh, ConstSlice1D att, const AttentionShape& s);
-
 // ---- softmax cross-entropy over the vocabulary ------------------------------
 // Fused forward and backward, in place: logits [N, V] become
 // dlogits = (softmax - onehot(target)) * grad_scale; losses[i] = -log p(target).

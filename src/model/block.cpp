@@ -54,7 +54,8 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
   a.ln1 = alloc("ndmini::ln1", N * C_);
   a.ln1_mean = alloc("ndmini::ln1_mean", Nr);
   a.ln1_rstd = alloc("ndmini::ln1_rstd", Nr);
-  a.attn = attention_.make_saved();
+  a.qkvh = alloc("ndmini::qkvh", ContextParallelAttention::qkvh_size(attention_.local_shape()));
+  a.lse = alloc("ndmini::lse", ContextParallelAttention::lse_size(attention_.local_shape()));
   a.atty = alloc("ndmini::atty", N * Cl_);
   a.res2 = alloc("ndmini::res2", Nr * C_);
   a.ln2 = alloc("ndmini::ln2", N * C_);
@@ -65,20 +66,22 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
   return a;
 }
 
-std::size_t block_activation_bytes(std::size_t C, int tp, std::size_t N, std::size_t Nr, std::size_t attention_saved,
-                                   bool output_only) {
+std::size_t block_activation_bytes(std::size_t C, int tp, std::size_t N, std::size_t Nr,
+                                   const kernels::AttentionShape& attention, bool output_only) {
   // The sizes TransformerBlock::allocate uses.
   const std::size_t out = Nr * C;
   if (output_only) return out * sizeof(real);
-  const std::size_t kept = 2 * N * C + 4 * Nr + N * (C / tp) + Nr * C + 2 * N * (4 * C / tp) + out;
-  return kept * sizeof(real) + attention_saved;
+  const std::size_t kept = 2 * N * C + 4 * Nr + N * (C / tp) + Nr * C + 2 * N * (4 * C / tp) + out +
+                           ContextParallelAttention::qkvh_size(attention) +
+                           ContextParallelAttention::lse_size(attention);
+  return kept * sizeof(real);
 }
 
 void TransformerBlock::forward(const BlockTensors& w, ConstSlice2D x, BlockActivations& a) {
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
   tp_.layernorm_enter(mat(a.ln1, N, C_), a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
   kernels::linear_forward(mat(qkv_, N, Q_), mat(a.ln1, N, C_), w.attn_w, w.attn_b);
-  attention_.forward(mat(a.atty, N, Cl_), mat(qkv_, N, Q_), a.attn);
+  attention_.forward(mat(a.atty, N, Cl_), mat(qkv_, N, Q_), {a.qkvh, a.lse});
   tp_.row_parallel_forward(mat(a.res2, Nr, C_), mat(a.atty, N, Cl_), w.attn_proj_w, w.attn_proj_b, x);
   tp_.layernorm_enter(mat(a.ln2, N, C_), a.ln2_mean, a.ln2_rstd, mat(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
   kernels::linear_forward(mat(a.fch, N, F_), mat(a.ln2, N, C_), w.fc_w, w.fc_b);
@@ -103,7 +106,7 @@ void TransformerBlock::backward(const BlockTensors& w, const BlockTensors& g, Co
   dfull = tp_.gather_output_grad(dres);
   kernels::linear_backward(mat(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, mat(a.atty, N, Cl_), w.attn_proj_w);
   tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);
-  attention_.backward(mat(dqkv_, N, Q_), mat(datty_, N, Cl_), mat(a.atty, N, Cl_), a.attn);
+  attention_.backward(mat(dqkv_, N, Q_), mat(datty_, N, Cl_), mat(a.atty, N, Cl_), {a.qkvh, a.lse});
   kernels::linear_backward(mat(dln_, N, C_), g.attn_w, g.attn_b, mat(dqkv_, N, Q_), mat(a.ln1, N, C_), w.attn_w);
   // The key bias cannot change any output (it adds q . b_k to every score of
   // a softmax row), so its gradient is exactly zero. Store that zero, not

@@ -49,9 +49,9 @@ class BlockLayout {
 // What one block keeps from its forward for its backward.
 struct BlockActivations {
   View1D ln1, ln1_mean, ln1_rstd;  // ln1 all N rows (gathered with SP), stats of the residual rows
-  ContextParallelAttention::Saved attn;
-  View1D atty;  // attention output, [N, C/tp], the input of c_proj
-  View1D res2;  // residual after attention, residual rows
+  View1D qkvh, lse;                // what the attention keeps: head-major q, k, v and the log-sum-exp
+  View1D atty;                     // attention output, [N, C/tp], the input of c_proj
+  View1D res2;                     // residual after attention, residual rows
   View1D ln2, ln2_mean, ln2_rstd;
   View1D fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
   View1D res3;           // the block's output, residual rows
@@ -59,9 +59,9 @@ struct BlockActivations {
 
 // Bytes of one block's activations for one micro-batch (what allocate()
 // returns): N token rows, Nr of them residual rows here, C channels split
-// over tp, `attention_saved` bytes kept by the attention.
+// over tp; `attention` is this rank's part of the attention.
 std::size_t block_activation_bytes(std::size_t channels, int tp, std::size_t rows, std::size_t local_rows,
-                                   std::size_t attention_saved, bool output_only);
+                                   const kernels::AttentionShape& attention, bool output_only);
 
 class TransformerBlock {
  public:

@@ -33,7 +33,7 @@ GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& p
       micro_batch_(micro_batch),
       recompute_(recompute),
       chunks_(StagePlan(m.layers, par.pp, par.virtual_stages).chunks_of(par.stage)),
-      cp_layout_{size_of(par.cp), rank_of(par.cp), m.seq_len},
+      cp_layout_(make_cp_layout(m.seq_len, size_of(par.cp), rank_of(par.cp))),
       tied_(par.tied_embedding),
       tp_(par.tp, par.sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(par.cp),
           m.channels, m.vocab),
@@ -108,7 +108,7 @@ GptStage::Record& GptStage::record(int chunk, int micro_batch) {
     for (int l = 0; l < chunks_[k].layers(); ++l) r.layers.push_back(block_.allocate(output_only));
     r.bytes = (2 * n + (chunks_[k].embedding ? tp_.rows() : 0)) * sizeof(real) +
               chunks_[k].layers() * block_activation_bytes(cfg_.channels, tp_.size(), tp_.rows(), tp_.local_rows(),
-                                                           attention_.saved_bytes(attention_shape_), output_only);
+                                                           attention_shape_, output_only);
   }
   activation_bytes_ += r.bytes;
   peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_bytes_);

@@ -176,8 +176,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   const auto block_floats = [&](bool output_only) {
     if (N > 1e15) return N * C * 20;  // absurd decks: a rough count, refused by the caller anyway
     return static_cast<double>(block_activation_bytes(m.channels, split.tp, static_cast<std::size_t>(N),
-                                                      static_cast<std::size_t>(Nr),
-                                                      ContextParallelAttention::saved_bytes(att), output_only)) /
+                                                      static_cast<std::size_t>(Nr), att, output_only)) /
            sizeof(real);
   };
   // One record: one micro-batch through one chunk (the largest of this stage's chunks).

@@ -1,37 +1,198 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "parallel/context_parallel.hpp"
 
+#include <string>
+
 #include "core/error.hpp"
 
 namespace ndmini {
+namespace {
 
-ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kernels::AttentionShape& local, int)
-    : s_(local) {
-  require(cp == nullptr || cp->size() == 1, "internal: ring attention is not merged yet");
-  const std::size_t N = static_cast<std::size_t>(s_.batch) * s_.seq_len;
-  scratch_y_ = View1D("ndmini::att_y", N * s_.channels);
-  scratch_dy_ = View1D("ndmini::att_dy", N * s_.channels);
-  scratch_dqkvh_ = View1D("ndmini::att_dqkvh", 3 * N * s_.channels);
-  scratch_datt_ = View1D("ndmini::att_datt", static_cast<std::size_t>(s_.seq_len) * s_.seq_len);
+// Tags keep the two streams of the backward ring apart (with cp = 2 the
+// next and the previous rank are the same peer).
+constexpr int kKvTag = 1;
+constexpr int kDkvTag = 2;
+
+// dst += src, elementwise.
+void accumulate(View1D dst, const View1D& src) {
+  real* d = dst.data();
+  const real* s = src.data();
+  Kokkos::parallel_for(
+      "ndmini::cp_accumulate", Kokkos::RangePolicy<ExecSpace>(0, dst.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) { d[i] += s[i]; });
 }
 
-ContextParallelAttention::Saved ContextParallelAttention::make_saved() const {
-  const std::size_t N = static_cast<std::size_t>(s_.batch) * s_.seq_len;
-  return {View1D("ndmini::qkvh", 3 * N * s_.channels),
-          View1D("ndmini::att", static_cast<std::size_t>(s_.batch) * s_.heads * s_.seq_len * s_.seq_len)};
+}  // namespace
+
+CpLayout make_cp_layout(int seq_len, int cp, int rank) {
+  if (cp < 1 || rank < 0 || rank >= cp)
+    throw Error("context parallelism: rank " + std::to_string(rank) + " is not in a cp group of " + std::to_string(cp));
+  if (seq_len < 1) throw Error("model.seq_len = " + std::to_string(seq_len) + " must be positive");
+  if (cp > 1 && seq_len % (2 * cp) != 0)
+    throw Error("model.seq_len = " + std::to_string(seq_len) +
+                " is not divisible by 2 x parallel.cp = " + std::to_string(2 * cp) +
+                ": context parallelism cuts each sequence into 2*cp equal chunks; choose a seq_len that is a "
+                "multiple of " +
+                std::to_string(2 * cp) + " or a smaller cp");
+  return CpLayout{cp, rank, seq_len};
 }
 
-std::size_t ContextParallelAttention::saved_bytes(const kernels::AttentionShape& s) {
-  const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len;
-  return (3 * N * s.channels + static_cast<std::size_t>(s.batch) * s.heads * s.seq_len * s.seq_len) * sizeof(real);
+ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kernels::AttentionShape& local,
+                                                   int seq_len_global, bool causal)
+    : comm_(cp != nullptr && cp->size() > 1 ? cp : nullptr), shape_(local), causal_(causal) {
+  layout_ = make_cp_layout(seq_len_global, comm_ ? comm_->size() : 1, comm_ ? comm_->rank() : 0);
+  require(local.batch > 0 && local.heads > 0 && local.channels > 0 && local.channels % local.heads == 0,
+          "ContextParallelAttention: batch, heads and channels must be positive, channels divisible by heads");
+  if (local.seq_len != layout_.local_len())
+    throw Error("ContextParallelAttention: local seq_len " + std::to_string(local.seq_len) +
+                " is not T/cp = " + std::to_string(seq_len_global) + "/" + std::to_string(layout_.cp));
+  const std::size_t part = shape_.part_size();
+  const int block_rows = layout_.chunk_len();
+  heads_ = View1D("cp_attention_heads", part);
+  delta_ = View1D("cp_attention_delta", shape_.rows_size());
+  dqkvh_ = View1D("cp_attention_dqkvh", 3 * part);
+  scratch_ = View1D("cp_attention_scratch", kernels::attention_block_scratch_size(block_rows, block_rows));
+  if (comm_) {
+    for (int i = 0; i < 2; ++i) {
+      kv_[i] = View1D("cp_attention_kv", 2 * part);
+      dkv_[i] = View1D("cp_attention_dkv", 2 * part);
+    }
+    dkv_in_ = View1D("cp_attention_dkv_in", 2 * part);
+    ops_.reserve(4);
+  }
 }
 
-void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, Saved& saved) {
-  kernels::attention_forward(out, saved.qkvh, saved.att, scratch_y_, qkv, s_);
+kernels::HeadRows ContextParallelAttention::chunk_rows(real* base, int half, std::size_t head_stride, int width) const {
+  const int c = layout_.chunk_len();
+  return {base + static_cast<std::size_t>(half) * c * width, head_stride, c};
 }
 
-void ContextParallelAttention::backward(Slice2D dqkv, ConstSlice2D dout, ConstSlice2D, const Saved& saved) {
-  kernels::attention_backward(dqkv, scratch_dy_, scratch_dqkvh_, scratch_datt_, dout, saved.qkvh, saved.att, s_);
+kernels::AttentionBlock ContextParallelAttention::block(int q_half, int src, int k_half) const {
+  const CpLayout src_layout{layout_.cp, src, layout_.seq_len};
+  const int c = layout_.chunk_len();
+  return {shape_.batch * shape_.heads,
+          shape_.head_size(),
+          layout_.chunk(q_half) * c,
+          src_layout.chunk(k_half) * c,
+          causal_,
+          0};
+}
+
+void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::size_t out_cols,
+                                     std::size_t qkv_cols) const {
+  const std::size_t C = shape_.channels;
+  if (!(saved.qkvh.extent(0) >= qkvh_size(shape_) && saved.lse.extent(0) >= lse_size(shape_)))
+    throw Error("ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
+  if (!(rows == static_cast<std::size_t>(shape_.batch) * shape_.seq_len && out_cols == C && qkv_cols == 3 * C))
+    throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, 3C] of the local shape");
+}
+
+void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, const Saved& saved) {
+  check(saved, qkv.extent(0), out.extent(1), qkv.extent(1));
+  if (out.extent(0) != qkv.extent(0)) throw Error("ContextParallelAttention::forward: out and qkv differ in rows");
+  kernels::attention_split_qkv(saved.qkvh, heads_, saved.lse, qkv, shape_);
+  const std::size_t part = shape_.part_size();
+  if (!comm_) {
+    const int T = shape_.seq_len, hs = shape_.head_size();
+    const std::size_t stride = static_cast<std::size_t>(T) * hs;
+    real* qh = saved.qkvh.data();
+    kernels::attention_block_forward({heads_.data(), stride, T}, {saved.lse.data(), std::size_t(T), T}, {qh, stride, T},
+                                     {qh + part, stride, T}, {qh + 2 * part, stride, T},
+                                     {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0}, scratch_);
+  } else {
+    const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+    const real* kv = saved.qkvh.data() + part;  // k and v parts are adjacent: one message
+    for (int s = 0; s < cp; ++s) {
+      CommRequest req;
+      if (s < cp - 1) {
+        ops_.clear();
+        ops_.push_back({P2POp::Kind::send, const_cast<real*>(kv), 2 * part, next, kKvTag});
+        ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), 2 * part, prev, kKvTag});
+        req = comm_->batch_p2p(ops_);
+      }
+      forward_step((r - s + cp) % cp, kv, saved, req);
+      req.wait();
+      kv = kv_[s % 2].data();
+    }
+  }
+  kernels::attention_merge_heads(out, heads_, shape_);
+}
+
+void ContextParallelAttention::forward_step(int src, const real* kv, const Saved& saved, CommRequest& req) {
+  const std::size_t part = shape_.part_size(), stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
+  const int hs = shape_.head_size();
+  real* k = const_cast<real*>(kv);
+  for (int qh = 0; qh < 2; ++qh)
+    for (int kh = 0; kh < 2; ++kh) {
+      kernels::attention_block_forward(chunk_rows(heads_.data(), qh, stride, hs),
+                                       chunk_rows(saved.lse.data(), qh, shape_.seq_len, 1),
+                                       chunk_rows(saved.qkvh.data(), qh, stride, hs), chunk_rows(k, kh, stride, hs),
+                                       chunk_rows(k + part, kh, stride, hs), block(qh, src, kh), scratch_);
+      req.test();  // lets the transfer in flight progress (MPI progresses inside its calls)
+    }
+}
+
+void ContextParallelAttention::backward(Slice2D dqkv, ConstSlice2D dout, ConstSlice2D out, const Saved& saved) {
+  check(saved, dqkv.extent(0), dout.extent(1), dqkv.extent(1));
+  if (dout.extent(0) != dqkv.extent(0) || out.extent(0) != dqkv.extent(0) || out.extent(1) != dout.extent(1))
+    throw Error("ContextParallelAttention::backward: dqkv, dout and out differ in shape");
+  const std::size_t part = shape_.part_size();
+  // Without a ring dk, dv accumulate in place; with one the final exchange
+  // writes them, so only dq needs zeroing.
+  kernels::attention_backward_prologue(heads_, delta_, dqkvh_, comm_ ? 1 : 3, dout, out, shape_);
+  if (!comm_) {
+    const int T = shape_.seq_len, hs = shape_.head_size();
+    const std::size_t stride = static_cast<std::size_t>(T) * hs;
+    real* qh = saved.qkvh.data();
+    real* dq = dqkvh_.data();
+    kernels::attention_block_backward(
+        {dq, stride, T}, {dq + part, stride, T}, {dq + 2 * part, stride, T}, {qh, stride, T}, {qh + part, stride, T},
+        {qh + 2 * part, stride, T}, {heads_.data(), stride, T}, {saved.lse.data(), std::size_t(T), T},
+        {delta_.data(), std::size_t(T), T}, {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0}, scratch_);
+  } else {
+    const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+    const real* kv = saved.qkvh.data() + part;
+    for (int s = 0; s < cp; ++s) {
+      ops_.clear();
+      if (s < cp - 1) {  // the next K/V block
+        ops_.push_back({P2POp::Kind::send, const_cast<real*>(kv), 2 * part, next, kKvTag});
+        ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), 2 * part, prev, kKvTag});
+      }
+      if (s > 0) {  // the dK/dV sum of the block just done, and the partial sum of the one in hand
+        ops_.push_back({P2POp::Kind::send, dkv_[(s - 1) % 2].data(), 2 * part, next, kDkvTag});
+        ops_.push_back({P2POp::Kind::recv, dkv_in_.data(), 2 * part, prev, kDkvTag});
+      }
+      CommRequest req = comm_->batch_p2p(ops_);
+      View1D& dkv = dkv_[s % 2];
+      Kokkos::deep_copy(dkv, real(0));
+      backward_step((r - s + cp) % cp, kv, dkv.data(), saved, req);
+      req.wait();
+      if (s > 0) accumulate(dkv, dkv_in_);
+      kv = kv_[s % 2].data();
+    }
+    // The complete sums go home: ours arrives from rank r-1 into dk, dv.
+    ops_.clear();
+    ops_.push_back({P2POp::Kind::send, dkv_[(cp - 1) % 2].data(), 2 * part, next, kDkvTag});
+    ops_.push_back({P2POp::Kind::recv, dqkvh_.data() + part, 2 * part, prev, kDkvTag});
+    comm_->batch_p2p(ops_).wait();
+  }
+  kernels::attention_merge_qkv(dqkv, dqkvh_, shape_);
+}
+
+void ContextParallelAttention::backward_step(int src, const real* kv, real* dkv, const Saved& saved, CommRequest& req) {
+  const std::size_t part = shape_.part_size(), stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
+  const int hs = shape_.head_size(), T = shape_.seq_len;
+  real* k = const_cast<real*>(kv);
+  for (int qh = 0; qh < 2; ++qh)
+    for (int kh = 0; kh < 2; ++kh) {
+      kernels::attention_block_backward(chunk_rows(dqkvh_.data(), qh, stride, hs), chunk_rows(dkv, kh, stride, hs),
+                                        chunk_rows(dkv + part, kh, stride, hs),
+                                        chunk_rows(saved.qkvh.data(), qh, stride, hs), chunk_rows(k, kh, stride, hs),
+                                        chunk_rows(k + part, kh, stride, hs), chunk_rows(heads_.data(), qh, stride, hs),
+                                        chunk_rows(saved.lse.data(), qh, T, 1), chunk_rows(delta_.data(), qh, T, 1),
+                                        block(qh, src, kh), scratch_);
+      req.test();
+    }
 }
 
 }  // namespace ndmini

@@ -1,39 +1,125 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// TEMPORARY stand-in (cp = 1 only) for the context-parallel attention being
-// written on the `attention` branch; replaced by it at merge.
+// Context parallelism (cp): the sequence split over the ranks of the cp
+// group, attention computed as a ring.
+//
+// Chunk layout. A sequence of T tokens is cut into 2*cp chunks of
+// c = T / (2 cp) tokens; cp rank i holds chunks i and 2cp-1-i, in that
+// order, as its T/cp local rows:
+//
+//   T = 16, cp = 2, c = 4:   chunk   0    1    2    3
+//                            rank    0    1    1    0
+//   rank 0 rows 0..7 = positions 0-3, 12-15;  rank 1 rows = positions 4-7, 8-11
+//
+// Under a causal mask chunk k attends to chunks 0..k, so pairing an early
+// chunk with its mirror image gives every rank the same attention work:
+// 2cp-1 full c x c chunk pairs and 2 diagonal (half-masked) ones. A
+// micro-batch of B sequences is B*T/cp token-major rows on each rank,
+// sequence-major (the local rows of sequence 0, then of sequence 1, ...).
+// With cp = 1 the layout is the identity (T need not be even) and attention
+// is one diagonal block over the whole sequence.
+//
+// Ring forward. Each rank holds its local Q, K, V (head-major). K and V
+// travel round the ring: at step s = 0..cp-1 rank r holds the K/V of rank
+// (r - s) mod cp and, while it computes its two q chunks against those two
+// k chunks (pairs the causal mask hides skipped), already sends them on to
+// rank r+1 and receives the next from rank r-1 (one non-blocking
+// Communicator::batch_p2p per step, double buffers; cp-1 exchanges). The
+// block kernel merges each pair into the running (O, LSE) with the
+// log-sum-exp rule, so the order in which blocks arrive does not matter.
+//
+// Ring backward. K and V go round again; dQ accumulates locally. The dK, dV
+// partial sums of a K/V block follow it one step behind: at step s a rank
+// computes its share for the block it holds into a fresh buffer while the
+// partial sum from the ranks before it is in flight, adds the two, and sends
+// the sum on with the next step's exchange. After the last step the sums,
+// now complete, take one more hop home (that exchange carries only dK, dV):
+// cp exchanges in all, each issued by every rank in the same order.
+//
+// Every exchange is accounted by the cp Communicator itself (calls, bytes,
+// time, exposed time).
+#include <vector>
+
 #include "comm/communicator.hpp"
 #include "core/types.hpp"
-#include "kernels/kernels.hpp"
+#include "kernels/attention.hpp"
 
 namespace ndmini {
 
-// Which tokens of a sequence a cp rank holds: chunks i and 2cp-1-i of 2cp.
+// Where the local rows of a cp rank sit in the sequence.
 struct CpLayout {
-  int cp = 1, rank = 0, seq_len = 0;
+  int cp = 1;       // ranks in the cp group
+  int rank = 0;     // this rank in it
+  int seq_len = 0;  // T, the whole sequence
+
+  int chunk_len() const { return cp > 1 ? seq_len / (2 * cp) : seq_len; }
   int local_len() const { return seq_len / cp; }
-  int chunk() const { return seq_len / (2 * cp); }
+  // The chunk (of 2cp) that local half 0 or 1 holds; with cp = 1 a single chunk 0.
+  int chunk(int half) const { return half == 0 ? rank : 2 * cp - 1 - rank; }
+  // Absolute position of local row t (0 <= t < local_len()) of a sequence.
   int position(int local_t) const {
-    const int c = chunk();
-    return local_t < c ? rank * c + local_t : (2 * cp - 1 - rank) * c + (local_t - c);
+    if (cp == 1) return local_t;
+    const int c = chunk_len();
+    return chunk(local_t / c) * c + local_t % c;
   }
 };
 
+// The layout of rank `rank` of `cp`; throws Error naming model.seq_len and
+// parallel.cp unless T is divisible by 2*cp (any T when cp = 1).
+CpLayout make_cp_layout(int seq_len, int cp, int rank);
+
 class ContextParallelAttention {
  public:
+  // cp: the cp group (nullptr or size 1: no ring; the group must outlive
+  // this object). local: B, seq_len = local rows per sequence (T/cp),
+  // channels = C/tp (local heads x hs), heads = H/tp. Allocates its scratch
+  // once, in MemSpace; it holds nothing between calls, so one object can
+  // serve every layer. causal = false gives full attention (tests).
+  ContextParallelAttention(Communicator* cp, const kernels::AttentionShape& local, int seq_len_global,
+                           bool causal = true);
+
+  // What one forward keeps for its backward: head-major q, k, v and the
+  // log-sum-exp of every query row. The caller owns the memory (e.g. per
+  // layer and micro-batch in flight), sized by qkvh_size() and lse_size().
   struct Saved {
-    View1D qkvh, att;
+    Slice1D qkvh;  // [3, B, H, T/cp, hs]
+    Slice1D lse;   // [B, H, T/cp]
   };
-  ContextParallelAttention(Communicator* cp, const kernels::AttentionShape& local, int seq_len_global);
-  Saved make_saved() const;
-  // Bytes one forward keeps for its backward (what make_saved allocates).
-  static std::size_t saved_bytes(const kernels::AttentionShape& local);
-  void forward(Slice2D out, ConstSlice2D qkv, Saved& saved);
+  static std::size_t qkvh_size(const kernels::AttentionShape& local) { return 3 * local.part_size(); }
+  static std::size_t lse_size(const kernels::AttentionShape& local) { return local.rows_size(); }
+
+  // qkv [B*T/cp, 3C] token-major (the c_attn output) -> out [B*T/cp, C]
+  // token-major; writes saved's buffers. Collective over the cp group.
+  void forward(Slice2D out, ConstSlice2D qkv, const Saved& saved);
+  // dout [B*T/cp, C] -> dqkv [B*T/cp, 3C] (overwritten). `out` is the
+  // forward's output (for D = rowsum(dO * O)). Collective over the cp group.
   void backward(Slice2D dqkv, ConstSlice2D dout, ConstSlice2D out, const Saved& saved);
 
+  const CpLayout& layout() const { return layout_; }
+  const kernels::AttentionShape& local_shape() const { return shape_; }
+
  private:
-  kernels::AttentionShape s_;
-  View1D scratch_y_, scratch_dy_, scratch_dqkvh_, scratch_datt_;
+  // The block pairs of one ring step: local q chunks against the two k
+  // chunks of rank src, held at kv (k part, then v part).
+  // `req` is the exchange in flight, polled between pairs so it progresses.
+  void forward_step(int src, const real* kv, const Saved& saved, CommRequest& req);
+  void backward_step(int src, const real* kv, real* dkv, const Saved& saved, CommRequest& req);
+  void check(const Saved& saved, std::size_t rows, std::size_t out_cols, std::size_t qkv_cols) const;
+  kernels::HeadRows chunk_rows(real* base, int half, std::size_t head_stride, int width) const;
+  kernels::AttentionBlock block(int q_half, int src, int k_half) const;
+
+  Communicator* comm_ = nullptr;  // null without a ring
+  kernels::AttentionShape shape_;
+  CpLayout layout_;
+  bool causal_;
+  View1D heads_;    // O (forward) / dO (backward), head-major [B, H, T/cp, hs]
+  View1D delta_;    // D = rowsum(dO * O), [B, H, T/cp]
+  View1D dqkvh_;    // dq, dk, dv head-major
+  View1D scratch_;  // the block kernel's tile
+  View1D kv_[2];    // ring: K/V blocks received (double buffer)
+  View1D dkv_[2];   // ring: dK/dV partial sums being built / being sent
+  View1D dkv_in_;   // ring: the partial sum arriving from rank - 1
+  std::vector<P2POp> ops_;
 };
 
 }  // namespace ndmini

@@ -98,7 +98,9 @@ class TrainingStage final : public PipelineStage {
   std::size_t activation_elements() const override { return model_.activation_elements(); }
   real* input_buffer(int chunk, int mb) override { return model_.input_buffer(chunk, mb); }
   double forward(int chunk, int mb, bool last) override {
-    const bool needs_data = chunk == 0 || chunk == model_.chunks().back().index;
+    // Tokens for the embedding (chunk 0), targets for the head (the last chunk).
+    const Chunk& final_chunk = model_.chunks().back();
+    const bool needs_data = chunk == 0 || (final_chunk.head && chunk == final_chunk.index);
     if (needs_data) feed_.load(step_, mb);
     return model_.forward(chunk, mb, feed_.tokens(), feed_.targets(), loss_scale_, last);
   }

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Block attention with log-sum-exp: the kernel of causal multi-head
+// self-attention, one (Q block, K/V block) pair at a time, never keeping a
+// [T, T] matrix between calls.
+//
+// Data are head-major: head (b, h) is a contiguous [rows, hs] matrix, heads
+// one after another (q, k, v of a micro-batch: [3, B, H, T, hs]). An operand
+// is a HeadRows: a pointer to row 0 of the first head, the distance between
+// heads, and a row count, so rows [r0, r0 + n) of every head -- one
+// context-parallel chunk -- are an operand without a copy.
+//
+// Positions: query row i is at q_pos0 + i, key row j at k_pos0 + j. Causal
+// mask: a key is visible iff k_pos <= q_pos. Scale 1/sqrt(hs).
+//
+// Forward merges one K/V block into a running (O, LSE) per query row: O is
+// the normalised output so far and LSE the log of its softmax denominator
+// (max included). Starting from O = 0, LSE = -inf, merging blocks in any
+// order gives softmax(Q K^T / sqrt(hs) + mask) V over all of them, up to
+// float rounding:
+//   LSE' = log(exp(LSE) + exp(LSE_blk)),
+//   O'   = exp(LSE - LSE') O + exp(LSE_blk - LSE') O_blk.
+// Backward (FlashAttention style) recomputes P = exp(S - LSE) from Q, K and
+// the FINAL LSE and takes D = rowsum(dO * O) of the FINAL O; it accumulates
+// this block pair's share of dQ, dK and dV, so summing over the pairs gives
+// the full gradient.
+//
+// Work the causal mask removes is skipped: a fully masked pair returns at
+// once; otherwise the query rows are cut into tiles and each tile multiplies
+// only the key prefix visible to its last row (on a diagonal block about
+// half the products of a full square). Matrix products go through
+// KokkosBlas::gemm (BLAS on the host, cuBLAS on CUDA) on a per-head scratch
+// tile; the softmax steps are Kokkos kernels. Everything runs in a fixed
+// order without atomics, so results are deterministic.
+#include <cstddef>
+
+#include "core/types.hpp"
+
+namespace ndmini::kernels {
+
+// Shapes for one micro-batch on one rank: B sequences of seq_len rows,
+// `channels` = heads x hs columns (the tp-local heads under tensor parallelism).
+//   qkv  [B*T, 3C]          c_attn output, token-major (all q, then all k, then all v)
+//   qkvh [3, B, H, T, hs]   the same, head-major
+//   out  [B*T, C]           heads concatenated, token-major, ready for c_proj
+struct AttentionShape {
+  int batch, seq_len, channels, heads;
+  int head_size() const { return channels / heads; }
+  // Floats of one head-major part [B, H, T, hs] and of one value per row [B, H, T].
+  std::size_t part_size() const { return static_cast<std::size_t>(batch) * seq_len * channels; }
+  std::size_t rows_size() const { return static_cast<std::size_t>(batch) * heads * seq_len; }
+};
+
+// Rows [0, rows) of `heads` matrices spaced head_stride floats apart; row
+// width is the head size (one float for LSE and D).
+struct HeadRows {
+  real* data = nullptr;
+  std::size_t head_stride = 0;
+  int rows = 0;
+};
+struct ConstHeadRows {
+  const real* data = nullptr;
+  std::size_t head_stride = 0;
+  int rows = 0;
+  ConstHeadRows() = default;
+  ConstHeadRows(const real* d, std::size_t stride, int n) : data(d), head_stride(stride), rows(n) {}
+  ConstHeadRows(const HeadRows& r) : data(r.data), head_stride(r.head_stride), rows(r.rows) {}  // NOLINT: implicit
+};
+
+// What the operands of one block pair share.
+struct AttentionBlock {
+  int heads = 0;      // matrices per operand (B x H)
+  int head_size = 0;  // hs
+  int q_pos0 = 0;     // absolute position of query row 0
+  int k_pos0 = 0;     // absolute position of key row 0
+  bool causal = true;
+  int tile_rows = 0;  // query rows per tile of the causal staircase; 0: the tuned default
+};
+
+// Floats of scratch the block kernels need for up to q_rows x k_rows.
+std::size_t attention_block_scratch_size(int q_rows, int k_rows);
+
+// Merges q against (k, v) into (o, lse) as above. o: [rows of q, hs];
+// lse: one float per query row. Returns false, touching nothing, when the
+// causal mask hides the whole pair. Query rows that see no key of this block
+// keep their O and LSE.
+bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
+                             const AttentionBlock& blk, Slice1D scratch);
+
+// Accumulates this pair's gradients: dq += dS K, dk += dS^T Q, dv += P^T dO
+// with P = exp(S - lse), dS = P (dP - delta) / sqrt(hs), dP = dO V^T.
+// lse and delta = rowsum(dO * O) are those of the final, merged forward.
+// Returns false, touching nothing, when the pair is fully masked.
+bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
+                              ConstHeadRows dout, ConstHeadRows lse, ConstHeadRows delta, const AttentionBlock& blk,
+                              Slice1D scratch);
+
+// ---- layout passes around the block kernel (one pass each, fused with the
+// initialisation the next step needs) -------------------------------------------
+// qkv [B*T, 3C] -> qkvh [3, B, H, T, hs]; and o := 0, lse := -inf, the
+// identity of the merge (o and lse head-major, [B, H, T, hs] and [B, H, T]).
+void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s);
+// o [B, H, T, hs] -> out [B*T, C].
+void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s);
+// The backward's prologue: dout [B*T, C] -> dO [B, H, T, hs] head-major,
+// delta = rowsum(dO * O) per head row from the forward's out [B*T, C], and
+// zeroes the first `zero_parts` parts ([B, H, T, hs] each) of dqkvh.
+void attention_backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
+                                 ConstSlice2D out, const AttentionShape& s);
+// dqkvh [3, B, H, T, hs] -> dqkv [B*T, 3C] (overwritten).
+void attention_merge_qkv(Slice2D dqkv, ConstSlice1D dqkvh, const AttentionShape& s);
+
+}  // namespace ndmini::kernels
