@@ -118,7 +118,7 @@ std::size_t backward_scratch(int nq, int nk) {
 }
 
 void check_block(const AttentionBlock& blk, Slice1D scratch, int nq, int nk, bool backward) {
-  if (!(blk.heads > 0 && blk.head_size > 0)) throw Error("attention block: heads and head_size must be positive");
+  if (blk.heads <= 0 || blk.head_size <= 0) throw Error("attention block: heads and head_size must be positive");
   const std::size_t need = backward ? backward_scratch(nq, nk) : forward_scratch(nq, nk);
   if (scratch.extent(0) < need)  // the message is built only on failure: this runs per block pair
     throw Error("attention block: scratch holds " + std::to_string(scratch.extent(0)) + " floats, the block needs " +

@@ -81,9 +81,9 @@ kernels::AttentionBlock ContextParallelAttention::block(int q_half, int src, int
 void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::size_t out_cols,
                                      std::size_t qkv_cols) const {
   const std::size_t C = shape_.channels;
-  if (!(saved.qkvh.extent(0) >= qkvh_size(shape_) && saved.lse.extent(0) >= lse_size(shape_)))
+  if (saved.qkvh.extent(0) < qkvh_size(shape_) || saved.lse.extent(0) < lse_size(shape_))
     throw Error("ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
-  if (!(rows == static_cast<std::size_t>(shape_.batch) * shape_.seq_len && out_cols == C && qkv_cols == 3 * C))
+  if (rows != static_cast<std::size_t>(shape_.batch) * shape_.seq_len || out_cols != C || qkv_cols != 3 * C)
     throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, 3C] of the local shape");
 }
 
