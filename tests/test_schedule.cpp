@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -83,6 +84,28 @@ bool simulate(const Schedule& s, const StagePlan& plan, std::string* why) {
   return true;
 }
 
+// The messages of every pipeline edge (a pair of stages and a direction) in
+// the order the sender sends them and in the order the receiver posts their
+// receives: equal, so matching does not depend on tags (which wrap around).
+bool pairwise_orders_match(const Schedule& s, const StagePlan& plan, std::string* why) {
+  const int S = plan.chunks();
+  using Message = std::tuple<int, int, bool>;  // (micro-batch, receiving chunk, gradient)
+  std::map<std::pair<int, int>, std::vector<Message>> sent, posted;
+  for (int r = 0; r < plan.pp(); ++r)
+    for (const PipelineAction& a : s.actions(r)) {
+      const bool fwd = a.kind == Kind::forward;
+      if (fwd && a.chunk > 0) posted[{plan.rank_of(a.chunk - 1), r}].push_back({a.micro_batch, a.chunk, false});
+      if (!fwd && a.chunk + 1 < S) posted[{plan.rank_of(a.chunk + 1), r}].push_back({a.micro_batch, a.chunk, true});
+      if (fwd && a.chunk + 1 < S) sent[{r, plan.rank_of(a.chunk + 1)}].push_back({a.micro_batch, a.chunk + 1, false});
+      if (!fwd && a.chunk > 0) sent[{r, plan.rank_of(a.chunk - 1)}].push_back({a.micro_batch, a.chunk - 1, true});
+    }
+  if (sent != posted) {
+    *why = "a pipeline edge carries its messages in another order than its receiver posts them";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST(StagePlan, SplitsLayersContiguouslyFirstChunksTakeTheRest) {
@@ -140,11 +163,17 @@ TEST(Schedule, InterleavedFollowsMegatron) {
             "F0.0 F1.0 F0.2 F1.2 F2.0 B0.2 F3.0 B1.2 F2.2 B0.0 F3.2 B1.0 B2.2 B3.2 B2.0 B3.0");
   EXPECT_EQ(render(s.actions(1), true),
             "F0.1 F1.1 F0.3 B0.3 F1.3 B1.3 F2.1 B0.1 F3.1 B1.1 F2.3 B2.3 F3.3 B3.3 B2.1 B3.1");
+  // In flight (chunk records): warm-up 2(pp - r - 1) + (v - 1) pp forwards, plus one.
+  EXPECT_EQ(s.max_in_flight(0), 5);
+  EXPECT_EQ(s.max_in_flight(1), 3);
   // The bubble shrinks by v.
   EXPECT_DOUBLE_EQ(s.ideal_bubble(), 1.0 / (2 * 4 + 1));
   EXPECT_LT(s.ideal_bubble(), Schedule(ScheduleKind::one_f_one_b, 2, 1, 4).ideal_bubble());
 }
 
+// For every valid (schedule, pp, v, m): no deadlock with non-blocking sends,
+// each action once, dependencies kept, and every pipeline edge ordered alike
+// on both ends.
 TEST(Schedule, EveryScheduleFinishesAndRunsEachActionOnce) {
   int cases = 0;
   for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
@@ -160,9 +189,12 @@ TEST(Schedule, EveryScheduleFinishesAndRunsEachActionOnce) {
           }
           if (!valid) continue;
           const Schedule s(kind, pp, v, m);
+          const StagePlan plan(layers, pp, v);
           std::string why;
-          EXPECT_TRUE(simulate(s, StagePlan(layers, pp, v), &why))
-              << schedule_name(kind) << " pp=" << pp << " v=" << v << " m=" << m << ": " << why;
+          const std::string what = std::string(schedule_name(kind)) + " pp=" + std::to_string(pp) +
+                                   " v=" + std::to_string(v) + " m=" + std::to_string(m) + ": ";
+          EXPECT_TRUE(simulate(s, plan, &why)) << what << why;
+          EXPECT_TRUE(pairwise_orders_match(s, plan, &why)) << what << why;
           ++cases;
         }
   EXPECT_GT(cases, 100);

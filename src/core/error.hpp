@@ -16,6 +16,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A broken invariant of ndmini itself (a bug, not bad input). Unlike Error it
+// may hold on one rank only, so the driver takes the whole job down
+// (MPI_Abort) instead of trusting every rank to fail alike.
+class InternalError : public std::logic_error {
+ public:
+  explicit InternalError(const std::string& what) : std::logic_error("internal: " + what) {}
+};
+
 // Throws Error(message) when cond is false.
 void require(bool cond, const std::string& message);
 

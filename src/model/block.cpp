@@ -19,11 +19,11 @@ BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
   std::size_t k = 0;
   for (const ParamInfo& p : layout.params) {
     if (p.unit != unit) continue;
-    require(k < places_.size(), "internal: a block unit holds more than 12 tensors");
+    if (k >= places_.size()) throw InternalError("a block unit holds more than 12 tensors");
     places_[k++] = {p.offset - layout.unit_offset[unit], static_cast<std::size_t>(p.shape[0]),
                     p.shape.size() == 2 ? static_cast<std::size_t>(p.shape[1]) : 1};
   }
-  require(k == places_.size(), "internal: a block unit must hold 12 tensors");
+  if (k != places_.size()) throw InternalError("a block unit must hold 12 tensors");
 }
 
 BlockTensors BlockLayout::view(real* base) const {

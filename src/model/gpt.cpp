@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -56,7 +55,9 @@ GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& p
     if (c.head) u.ln_f = unit++;
     units_.push_back(std::move(u));
   }
-  require(unit == store_->units(), "internal: the chunks' units do not match the parameter layout");
+  if (unit != store_->units()) throw InternalError("the chunks' units do not match the parameter layout");
+  for (const ChunkUnits& u : units_)
+    if (u.wte >= 0) wte_unit_ = u.wte;
   block_layout_ = BlockLayout(layout, units_.front().blocks.front());
   spare_.resize(chunks_.size());
 
@@ -88,7 +89,7 @@ std::size_t GptStage::activation_elements() const { return tp_.local_rows() * cf
 int GptStage::local_chunk(int chunk) const {
   for (std::size_t i = 0; i < chunks_.size(); ++i)
     if (chunks_[i].index == chunk) return static_cast<int>(i);
-  throw Error("internal: chunk " + std::to_string(chunk) + " does not run on this pipeline stage");
+  throw InternalError("chunk " + std::to_string(chunk) + " does not run on this pipeline stage");
 }
 
 GptStage::Record& GptStage::record(int chunk, int micro_batch) {
@@ -113,6 +114,14 @@ GptStage::Record& GptStage::record(int chunk, int micro_batch) {
   activation_bytes_ += r.bytes;
   peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_bytes_);
   return records_.emplace(std::make_pair(k, micro_batch), std::move(r)).first->second;
+}
+
+GptStage::Record& GptStage::find_record(int chunk, int micro_batch) {
+  const auto it = records_.find({local_chunk(chunk), micro_batch});
+  if (it == records_.end())
+    throw InternalError("micro-batch " + std::to_string(micro_batch) + " of chunk " + std::to_string(chunk) +
+                        " has no forward record");
+  return it->second;
 }
 
 void GptStage::free_record(int chunk, int micro_batch) {
@@ -238,19 +247,18 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
   return head(mat(*x, Nr, C), targets, loss_scale, u, mat(r.grad, Nr, C), last_micro_batch, c.embedding);
 }
 
-const real* GptStage::output(int chunk, int micro_batch) const {
-  const int k = local_chunk(chunk);
-  return records_.at({k, micro_batch}).layers.back().res3.data();
+const real* GptStage::output(int chunk, int micro_batch) {
+  return find_record(chunk, micro_batch).layers.back().res3.data();
 }
 
-real* GptStage::output_grad_buffer(int chunk, int micro_batch) { return record(chunk, micro_batch).grad.data(); }
+real* GptStage::output_grad_buffer(int chunk, int micro_batch) { return find_record(chunk, micro_batch).grad.data(); }
 
 void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch) {
   const int k = local_chunk(chunk);
   const Chunk& c = chunks_[k];
   const ChunkUnits& u = units_[k];
   ParamStore& s = *store_;
-  Record& r = record(chunk, micro_batch);
+  Record& r = find_record(chunk, micro_batch);
   const std::size_t Nr = tp_.local_rows(), C = cfg_.channels;
   // r.grad holds d(output) and becomes, block by block, d(input).
   const Slice2D dres = mat(r.grad, Nr, C);
@@ -287,40 +295,28 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
 void GptStage::finish_grads() {
   store_->finish_grads();
   tp_.reduce_replicated_grads(*store_);
-  // The tied wte: the embedding's and the LM head's gradients, summed over
-  // the first and the last stage, so both copies take the same update.
-  if (tied_ != nullptr) {
-    const int unit = units_.front().wte >= 0 ? units_.front().wte : units_.back().wte;
-    tied_->all_reduce(store_->shard_grads().data() + store_->shard_offset(unit), store_->shard_size(unit));
-  }
+  if (wte_unit_ >= 0)
+    tied_.reduce_grads(store_->shard_grads().data() + store_->shard_offset(wte_unit_), store_->shard_size(wte_unit_));
 }
 
 bool GptStage::tied_wte_identical() {
-  if (tied_ == nullptr) return true;
-  const int unit = units_.front().wte >= 0 ? units_.front().wte : units_.back().wte;
-  const std::size_t n = store_->shard_size(unit);
-  auto mine = Kokkos::create_mirror_view_and_copy(
-      HostSpace(), Kokkos::subview(store_->shard_params(),
-                                   std::make_pair(store_->shard_offset(unit), store_->shard_offset(unit) + n)));
-  std::vector<real> theirs(n);
-  const int peer = 1 - tied_->rank();
-  MPI_Sendrecv(mine.data(), static_cast<int>(n), MPI_FLOAT, peer, 0, theirs.data(), static_cast<int>(n), MPI_FLOAT,
-               peer, 0, tied_->mpi(), MPI_STATUS_IGNORE);
-  return std::memcmp(mine.data(), theirs.data(), n * sizeof(real)) == 0;
+  if (wte_unit_ < 0) return true;
+  return tied_.identical(store_->shard_params().data() + store_->shard_offset(wte_unit_),
+                         store_->shard_size(wte_unit_));
 }
 
 double GptStage::forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale,
                                   bool last_micro_batch) {
-  require(chunks_.size() == 1 && chunks_.front().embedding && chunks_.front().head,
-          "internal: forward_backward needs the whole model on this rank (pp = 1)");
+  if (chunks_.size() != 1 || !chunks_.front().embedding || !chunks_.front().head)
+    throw InternalError("forward_backward needs the whole model on this rank (pp = 1)");
   const double loss = forward(0, 0, tokens, targets, loss_scale, last_micro_batch);
   backward(0, 0, nullptr, last_micro_batch);
   return loss;
 }
 
 double GptStage::forward_loss(ConstTokenView tokens, ConstTokenView targets) {
-  require(chunks_.size() == 1 && chunks_.front().embedding && chunks_.front().head,
-          "internal: forward_loss needs the whole model on this rank (pp = 1)");
+  if (chunks_.size() != 1 || !chunks_.front().embedding || !chunks_.front().head)
+    throw InternalError("forward_loss needs the whole model on this rank (pp = 1)");
   // No backward: drop the record and every unit FSDP still holds.
   const double loss = forward(0, 0, tokens, targets, 0, false);
   free_record(0, 0);

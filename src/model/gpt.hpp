@@ -10,8 +10,8 @@
 // This file says WHAT is computed. How it is split lives in src/parallel/:
 // tensor and sequence parallelism (tensor_parallel.hpp), context-parallel
 // attention (context_parallel.hpp), FSDP and data-parallel gradient
-// reduction (param_store.hpp), the pipeline's stages and schedules
-// (pipeline/). The model calls them; it issues no collective itself.
+// reduction (param_store.hpp), the pipeline's stages, schedules and tied
+// embedding (pipeline/). The model calls them; it issues no collective itself.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,6 +26,7 @@
 #include "parallel/param_layout.hpp"
 #include "parallel/param_store.hpp"
 #include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/tied_embedding.hpp"
 #include "parallel/tensor_parallel.hpp"
 
 namespace ndmini {
@@ -137,7 +138,7 @@ class GptStage {
   double forward(int chunk, int micro_batch, ConstTokenView tokens, ConstTokenView targets, real loss_scale,
                  bool last_micro_batch);
   // The output of a forward (not the head chunk): what the next stage receives.
-  const real* output(int chunk, int micro_batch) const;
+  const real* output(int chunk, int micro_batch);
   // Where the next stage's gradient of that output goes before backward().
   real* output_grad_buffer(int chunk, int micro_batch);
   // The backward of `micro_batch` through `chunk`: gradients ADDED; the
@@ -176,7 +177,8 @@ class GptStage {
     std::size_t bytes = 0;
   };
   int local_chunk(int chunk) const;
-  Record& record(int chunk, int micro_batch);
+  Record& record(int chunk, int micro_batch);       // found or made (a forward's start)
+  Record& find_record(int chunk, int micro_batch);  // must exist (after its forward)
   void free_record(int chunk, int micro_batch);
   BlockTensors block_params(int unit) { return block_layout_.view(store_->params(unit)); }
   BlockTensors block_grads(int unit) { return block_layout_.view(store_->grads(unit)); }
@@ -193,7 +195,8 @@ class GptStage {
   std::vector<ChunkUnits> units_;
   CpLayout cp_layout_;
   std::unique_ptr<ParamStore> store_;
-  Communicator* tied_ = nullptr;
+  TiedEmbedding tied_;  // the two copies of wte (pp > 1)
+  int wte_unit_ = -1;   // this stage's wte unit, if it holds one
   TensorParallel tp_;
   kernels::AttentionShape attention_shape_;  // this rank's part: its tokens, its heads
   ContextParallelAttention attention_;

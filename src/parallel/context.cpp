@@ -10,7 +10,9 @@ ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_
                                                                                : Communicator::Backend::mpi;
   tp_ = std::make_unique<Communicator>(mesh_.axis(Axis::tp), "tp", device);
   cp_ = std::make_unique<Communicator>(mesh_.axis(Axis::cp), "cp", device);
-  pp_ = std::make_unique<Communicator>(mesh_.axis(Axis::pp), "pp", device);
+  // Pipeline sends must not block (parallel/pipeline/pipeline.hpp): MPI,
+  // which needs a CUDA-aware MPI for device memory.
+  pp_ = std::make_unique<Communicator>(mesh_.axis(Axis::pp), "pp", Communicator::Backend::mpi);
   dp_replicate_ = std::make_unique<Communicator>(mesh_.axis(Axis::dp_replicate), "dp_replicate", device);
   fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "dp_shard", device);
   batch_ = std::make_unique<Communicator>(mesh_.batch(), "batch");

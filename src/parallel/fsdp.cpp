@@ -43,12 +43,14 @@ void Fsdp::add_transient(std::size_t elements) {
 }
 
 real* Fsdp::params(int u) {
-  require(full_params_[u].extent(0) > 0, "internal: parameters of unit " + std::to_string(u) + " used before gather");
+  if (full_params_[u].extent(0) == 0)
+    throw InternalError("parameters of unit " + std::to_string(u) + " used before gather");
   return full_params_[u].data();
 }
 
 real* Fsdp::grads(int u) {
-  require(full_grads_[u].extent(0) > 0, "internal: gradients of unit " + std::to_string(u) + " used before begin");
+  if (full_grads_[u].extent(0) == 0)
+    throw InternalError("gradients of unit " + std::to_string(u) + " used before begin");
   return full_grads_[u].data();
 }
 

@@ -19,7 +19,7 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
   shard_offset_.resize(n_units);
   std::size_t total = 0;
   for (int u = 0; u < n_units; ++u) {
-    require(layout_.unit_size[u] % shards_ == 0, "internal: unit sizes must be padded to the FSDP group size");
+    if (layout_.unit_size[u] % shards_ != 0) throw InternalError("unit sizes must be padded to the FSDP group size");
     shard_offset_[u] = total;
     total += layout_.unit_size[u] / shards_;
   }

@@ -21,8 +21,8 @@ TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::si
     rank_ = tp->rank();
     sp_ = sequence_parallel;
   }
-  require(vocab % size_ == 0 && channels % size_ == 0 && (!sp_ || rows % size_ == 0),
-          "internal: the model does not divide over tp (the layout check should have refused it)");
+  if (vocab % size_ != 0 || channels % size_ != 0 || (sp_ && rows % size_ != 0))
+    throw InternalError("the model does not divide over tp (the layout check should have refused it)");
   local_rows_ = sp_ ? rows / size_ : rows;
   const std::size_t N = rows_, C = channels_;
   if (size_ > 1) {

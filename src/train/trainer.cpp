@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "train/trainer.hpp"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/timer.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
 #include "parallel/context.hpp"
@@ -22,9 +22,6 @@
 
 namespace ndmini {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // The groups the model on this rank is split over.
 ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunLayout& layout) {

@@ -1,13 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "parallel/pipeline/pipeline.hpp"
 
-#include <chrono>
+#include "core/error.hpp"
+#include "core/timer.hpp"
 
 namespace ndmini {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // MPI guarantees tags up to 32767 at least; beyond that the tags repeat,
 // which stays correct because MPI matches messages between a pair in order.
@@ -16,7 +14,10 @@ constexpr int kTagSpace = 32768;
 }  // namespace
 
 PipelineRunner::PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule)
-    : pp_(pp), plan_(plan), actions_(schedule.actions(pp.rank())), micro_batches_(schedule.micro_batches()) {}
+    : pp_(pp), plan_(plan), actions_(schedule.actions(pp.rank())), micro_batches_(schedule.micro_batches()) {
+  if (pp.backend() != Communicator::Backend::mpi)
+    throw InternalError("the pipeline's sends must not block (an MPI pp group; see pipeline.hpp)");
+}
 
 // Named by the edge it travels: the activation INTO chunk j, the gradient FROM chunk j.
 int PipelineRunner::tag(int chunk, int micro_batch, bool gradient) const {
@@ -24,26 +25,37 @@ int PipelineRunner::tag(int chunk, int micro_batch, bool gradient) const {
 }
 
 PipelineRunner::Transfer PipelineRunner::incoming(PipelineStage& stage, const PipelineAction& a) {
-  Transfer t;
-  const std::size_t n = stage.activation_elements();
   if (a.kind == PipelineAction::Kind::forward && a.chunk > 0)
-    t = {true, stage.input_buffer(a.chunk, a.micro_batch), n, plan_.rank_of(a.chunk - 1),
-         tag(a.chunk, a.micro_batch, false)};
+    return {true, stage.input_buffer(a.chunk, a.micro_batch), plan_.rank_of(a.chunk - 1),
+            tag(a.chunk, a.micro_batch, false)};
   if (a.kind == PipelineAction::Kind::backward && a.chunk + 1 < plan_.chunks())
-    t = {true, stage.output_grad_buffer(a.chunk, a.micro_batch), n, plan_.rank_of(a.chunk + 1),
-         tag(a.chunk + 1, a.micro_batch, true)};
-  return t;
+    return {true, stage.output_grad_buffer(a.chunk, a.micro_batch), plan_.rank_of(a.chunk + 1),
+            tag(a.chunk + 1, a.micro_batch, true)};
+  return {};
+}
+
+PipelineRunner::Transfer PipelineRunner::outgoing(PipelineStage& stage, const PipelineAction& a, real* input_grad) {
+  if (a.kind == PipelineAction::Kind::forward && a.chunk + 1 < plan_.chunks())
+    return {true, const_cast<real*>(stage.output(a.chunk, a.micro_batch)), plan_.rank_of(a.chunk + 1),
+            tag(a.chunk + 1, a.micro_batch, false)};
+  if (a.kind == PipelineAction::Kind::backward && a.chunk > 0)
+    return {true, input_grad, plan_.rank_of(a.chunk - 1), tag(a.chunk, a.micro_batch, true)};
+  return {};
+}
+
+View1D PipelineRunner::grad_buffer(std::size_t n) {
+  if (free_buffers_.empty()) return View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::pipeline_grad"), n);
+  View1D b = free_buffers_.back();
+  free_buffers_.pop_back();
+  return b;
 }
 
 double PipelineRunner::run(PipelineStage& stage) {
+  using Kind = PipelineAction::Kind;
   bubble_ms_ = 0;
   double loss = 0;
   const std::size_t n = stage.activation_elements();
-  auto post = [&](std::size_t i) {
-    const Transfer t = incoming(stage, actions_[i]);
-    return t.needed ? pp_.irecv(t.buffer, t.count, t.peer, t.tag) : CommRequest();
-  };
-  // Completed sends give their buffers back; forward sends just end.
+  // Completed sends give their buffers back.
   auto reap = [&](bool all) {
     for (auto it = sends_.begin(); it != sends_.end();) {
       if (all) it->request.wait();
@@ -56,37 +68,37 @@ double PipelineRunner::run(PipelineStage& stage) {
     }
   };
 
-  CommRequest next = actions_.empty() ? CommRequest() : post(0);
   for (std::size_t i = 0; i < actions_.size(); ++i) {
     const PipelineAction a = actions_[i];
-    const auto t0 = Clock::now();
-    next.wait();
-    bubble_ms_ += ms_since(t0);
-    if (i + 1 < actions_.size()) next = post(i + 1);
+    // Posted only now, after the previous action: a backward has freed its
+    // record before the next forward's record is made.
+    const Transfer in = incoming(stage, a);
+    if (in.needed) {
+      const auto t0 = Clock::now();
+      pp_.irecv(in.buffer, n, in.peer, in.tag).wait();
+      bubble_ms_ += ms_since(t0);
+    }
     const bool last = a.micro_batch + 1 == micro_batches_;
-    if (a.kind == PipelineAction::Kind::forward) {
+    View1D grad;
+    if (a.kind == Kind::forward) {
       loss += stage.forward(a.chunk, a.micro_batch, last);
-      if (a.chunk + 1 < plan_.chunks())
-        sends_.push_back({pp_.isend(stage.output(a.chunk, a.micro_batch), n, plan_.rank_of(a.chunk + 1),
-                                    tag(a.chunk + 1, a.micro_batch, false)),
-                          a.chunk, a.micro_batch, View1D()});
     } else {
       // The forward output of this record must be gone before backward frees it.
       for (auto& s : sends_)
         if (s.chunk == a.chunk && s.micro_batch == a.micro_batch) s.request.wait();
-      View1D grad;
-      if (a.chunk > 0) {
-        if (free_buffers_.empty()) {
-          grad = View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::pipeline_grad"), n);
-        } else {
-          grad = free_buffers_.back();
-          free_buffers_.pop_back();
-        }
-      }
+      if (a.chunk > 0) grad = grad_buffer(n);
       stage.backward(a.chunk, a.micro_batch, grad.data(), last);
-      if (a.chunk > 0)
-        sends_.push_back(
-            {pp_.isend(grad.data(), n, plan_.rank_of(a.chunk - 1), tag(a.chunk, a.micro_batch, true)), -1, -1, grad});
+    }
+    const Transfer out = outgoing(stage, a, grad.data());
+    if (out.needed) {
+      PendingSend send;
+      if (a.kind == Kind::forward) {
+        send.chunk = a.chunk;
+        send.micro_batch = a.micro_batch;
+      }
+      send.buffer = grad;
+      send.request = pp_.isend(out.buffer, n, out.peer, out.tag);
+      sends_.push_back(std::move(send));
     }
     reap(false);
   }

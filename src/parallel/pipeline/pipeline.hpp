@@ -6,11 +6,25 @@
 //
 // Before each action the runner waits for what it needs (the previous
 // chunk's output before a forward, the next chunk's input gradient before a
-// backward) -- that wait is the pipeline bubble -- and posts the receive of
-// the following action, so its transfer can proceed during this action.
-// After each action it sends the result NON-BLOCKING (a stage never waits
-// for its neighbour to take a message) and completes the send before the
-// buffer is reused. Messages are tagged by (micro-batch, chunk, direction).
+// backward): that wait is the pipeline bubble. After the action it sends the
+// result. The receive of an action is posted only once the action before it
+// is done, so a backward has freed its micro-batch's activations before the
+// next forward takes new ones: a stage holds exactly the micro-batches the
+// schedule keeps in flight (Schedule::max_in_flight).
+//
+// Sends are non-blocking: the stage goes on computing and only ever waits for
+// its receives, which every schedule survives (tests/test_schedule.cpp
+// simulates it). The pp group therefore always uses MPI (a CUDA-aware MPI
+// for device memory): NCCL's send and receive block their stream until the
+// peer posts its side, and pairing each action's send with the next action's
+// receive into one NCCL group -- the obvious fix -- deadlocks interleaved
+// 1F1B (stage 0 and 1 each wait for the other's next group); NCCL pipelines
+// need Megatron's schedule-specific grouping, which ndmini does not have.
+// Messages are tagged by (micro-batch, chunk, direction), and every pipeline
+// edge carries them in the order its receiver posts them.
+//
+// Progress: MPI moves a large (rendezvous) message only inside MPI calls, so
+// its transfer happens while the receiver waits; the bubble then includes it.
 #include <cstddef>
 #include <deque>
 #include <vector>
@@ -28,17 +42,22 @@ class PipelineStage {
   virtual ~PipelineStage() = default;
   // Floats of one activation (and of its gradient) between chunks.
   virtual std::size_t activation_elements() const = 0;
+  // Where the input of a forward arrives; creates the micro-batch's record.
   virtual real* input_buffer(int chunk, int micro_batch) = 0;
   // Returns the micro-batch's loss sum on the head chunk, 0 elsewhere.
   virtual double forward(int chunk, int micro_batch, bool last_micro_batch) = 0;
+  // The forward's output; valid until the backward of the same micro-batch.
   virtual const real* output(int chunk, int micro_batch) = 0;
+  // Where the gradient of that output arrives before the backward.
   virtual real* output_grad_buffer(int chunk, int micro_batch) = 0;
+  // Writes the gradient of the chunk's input to input_grad (not chunk 0) and
+  // frees the micro-batch's record.
   virtual void backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch) = 0;
 };
 
 class PipelineRunner {
  public:
-  // pp: the pp group (its rank r runs the chunks StagePlan::chunks_of(r)).
+  // pp: the pp group, MPI backend (its rank r runs the chunks StagePlan::chunks_of(r)).
   PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule);
 
   // Runs every action of this stage for one optimizer step. Returns the sum
@@ -51,12 +70,13 @@ class PipelineRunner {
   struct Transfer {
     bool needed = false;
     real* buffer = nullptr;
-    std::size_t count = 0;
     int peer = 0, tag = 0;
   };
-  // The message an action receives before it runs, or sends after.
+  // The message an action receives before it runs, and the one it sends after.
   Transfer incoming(PipelineStage& stage, const PipelineAction& a);
+  Transfer outgoing(PipelineStage& stage, const PipelineAction& a, real* input_grad);
   int tag(int chunk, int micro_batch, bool gradient) const;
+  View1D grad_buffer(std::size_t n);
 
   Communicator& pp_;
   StagePlan plan_;
@@ -64,9 +84,9 @@ class PipelineRunner {
   int micro_batches_;
   double bubble_ms_ = 0;
   struct PendingSend {
-    CommRequest request;
     int chunk = -1, micro_batch = -1;  // forward outputs: completed before that record is freed
     View1D buffer;                     // input gradients: the buffer, reused once the send completed
+    CommRequest request;               // last: destroyed (and so waited for) before the buffer
   };
   std::deque<PendingSend> sends_;
   std::vector<View1D> free_buffers_;

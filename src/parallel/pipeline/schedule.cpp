@@ -31,8 +31,8 @@ const char* schedule_name(ScheduleKind kind) {
 // ---- stages ---------------------------------------------------------------
 
 StagePlan::StagePlan(int layers, int pp, int virtual_stages) : layers_(layers), pp_(pp), v_(virtual_stages) {
-  require(pp >= 1 && virtual_stages >= 1 && layers >= pp * virtual_stages,
-          "internal: a stage plan needs at least one layer per chunk (check_schedule should have refused it)");
+  if (pp < 1 || virtual_stages < 1 || layers < pp * virtual_stages)
+    throw InternalError("a stage plan needs at least one layer per chunk (check_schedule should have refused it)");
 }
 
 Chunk StagePlan::chunk(int index) const {
