@@ -2,14 +2,15 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Builds the CUDA flavour of ndmini from Kokkos and Kokkos Kernels sources that you bring:
 #   1. Kokkos with Serial + CUDA (nvcc_wrapper, lambdas) for one GPU architecture,
-#   2. Kokkos Kernels (BLAS component, cuBLAS TPL, float ETI) against it,
+#   2. Kokkos Kernels (BLAS component, cuBLAS TPL) against it,
 #   3. ndmini with the `cuda` preset (build-cuda/ in this checkout) against both.
 # Usage: bench/gpu/build.sh KOKKOS_SRC KOKKOS_KERNELS_SRC [PREFIX]
 #   PREFIX (default ./kokkos-cuda) receives build/ and the kokkos, kokkos-kernels installs;
 #   a step whose install is already there is skipped, so a rerun only rebuilds ndmini.
 # Environment: KOKKOS_ARCH (Kokkos_ARCH_* name, default HOPPER90), CUDA_SM (default sm_90,
 #   nvcc_wrapper's default architecture, for CUDA 13, which dropped sm_70), CXX (host
-#   compiler, default g++), JOBS (default: all cores). CUDA 13 needs Kokkos 4.7.1 or later.
+#   compiler, default g++), JOBS (default: all cores), KK_ETI (ON: pre-instantiate Kokkos Kernels
+#   for float; default OFF). CUDA 13 needs Kokkos 4.7.1 or later.
 set -euo pipefail
 
 if [ $# -lt 2 ] || [ ! -f "$1/CMakeLists.txt" ] || [ ! -f "$2/CMakeLists.txt" ]; then
@@ -22,6 +23,9 @@ prefix=$(mkdir -p "${3:-kokkos-cuda}" && cd "${3:-kokkos-cuda}" && pwd)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 arch=${KOKKOS_ARCH:-HOPPER90}
 jobs=${JOBS:-$(nproc)}
+# ndmini's only Kokkos Kernels call, GEMM on float LayoutRight views, goes to cuBLAS through the
+# TPL: pre-instantiating Kokkos Kernels' own float kernels (KK_ETI=ON) only costs build time.
+eti=${KK_ETI:-OFF}
 export NVCC_WRAPPER_DEFAULT_COMPILER=${CXX:-g++}
 export NVCC_WRAPPER_DEFAULT_ARCH=${CUDA_SM:-sm_90}
 command -v nvcc > /dev/null || export PATH=/usr/local/cuda/bin:$PATH
@@ -46,7 +50,7 @@ if [ ! -d "$prefix/kokkos-kernels/include" ]; then
     -DCMAKE_INSTALL_PREFIX="$prefix/kokkos-kernels" \
     -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON \
     -DKokkosKernels_ENABLE_TPL_CUBLAS=ON -DKokkosKernels_ENABLE_TPL_BLAS=OFF \
-    -DKokkosKernels_INST_FLOAT=ON -DKokkosKernels_INST_DOUBLE=OFF -DKokkosKernels_INST_COMPLEX_FLOAT=OFF \
+    "-DKokkosKernels_INST_FLOAT=$eti" -DKokkosKernels_INST_DOUBLE=OFF -DKokkosKernels_INST_COMPLEX_FLOAT=OFF \
     -DKokkosKernels_INST_COMPLEX_DOUBLE=OFF -DKokkosKernels_INST_LAYOUTRIGHT=ON -DKokkosKernels_INST_LAYOUTLEFT=OFF \
     -DKokkosKernels_INST_EXECSPACE_SERIAL=OFF -DKokkosKernels_INST_EXECSPACE_CUDA=ON \
     -DKokkosKernels_INST_MEMSPACE_CUDASPACE=ON -DKokkosKernels_INST_MEMSPACE_CUDAUVMSPACE=OFF
