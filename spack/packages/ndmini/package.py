@@ -32,7 +32,7 @@ class Ndmini(CMakePackage, CudaPackage):
     # run on. Kokkos makes the most capable enabled one the default execution space
     # (Cuda, then OpenMP, then Serial), which is where ndmini runs.
     variant("serial", default=True, description="Kokkos Serial backend (one thread per rank)")
-    variant("openmp", default=False, description="Kokkos OpenMP backend (threads inside each rank)")
+    variant("openmp", default=False, description="Kokkos OpenMP backend (threads in each rank)")
     variant("nccl", default=False, description="NCCL backend for GPU collectives (needs +cuda)")
     variant("benchmarks", default=False, description="Build the Google Benchmark programs")
 
@@ -48,15 +48,19 @@ class Ndmini(CMakePackage, CudaPackage):
     depends_on("googletest", type="test")
     depends_on("benchmark", type=("build", "link"), when="+benchmarks")
 
-    # The Kokkos series ndmini has been built and tested against (ctest passing):
-    # 3.4 (Debian 12's Trilinos package, as an external) and 4.6 (built by Spack).
-    # Newer series are not allowed until a run proves them.
-    depends_on("kokkos@3.4,4.6")
-    depends_on("kokkos-kernels@3.4,4.6")
-    # Kokkos Kernels X.Y works only with Kokkos X.Y. The kokkos-kernels recipe pins that for
-    # what Spack builds; externals carry no dependency edges, so ndmini states it too.
-    conflicts("^kokkos@4.6", when="^kokkos-kernels@3.4", msg="Kokkos 4.6 needs Kokkos Kernels 4.6")
-    conflicts("^kokkos@3.4", when="^kokkos-kernels@4.6", msg="Kokkos 3.4 needs Kokkos Kernels 3.4")
+    # Exactly the Kokkos versions ndmini's ctest has passed on: 3.4.01 (Debian 12's Trilinos
+    # package, as an external) and 4.6.01 (built by Spack, Serial and OpenMP). Add a version
+    # here once `spack install --test=root` has passed on it.
+    depends_on("kokkos@=3.4.01,=4.6.01")
+    depends_on("kokkos-kernels@=3.4.01,=4.6.01")
+    # Kokkos Kernels X.Y.Z goes with Kokkos X.Y.Z. The kokkos-kernels recipe pins that for what
+    # Spack builds; externals carry no dependency edges, so ndmini states it too.
+    for _kokkos, _other in (("4.6.01", "3.4.01"), ("3.4.01", "4.6.01")):
+        conflicts(
+            f"^kokkos@={_kokkos}",
+            when=f"^kokkos-kernels@={_other}",
+            msg=f"Kokkos {_kokkos} needs Kokkos Kernels {_kokkos}",
+        )
 
     depends_on("kokkos+serial", when="+serial")
     depends_on("kokkos+openmp", when="+openmp")
