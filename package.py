@@ -1,1 +1,0 @@
-spack/packages/ndmini/package.py
