@@ -15,43 +15,8 @@
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "train/layout.hpp"
+#include "train/report.hpp"
 #include "train/trainer.hpp"
-
-namespace {
-
-void print_check(const ndmini::Config& cfg, const ndmini::RunLayout& layout) {
-  using namespace ndmini;
-  const auto& m = cfg.model;
-  const double mib = 1048576.0;
-  std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
-  std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
-              static_cast<long long>(gpt_flops_param_count(m)));
-  std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
-  std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
-              layout.micro_batches, cfg.train.micro_batch, layout.data_parallel);
-  if (layout.split.pp > 1) {
-    const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
-    std::printf("pipeline          %s, %d chunks: %s\n", schedule_name(layout.schedule),
-                layout.split.pp * layout.split.virtual_stages,
-                StagePlan(m.layers, layout.split.pp, layout.split.virtual_stages).describe().c_str());
-    std::printf("                  ideal bubble %.1f%%; at most %d micro-batch records in flight on stage 0\n",
-                100 * schedule.ideal_bubble(), schedule.max_in_flight(0));
-  }
-  if (layout.split.cp > 1)
-    std::printf("context           %d chunks of %d tokens per sequence; cp rank i holds chunks i and %d-i\n",
-                2 * layout.split.cp, m.seq_len / (2 * layout.split.cp), 2 * layout.split.cp - 1);
-  // Per rank, the busiest pipeline stage: the sizes the model allocates.
-  const MemoryEstimate e = estimate_memory(cfg, layout);
-  std::printf(
-      "memory estimate   %.1f MiB per rank: %.1f MiB model state (params, grads, AdamW) + %lld x %.1f MiB "
-      "activations in flight (micro-batch %d%s) + %.1f MiB scratch\n",
-      e.total() / mib, e.state_bytes / mib, static_cast<long long>(e.in_flight),
-      e.activation_bytes_per_micro_batch / mib, cfg.train.micro_batch,
-      layout.recompute == Recompute::block ? ", recompute = block" : "", e.scratch_bytes / mib);
-  std::printf("deck OK\n");
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -115,7 +80,7 @@ int main(int argc, char** argv) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
       const ndmini::RunLayout layout = ndmini::resolve_layout(cfg, check_world);
       if (rank == 0) {
-        print_check(cfg, layout);
+        ndmini::print_check(cfg, layout);
         std::printf("%s", ndmini::describe_mesh(layout.mesh, true).c_str());
       }
     } else {

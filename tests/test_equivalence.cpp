@@ -259,7 +259,7 @@ TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
   if (n == 1) GTEST_SKIP() << "FSDP over one rank is DP; the bound is checked on 2, 4 and 8 ranks";
   Config cfg = load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/small.toml");
   auto state_bytes = [&](bool fsdp) {
-    Communicator group(MPI_COMM_WORLD, fsdp ? "dp_shard" : "dp_replicate");
+    Communicator group(MPI_COMM_WORLD, fsdp ? "fsdp" : "dp_replicate");
     ModelParallel par;
     if (fsdp)
       par.data.fsdp = &group;

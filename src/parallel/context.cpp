@@ -14,11 +14,11 @@ ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_
   // which needs a CUDA-aware MPI for device memory.
   pp_ = std::make_unique<Communicator>(mesh_.axis(Axis::pp), "pp", Communicator::Backend::mpi);
   dp_replicate_ = std::make_unique<Communicator>(mesh_.axis(Axis::dp_replicate), "dp_replicate", device);
-  fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "dp_shard", device);
+  fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "fsdp", device);
   batch_ = std::make_unique<Communicator>(mesh_.batch(), "batch");
   norm_ = std::make_unique<Communicator>(mesh_.norm(), "norm");
-  if (mesh_.tied_embedding() != MPI_COMM_NULL)
-    tied_ = std::make_unique<Communicator>(mesh_.tied_embedding(), "tied_wte", device);
+  if (mesh_.pipeline_ends() != MPI_COMM_NULL)
+    tied_ = std::make_unique<Communicator>(mesh_.pipeline_ends(), "tied_wte", device);
 }
 
 std::vector<ParallelContext::Reported> ParallelContext::reported() {
@@ -29,10 +29,6 @@ std::vector<ParallelContext::Reported> ParallelContext::reported() {
   out.push_back({"batch", batch_.get()});
   out.push_back({"norm", norm_.get()});
   return out;
-}
-
-int ParallelContext::data_parallel_size() const {
-  return mesh_.degree(Axis::dp_replicate) * mesh_.degree(Axis::dp_shard);
 }
 
 int ParallelContext::data_parallel_index() const {

@@ -21,11 +21,12 @@ struct StepStats {
   double step_ms = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // every reported group, in report order
   std::vector<double> bubble_ms;                        // time each pipeline stage waited for its neighbours
+  double recompute_ms = 0;                              // re-running block forwards (recompute = block)
   double exposed_comm_ms() const;
 };
 
 // Collective over the world: reduces this rank's figures; resets the comm stats.
-StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms);
+StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms);
 
 // Everything the closing report needs, gathered by the training loop.
 struct RunSummary {
@@ -40,9 +41,12 @@ struct RunSummary {
 
 double median(std::vector<double> v);
 
+// `ndmini check`: the resolved deck, the model's sizes, the batch split,
+// the pipeline's stages, the cp chunks, and the memory estimate per stage.
+void print_check(const Config& cfg, const RunLayout& layout);
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
                   const PeakFlops& peak, bool show_mesh);
-void print_performance(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
+void print_performance(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
 // The metrics file's last line: {"summary": true, ...}.
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
                          double final_loss);

@@ -212,7 +212,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     const double lr = learning_rate(t, step);
     opt.step(store, t, lr, clip, step + 1);
     Kokkos::fence();
-    const StepStats stats = reduce_step(ctx, ms_since(t0), runner.bubble_ms());
+    const StepStats stats = reduce_step(ctx, ms_since(t0), runner.bubble_ms(), model.take_recompute_ms());
     steps.push_back(stats);
     result.losses.push_back(loss);
 
@@ -264,7 +264,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     for (const StepStats& st : summary.timed) b.push_back(st.bubble_ms[s]);
     result.bubble_ms.push_back(median(b));
   }
-  if (speak) print_performance(cfg, layout, ctx, summary);
+  if (speak) print_performance(layout, ctx, summary);
   if (rank == 0)
     metrics.summary(summary_json(layout, ctx, summary, static_cast<std::int64_t>(steps.size()),
                                  result.losses.empty() ? 0.0 : result.losses.back()));
