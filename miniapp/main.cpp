@@ -12,28 +12,32 @@
 
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "train/budget.hpp"
 #include "train/trainer.hpp"
 
 namespace {
 
-void print_check(const ndmini::Config& cfg, const ndmini::MeshShape& mesh) {
+void print_check(const ndmini::Config& cfg, const ndmini::MeshShape& mesh, int ranks_on_node) {
   using namespace ndmini;
   const auto& m = cfg.model;
-  const double mib = 1048576.0;
   const int dp = mesh.degree_of(Axis::dp_replicate) * mesh.degree_of(Axis::dp_shard);
-  const int tp = mesh.degree_of(Axis::tp), fsdp = mesh.degree_of(Axis::dp_shard) * mesh.degree_of(Axis::cp);
+  const MemoryEstimate e = estimate_memory(cfg, mesh);
+  std::string how;
+  const double limit = memory_per_rank(cfg, ranks_on_node, &how);
   std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
   std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
               static_cast<long long>(gpt_flops_param_count(m)));
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
   // Per rank: tp splits the matrices and the activations, FSDP the model state.
   std::printf(
-      "memory estimate   %.1f MiB model state (params, grads, AdamW) + %.1f MiB activations per rank"
-      " (micro-batch %d)\n",
-      gpt_state_bytes(m) / mib / (tp * fsdp), gpt_activation_bytes(m, cfg.train.micro_batch) / mib / tp,
-      cfg.train.micro_batch);
+      "memory estimate   %s per rank: %s model state (params, grads, AdamW), %s activations (micro-batch %d), "
+      "%s data; %s may be used (%s)\n",
+      bytes_text(e.total()).c_str(), bytes_text(e.state()).c_str(), bytes_text(e.activations()).c_str(),
+      cfg.train.micro_batch, bytes_text(e.data()).c_str(), limit > 0 ? bytes_text(limit).c_str() : "unknown",
+      how.c_str());
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
               cfg.train.global_batch / (dp * cfg.train.micro_batch), cfg.train.micro_batch, dp);
   std::printf("deck OK\n");
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
   std::string resume_step;  // empty: the step named by 'latest'
   bool show_mesh = false;
   int check_world = world;
+  std::string ckpt_path;
 
   auto* train = app.add_subcommand("train", "Train the model a deck describes");
   train->add_option("deck", deck, "Input deck (TOML), e.g. inputs/tiny.toml")->required();
@@ -81,6 +86,17 @@ int main(int argc, char** argv) {
       ->option_text("N (default: the ranks launched)")
       ->check(CLI::PositiveNumber);
 
+  auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (one process; no job needed)");
+  ckpt->require_subcommand(1);
+  auto* ckpt_info = ckpt->add_subcommand(
+      "info", "Print a checkpoint's step, tokens, the layout that wrote it, data provenance, tensors and deck");
+  ckpt_info->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
+      ->required();
+  auto* ckpt_verify = ckpt->add_subcommand(
+      "verify", "Check every digest of a checkpoint (manifest, metadata, every tensor); exit 1 on any mismatch");
+  ckpt_verify->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
+      ->required();
+
   // Kokkos has read its --kokkos-* arguments (Kokkos 3.4 leaves them in argv).
   std::vector<const char*> args;
   for (int i = 0; i < argc; ++i)
@@ -95,6 +111,32 @@ int main(int argc, char** argv) {
   }
 
   int status = 0;
+  if (*ckpt) {
+    // One process does the work; the others only learn the outcome.
+    if (rank == 0) {
+      try {
+        const std::string dir = ndmini::io::resolve_checkpoint(ckpt_path);
+        if (*ckpt_info) {
+          std::printf("%s", ndmini::io::describe_checkpoint(dir).c_str());
+        } else {
+          const auto report = ndmini::io::verify_checkpoint(dir);
+          for (const auto& p : report.problems)
+            std::fprintf(stderr, "ndmini: verify: %s: %s\n", dir.c_str(), p.c_str());
+          if (report.problems.empty())
+            std::printf("%s: OK (manifest, metadata and %llu tensor digests over %llu bytes)\n", dir.c_str(),
+                        static_cast<unsigned long long>(report.tensors), static_cast<unsigned long long>(report.bytes));
+          status = report.problems.empty() ? 0 : 1;
+        }
+      } catch (const ndmini::Error& e) {
+        std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+        status = 1;
+      }
+    }
+    MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    Kokkos::finalize();
+    MPI_Finalize();
+    return status;
+  }
   try {
     // Every rank reads the deck; a rank that cannot makes all of them stop.
     ndmini::Config cfg;
@@ -102,8 +144,15 @@ int main(int argc, char** argv) {
     if (*check) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
       const ndmini::MeshShape shape = ndmini::resolve_mesh(cfg, check_world);
+      // Sizes before anything else: check never allocates what the deck describes.
+      MPI_Comm node = MPI_COMM_NULL;
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+      int ranks_on_node = 1;
+      MPI_Comm_size(node, &ranks_on_node);
+      MPI_Comm_free(&node);
+      ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { ndmini::require_memory_fits(cfg, shape, ranks_on_node); });
       if (rank == 0) {
-        print_check(cfg, shape);
+        print_check(cfg, shape, ranks_on_node);
         std::printf("%s", ndmini::describe_mesh(shape, true).c_str());
       }
     } else {

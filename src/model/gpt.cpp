@@ -75,9 +75,11 @@ ParamLayout gpt_param_layout(const ModelConfig& m, int tp, int tp_rank, std::siz
 }
 
 std::int64_t gpt_param_count(const ModelConfig& m) {
-  std::int64_t n = 0;
-  for (const auto& p : gpt_param_layout(m).params) n += p.size;
-  return n;
+  // Closed form of the sizes gpt_param_layout lists (wte, wpe, ln_f; per layer
+  // 12 C^2 + 13 C), so counting allocates nothing. Callers bound the deck first
+  // (train/budget.hpp): a billion layers of C = 64 still fits an int64 here.
+  const std::int64_t C = m.channels;
+  return (static_cast<std::int64_t>(m.vocab) + m.seq_len + 2) * C + m.layers * (12 * C * C + 13 * C);
 }
 
 std::int64_t gpt_flops_param_count(const ModelConfig& m) {

@@ -14,12 +14,15 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "fault/fault.hpp"
 #include "io/checkpoint.hpp"
 #include "kernels/kernels.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "train/budget.hpp"
 #include "train/data.hpp"
 #include "train/metrics.hpp"
+#include "train/step_check.hpp"
 
 namespace ndmini {
 namespace {
@@ -171,7 +174,6 @@ void check_resume_compatible(const Config& cfg, const io::CheckpointInfo& info, 
   mismatch("model.seq_len", saved.model.seq_len, cfg.model.seq_len);
   mismatch("train.seed", saved.train.seed, cfg.train.seed);
   mismatch("train.global_batch", saved.train.global_batch, cfg.train.global_batch);
-  mismatch("data.source", saved.data.source, cfg.data.source);
 }
 
 }  // namespace
@@ -210,6 +212,16 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   Mesh mesh(shape, comm);
   const int rank = mesh.rank();
   const bool speak = rank == 0 && !opts.quiet;
+  // Before anything large is allocated: refuse what cannot fit, hold the
+  // checkpoint folder (one writer; proven usable now, not at the first save).
+  agree_on_errors(comm, [&] { require_memory_fits(cfg, shape, mesh.ranks_per_node()); });
+  fault::FaultPlan faults;
+  agree_on_errors(comm, [&] { faults = fault::FaultPlan(cfg.fault, rank, world_size); });
+  std::unique_ptr<io::CheckpointDirLock> dir_lock;
+  if (cfg.checkpoint.every > 0 || cfg.checkpoint.at_start || opts.resume)
+    dir_lock = std::make_unique<io::CheckpointDirLock>(
+        comm, cfg.checkpoint.dir,
+        cfg.checkpoint.every > 0 || cfg.checkpoint.at_start ? checkpoint_bytes(cfg.model) : 0);
 
   // One communicator per axis the model uses, plus the two groups of the
   // scalar reductions; the mesh defines which ranks each holds.
@@ -253,8 +265,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   auto save = [&](std::int64_t step) {
     const auto t0 = Clock::now();
     ckpt.from_device(model, opt);
-    io::CheckpointInfo info{step, static_cast<std::int64_t>(step * tokens_per_step), t.seed, cfg.toml, layout};
-    io::save_checkpoint(comm, cfg.checkpoint.dir, info, ckpt.slabs, cfg.checkpoint.keep);
+    io::CheckpointInfo info{
+        step, static_cast<std::int64_t>(step * tokens_per_step), t.seed, cfg.toml, layout, data->provenance()};
+    io::SaveOptions save_options;
+    save_options.hook = faults.save_hook();
+    io::save_checkpoint(comm, cfg.checkpoint.dir, info, ckpt.slabs, cfg.checkpoint.keep, save_options);
     io_ms += ms_since(t0);
     if (speak)
       std::printf("checkpoint: saved step %lld to %s/%s (%.0f ms)\n", static_cast<long long>(step),
@@ -265,7 +280,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   if (opts.resume) {
     const auto t0 = Clock::now();
     const auto info = io::load_checkpoint(comm, cfg.checkpoint.dir, opts.resume_step, ckpt.slabs);
-    check_resume_compatible(cfg, info, cfg.checkpoint.dir + "/" + io::checkpoint_dirname(info.step));
+    const std::string where = cfg.checkpoint.dir + "/" + io::checkpoint_dirname(info.step);
+    check_resume_compatible(cfg, info, where);
+    const std::string data_note = check_resume_data(info.data, data->provenance(), cfg.data, where);
+    if (speak && !data_note.empty()) std::printf("%s\n", data_note.c_str());
     ckpt.to_device(model, opt);
     start = info.step;
     io_ms += ms_since(t0);
@@ -306,7 +324,12 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     if (opts.show_mesh) std::printf("%s", describe_mesh(shape, true).c_str());
     std::fflush(stdout);
   }
-  if (cfg.checkpoint.at_start && !opts.resume) save(0);
+  // A due save waits until the state it holds is shown sane (train/step_check.hpp).
+  std::int64_t pending_save = -1;  // the step of the state to save; -1: none
+  if (cfg.checkpoint.at_start && !opts.resume) pending_save = 0;
+  if (speak && start >= t.steps)
+    std::printf("checkpoint: step %lld is train.steps = %d; nothing left to train (raise train.steps to go on)\n",
+                static_cast<long long>(start), t.steps);
 
   HostTokenView h_in("ndmini::inputs_host", static_cast<std::size_t>(mb) * T);
   HostTokenView h_tg("ndmini::targets_host", static_cast<std::size_t>(mb) * T);
@@ -315,9 +338,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   std::map<std::string, std::vector<double>> comm_ms, exposed_ms;  // per communicator, per step
 
   for (std::int64_t step = start; step < t.steps; ++step) {
+    faults.at_step_start(step);
     for (auto* c : comms) c->reset_stats();
     MPI_Barrier(comm);  // steps start together, so per-step times compare across ranks
     const auto t0 = Clock::now();
+    const double io_ms_before = io_ms;
     double loss_sum = 0;
     for (int m = 0; m < accum; ++m) {
       data->fill(step, dp_index * local_batch + m * mb, mb, h_in.data(), h_tg.data());
@@ -326,14 +351,13 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       loss_sum += model.forward_backward(d_in, d_tg, static_cast<real>(1.0 / tokens_per_step), m + 1 == accum);
     }
     model.store().finish_grads();
+    if (faults.nan_at(step)) poison_first_gradient(model);
     const double loss = batch.all_reduce_scalar(loss_sum) / tokens_per_step;
     const double grad_norm = std::sqrt(grad_norm_squared(model, norm));
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      std::ostringstream os;
-      os << "non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss") << " at step " << step << " (loss "
-         << loss << ", grad norm " << grad_norm
-         << "); lower train.lr or set train.grad_clip, then resume from the last checkpoint";
-      throw Error(os.str());
+    require_finite_step(comm, step, loss, grad_norm, loss_sum, model, cfg);
+    if (pending_save >= 0) {  // the state before this step's update, now shown sane
+      save(pending_save);
+      pending_save = -1;
     }
     if (opts.capture != nullptr && step == start)
       opts.capture->first_step_grads = gather_global(model, model.grad_buffer(), comm);
@@ -341,7 +365,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     const double lr = learning_rate(t, step);
     opt.step(model, t, lr, clip, step + 1);
     Kokkos::fence();
-    double step_ms = ms_since(t0);
+    double step_ms = ms_since(t0) - (io_ms - io_ms_before);
     MPI_Allreduce(MPI_IN_PLACE, &step_ms, 1, MPI_DOUBLE, MPI_MAX, comm);
     step_times.push_back(step_ms);
     result.losses.push_back(loss);
@@ -375,7 +399,16 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       std::fflush(stdout);
       metrics.step(r);
     }
-    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) save(step + 1);
+    agree(comm, metrics.error());  // only rank 0 writes: a full disk there stops every rank
+    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) pending_save = step + 1;
+  }
+  if (pending_save >= 0) {  // the final state: a forward pass shows it sane before it is saved
+    data->fill(t.steps, dp_index * local_batch, mb, h_in.data(), h_tg.data());
+    Kokkos::deep_copy(d_in, h_in);
+    Kokkos::deep_copy(d_tg, h_tg);
+    const double local = model.forward_loss(d_in, d_tg);
+    require_finite_state(comm, t.steps, batch.all_reduce_scalar(local), local, cfg);
+    save(pending_save);
   }
   if (opts.capture != nullptr) opts.capture->final_params = gather_global(model, model.param_buffer(), comm);
 
@@ -415,6 +448,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     std::fflush(stdout);
   }
   if (rank == 0) {
+    // null, not 0.0, when no step ran (a resume at the final step)
+    const auto final_loss = result.losses.empty() ? nlohmann::json() : nlohmann::json(result.losses.back());
     nlohmann::json s = {{"summary", true},
                         {"steps", static_cast<std::int64_t>(step_times.size())},
                         {"ranks", world_size},
@@ -429,9 +464,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
                         {"state_bytes", state_bytes},
                         {"mem_bytes", mem_bytes},
                         {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
-                        {"final_loss", result.losses.empty() ? 0.0 : result.losses.back()}};
+                        {"final_loss", final_loss}};
     metrics.summary(s.dump());
   }
+  agree(comm, metrics.error());
   return result;
 }
 
