@@ -228,6 +228,12 @@ void validate_fault(const Config& c, const std::string& origin) {
                 "no checkpoint of that step is saved (checkpoint.every = " + std::to_string(k.every) +
                     ", checkpoint.at_start = " + (k.at_start ? "true" : "false") +
                     ", train.steps = " + std::to_string(steps) + "), so the fault would never fire");
+  } else if (f.kind == "nan" && f.step == steps) {
+    // The final state's forward check (it runs when the final state is saved).
+    const auto& k = c.checkpoint;
+    check_range(k.every > 0 && steps % k.every == 0, origin, "fault.step", std::to_string(f.step),
+                "is train.steps, whose state is checked only when it is saved (checkpoint.every dividing "
+                "train.steps), so the fault would never fire");
   } else {
     check_range(f.step < steps, origin, "fault.step", std::to_string(f.step),
                 "must be below train.steps = " + std::to_string(steps) + ", or the fault would never fire");

@@ -68,8 +68,8 @@ struct PerfConfig {
 struct FaultConfig {
   std::string kind = "none";  // "none", "kill", "nan", "enospc", "skip_collective"
   int rank = 0;               // the world rank it hits
-  int step = 0;               // kill, nan, skip_collective: the training step; enospc or kill with a phase: the
-                              // step of the checkpoint being saved
+  int step = 0;               // kill, nan, skip_collective: the training step (nan at train.steps: the final
+                              // state's check); enospc or kill with a phase: the step of the checkpoint saved
   std::string phase;          // for saves: "create", "write", "close", "rename", "latest"
 };
 

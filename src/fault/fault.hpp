@@ -27,7 +27,8 @@ class FaultPlan {
   // at the plan's step, on the plan's rank, the process SIGKILLs itself.
   void at_step_start(std::int64_t step) const;
   // kind "nan": true at the plan's step on the plan's rank (reported as
-  // fired); the caller then poisons a gradient.
+  // fired); the caller then poisons a gradient, or at step train.steps the
+  // forward loss that shows the final state sane.
   bool nan_at(std::int64_t step) const;
   // kind "skip_collective": whether `rank` is to skip one collective at
   // `step`. The comm layer's hang detection fires it (and calls

@@ -479,10 +479,14 @@ bool is_stale_name(const std::string& name) {
   return name.rfind(".step_", 0) == 0 && (ends_with(".tmp") || ends_with(".old"));
 }
 
-// Folders of saves that never committed (and replaced steps never removed).
+// Folders of saves that never committed (and replaced steps never removed),
+// and the marker's temporary names.
 void remove_stale(const fs::path& root) {
-  for (const auto& entry : fs::directory_iterator(root))
-    if (is_stale_name(entry.path().filename().string())) fs::remove_all(entry.path());
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (is_stale_name(name) || name == std::string(kLatestName) + ".tmp" || name == std::string(kLatestName) + ".prev")
+      fs::remove_all(entry.path());
+  }
 }
 
 // Rank 0: keeps the step just saved and the newest keep-1 committed steps
@@ -500,6 +504,9 @@ void prune(const fs::path& root, std::int64_t step, int keep) {
 
 // --------------------------------------------------------- the save, rank 0
 
+std::string marker_tmp_name() { return std::string(kLatestName) + ".tmp"; }
+std::string marker_prev_name() { return std::string(kLatestName) + ".prev"; }
+
 // What rank 0 has changed in the folder so far, to undo it on failure.
 struct Rollback {
   fs::path root;
@@ -507,27 +514,28 @@ struct Rollback {
   std::int64_t previous = -1;   // the step `latest` named before (-1: none)
   bool renamed = false;         // tmp is now step_N
   bool replaced = false;        // an older step_N was moved to .step_N.old
-  bool latest_written = false;  // `latest` names step_N
+  bool latest_written = false;  // `latest` names step_N; the old marker is kept as latest.prev
 
+  // Undoing needs no new disk blocks (a full disk is a likely cause): renames
+  // and removals only. Should putting `latest` back fail, the new checkpoint,
+  // complete and named by it, stays.
   void undo() const noexcept {
-    std::error_code ignored;
-    fs::remove_all(root / tmp_dirname(step), ignored);
-    fs::remove(root / (std::string(kLatestName) + ".tmp"), ignored);
+    std::error_code ec;
+    fs::remove_all(root / tmp_dirname(step), ec);
+    fs::remove(root / marker_tmp_name(), ec);
+    if (!latest_written) fs::remove(root / marker_prev_name(), ec);
+    bool restored = true;
     if (latest_written) {
-      try {
-        if (previous >= 0) {
-          const fs::path marker_tmp = root / (std::string(kLatestName) + ".tmp");
-          format::write_synced(marker_tmp.string(), std::to_string(previous) + "\n");
-          fs::rename(marker_tmp, root / kLatestName);
-        } else {
-          fs::remove(root / kLatestName);
-        }
-      } catch (const std::exception&) {
-        // the caller reports what is left
-      }
+      ec.clear();
+      if (previous >= 0)
+        fs::rename(root / marker_prev_name(), root / kLatestName, ec);
+      else
+        fs::remove(root / kLatestName, ec);
+      restored = !ec;
     }
-    if (renamed) fs::remove_all(root / checkpoint_dirname(step), ignored);
-    if (replaced) fs::rename(root / old_dirname(step), root / checkpoint_dirname(step), ignored);
+    if (!restored) return;
+    if (renamed) fs::remove_all(root / checkpoint_dirname(step), ec);
+    if (replaced) fs::rename(root / old_dirname(step), root / checkpoint_dirname(step), ec);
   }
 };
 
@@ -735,8 +743,12 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     // latest
     phase(SavePhase::latest, nullptr, [&] {
       if (rank != 0) return;
-      const fs::path marker_tmp = root / (std::string(kLatestName) + ".tmp");
+      const fs::path marker_tmp = root / marker_tmp_name(), marker_prev = root / marker_prev_name();
       format::write_synced(marker_tmp.string(), std::to_string(info.step) + "\n");
+      // The old marker stays reachable (a hard link) until the save is
+      // agreed, so undoing is a rename, which needs no free space.
+      fs::remove(marker_prev);
+      if (rollback.previous >= 0) fs::create_hard_link(root / kLatestName, marker_prev);
       fs::rename(marker_tmp, root / kLatestName);
       rollback.latest_written = true;
       format::sync_path(root.string(), true);
@@ -744,21 +756,24 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     times.commit = seconds_since(t_commit);
   } catch (const Error& e) {
     // Every rank is here (errors are agreed). Rank 0 undoes what the save did.
-    long long undo_failed = 0;
+    long long state[3] = {rollback.previous, -1, 0};  // previous, latest now, debris left
     if (rank == 0) {
       rollback.undo();
       std::error_code ec;
-      const auto latest_now = read_latest_quietly(root);
-      undo_failed = (fs::exists(tmp, ec) || latest_now != rollback.previous) ? 1 : 0;
+      state[1] = read_latest_quietly(root);
+      state[2] = fs::exists(tmp, ec) ? 1 : 0;
     }
-    long long state[2] = {rollback.previous, undo_failed};
-    MPI_Bcast(state, 2, MPI_LONG_LONG, 0, comm);
-    std::string after =
-        state[0] >= 0 ? "; the previous checkpoint is intact: 'latest' still names step " + std::to_string(state[0])
-                      : "; no checkpoint was written before this one";
-    if (state[1])
-      after += " (but undoing the save failed: check '" + root.string() + "' for '" + tmp.filename().string() +
-               "' and what 'latest' names)";
+    MPI_Bcast(state, 3, MPI_LONG_LONG, 0, comm);
+    std::string after;
+    if (state[0] >= 0 && state[1] == state[0])
+      after = "; the previous checkpoint is intact: 'latest' still names step " + std::to_string(state[0]);
+    else if (state[0] < 0 && state[1] < 0)
+      after = "; no checkpoint was written before this one";
+    else if (state[1] == info.step)
+      after = "; the save could not be undone, but it was complete: 'latest' names step " + std::to_string(info.step);
+    else
+      after = "; check what 'latest' in '" + root.string() + "' names";
+    if (state[2]) after += " (the partial folder '" + tmp.string() + "' could not be removed: delete it)";
     throw Error("saving checkpoint step " + std::to_string(info.step) + " to '" + root.string() + "' failed in " +
                 e.what() + after);
   }
@@ -769,6 +784,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     try {
       std::error_code ec;
       fs::remove_all(root / old_dirname(info.step), ec);
+      fs::remove(root / marker_prev_name(), ec);
       prune(root, info.step, keep);
     } catch (const std::exception& e) {
       throw Error("checkpoint step " + std::to_string(info.step) + " was saved, but removing old checkpoints in '" +
@@ -934,9 +950,9 @@ CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, std:
     const std::string key = "checkpoint.dir = '" + dir + "'";
     const std::string fix = "; set checkpoint.dir to a writable folder";
     std::error_code ec;
+    if (fs::exists(root, ec) && !fs::is_directory(root, ec)) throw Error(key + " is not a folder" + fix);
     fs::create_directories(root, ec);
     if (ec) throw Error(key + ": the folder cannot be created (" + ec.message() + ")" + fix);
-    if (!fs::is_directory(root)) throw Error(key + " is not a folder" + fix);
     // Writable: a file can be created and removed there (the lock file may
     // exist already, so opening it would prove nothing).
     const fs::path probe = root / (".probe." + std::to_string(::getpid()));

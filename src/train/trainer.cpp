@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -406,7 +407,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     data->fill(t.steps, dp_index * local_batch, mb, h_in.data(), h_tg.data());
     Kokkos::deep_copy(d_in, h_in);
     Kokkos::deep_copy(d_tg, h_tg);
-    const double local = model.forward_loss(d_in, d_tg);
+    double local = model.forward_loss(d_in, d_tg);
+    if (faults.nan_at(t.steps)) local = std::numeric_limits<double>::quiet_NaN();
     require_finite_state(comm, t.steps, batch.all_reduce_scalar(local), local, cfg);
     save(pending_save);
   }
