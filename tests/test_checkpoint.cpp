@@ -781,30 +781,45 @@ TEST_F(Checkpoint, DataProvenanceRoundTrips) {
   }
 }
 
-// One writer per folder: a second lock on it is refused at once, naming the
-// folder and the holder; released, it can be taken again. The folder is
-// proven usable up front, and debris of dead saves is cleared.
-TEST_F(Checkpoint, DirLockAdmitsOneJob) {
-  auto first = std::make_unique<ndmini::io::CheckpointDirLock>(MPI_COMM_WORLD, root_, 0);
+// One writer per folder: a second lock on it, writer or reader, is refused at
+// once, naming the folder and the holder; readers share it; released, it can
+// be taken again. A writer proves the folder usable up front and clears
+// debris of dead saves.
+TEST_F(Checkpoint, DirLockAdmitsOneWriterOrManyReaders) {
+  using ndmini::io::CheckpointDirLock;
+  using ndmini::io::DirAccess;
+  auto first = std::make_unique<CheckpointDirLock>(MPI_COMM_WORLD, root_, DirAccess::write);
   long long holder = ::getpid();  // rank 0 holds the lock for the job
   MPI_Bcast(&holder, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   if (rank() == 0) fs::create_directories(root_ + "/.step_00000007.tmp");
-  std::string msg = error_of([&] { ndmini::io::CheckpointDirLock second(MPI_COMM_WORLD, root_, 0); });
-  EXPECT_TRUE(contains(msg, "checkpoint.dir = '" + root_ + "' is in use by another job")) << msg;
-  EXPECT_TRUE(contains(msg, "pid " + std::to_string(holder))) << msg;
+  for (DirAccess second : {DirAccess::write, DirAccess::read}) {
+    const std::string msg = error_of([&] { CheckpointDirLock again(MPI_COMM_WORLD, root_, second); });
+    EXPECT_TRUE(contains(msg, "checkpoint.dir = '" + root_ + "' is in use by another job")) << msg;
+    EXPECT_TRUE(contains(msg, "pid " + std::to_string(holder))) << msg;
+  }
   first.reset();
   {
-    ndmini::io::CheckpointDirLock again(MPI_COMM_WORLD, root_, 0);
+    // Readers share it (one job per rank, as several jobs would), and keep a writer out.
+    CheckpointDirLock reader(MPI_COMM_SELF, root_, DirAccess::read);
+    CheckpointDirLock other_reader(MPI_COMM_WORLD, root_, DirAccess::read);
+    const std::string msg = error_of([&] { CheckpointDirLock writer(MPI_COMM_WORLD, root_, DirAccess::write); });
+    EXPECT_TRUE(contains(msg, "is in use by another job")) << msg;
+    EXPECT_TRUE(contains(msg, ", reading)")) << msg;
+    if (rank() == 0) EXPECT_TRUE(fs::exists(root_ + "/.step_00000007.tmp"));  // readers touch nothing
+  }
+  {
+    CheckpointDirLock again(MPI_COMM_WORLD, root_, DirAccess::write);
     if (rank() == 0) EXPECT_FALSE(fs::exists(root_ + "/.step_00000007.tmp"));
   }
+  EXPECT_NO_THROW(CheckpointDirLock(MPI_COMM_WORLD, dir_ + "/absent", DirAccess::read));  // the load will say so
   if (rank() == 0) std::ofstream(dir_ + "/a_file") << "x";
   MPI_Barrier(MPI_COMM_WORLD);
-  msg = error_of([&] { ndmini::io::CheckpointDirLock bad(MPI_COMM_WORLD, dir_ + "/a_file", 0); });
+  std::string msg = error_of([&] { CheckpointDirLock bad(MPI_COMM_WORLD, dir_ + "/a_file", DirAccess::write); });
   EXPECT_TRUE(contains(msg, "is not a folder")) << msg;
-  msg = error_of([&] { ndmini::io::CheckpointDirLock bad(MPI_COMM_WORLD, dir_ + "/a_file/sub", 0); });
+  msg = error_of([&] { CheckpointDirLock bad(MPI_COMM_WORLD, dir_ + "/a_file/sub", DirAccess::write); });
   EXPECT_TRUE(contains(msg, "cannot be created")) << msg;
   if (rank() == 0) setenv("NDMINI_CKPT_FREE_BYTES", "1000", 1);
-  msg = error_of([&] { ndmini::io::CheckpointDirLock tight(MPI_COMM_WORLD, root_, 5000000); });
+  msg = error_of([&] { CheckpointDirLock tight(MPI_COMM_WORLD, root_, DirAccess::write, 5000000); });
   if (rank() == 0) unsetenv("NDMINI_CKPT_FREE_BYTES");
   EXPECT_TRUE(contains(msg, "not enough free space in '" + root_ + "' for one checkpoint of this model")) << msg;
 }

@@ -584,18 +584,20 @@ void broadcast(MPI_Comm comm, std::string& bytes) {
   }
 }
 
-// Rank 0, holding the lock on `fd`: records the holder, clears debris and
-// checks the room for one checkpoint.
-void claim(int fd, const fs::path& root, std::uint64_t checkpoint_bytes) {
+// Rank 0, holding the lock on `fd`: records the holder; a writer also clears
+// debris and checks the room for one checkpoint.
+void claim(int fd, const fs::path& root, bool write, std::uint64_t checkpoint_bytes) {
   // Who holds it, for the message of a job refused later. Best effort: a
-  // full disk must not stop a resume that only reads.
+  // full disk or a read-only lock file must not stop a run.
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);
-  const std::string holder = "host " + std::string(host) + ", pid " + std::to_string(::getpid()) + "\n";
+  const std::string holder =
+      "host " + std::string(host) + ", pid " + std::to_string(::getpid()) + (write ? "" : ", reading") + "\n";
   if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, holder.data(), holder.size(), 0) < 0) {
     // ignored: see above
   }
-  remove_stale(root);  // we are the only writer now: any .tmp is debris
+  if (!write) return;
+  remove_stale(root);  // the only writer now: any .tmp is debris
   if (checkpoint_bytes > 0) require_free_space(root, checkpoint_bytes + kMiB, "for one checkpoint of this model");
 }
 
@@ -942,7 +944,9 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
   return info;
 }
 
-CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, std::uint64_t checkpoint_bytes) {
+CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, DirAccess access,
+                                     std::uint64_t checkpoint_bytes) {
+  const bool write = access == DirAccess::write;
   int fd = -1;
   agree_on_errors(comm, [&] {
     if (comm_rank(comm) != 0) return;
@@ -950,23 +954,29 @@ CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, std:
     const std::string key = "checkpoint.dir = '" + dir + "'";
     const std::string fix = "; set checkpoint.dir to a writable folder";
     std::error_code ec;
+    if (!write && !fs::is_directory(root, ec)) return;  // nothing to read: the load says so
     if (fs::exists(root, ec) && !fs::is_directory(root, ec)) throw Error(key + " is not a folder" + fix);
-    fs::create_directories(root, ec);
-    if (ec) throw Error(key + ": the folder cannot be created (" + ec.message() + ")" + fix);
-    // Writable: a file can be created and removed there (the lock file may
-    // exist already, so opening it would prove nothing).
-    const fs::path probe = root / (".probe." + std::to_string(::getpid()));
-    const int p = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (p < 0) throw Error(key + " is not writable (" + std::strerror(errno) + ")" + fix);
-    ::close(p);
-    fs::remove(probe, ec);
+    if (write) {
+      fs::create_directories(root, ec);
+      if (ec) throw Error(key + ": the folder cannot be created (" + ec.message() + ")" + fix);
+      // Writable: a file can be created and removed there (the lock file may
+      // exist already, so opening it would prove nothing).
+      const fs::path probe = root / (".probe." + std::to_string(::getpid()));
+      const int p = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (p < 0) throw Error(key + " is not writable (" + std::strerror(errno) + ")" + fix);
+      ::close(p);
+      fs::remove(probe, ec);
+    }
 
     const fs::path lock_path = root / ".lock";
     fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (fd < 0 && !write) fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (!write) return;  // a read-only archive of checkpoints: nobody can write there either
       throw Error(key + ": cannot open its lock file '" + lock_path.string() + "' (" + std::strerror(errno) + ")" +
                   fix);
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    }
+    if (::flock(fd, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
       const int err = errno;
       if (err == EWOULDBLOCK) {
         char text[256] = {};
@@ -976,8 +986,8 @@ CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, std:
         ::close(fd);
         fd = -1;
         throw Error(key + " is in use by another job (" + (holder.empty() ? "holder unknown" : printable(holder)) +
-                    "): one job writes a checkpoint folder at a time; wait for it to end, or give this run its own "
-                    "checkpoint.dir");
+                    "): one job writes a checkpoint folder at a time, and nobody reads it meanwhile; wait for that "
+                    "job to end, or give this run its own checkpoint.dir");
       }
       if (err != ENOLCK && err != EINVAL && err != EOPNOTSUPP && err != ENOSYS) {
         ::close(fd);
@@ -990,7 +1000,7 @@ CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, std:
                    key.c_str(), std::strerror(err));
     }
     try {
-      claim(fd, root, checkpoint_bytes);
+      claim(fd, root, write, checkpoint_bytes);
     } catch (...) {
       ::close(fd);
       fd = -1;

@@ -120,18 +120,22 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
 // "step_00000042"
 std::string checkpoint_dirname(std::int64_t step);
 
-// The one-writer guard of a checkpoint folder: rank 0 creates the folder if
-// needed and holds an advisory lock (flock) on <dir>/.lock from construction
-// until destruction or process exit (the kernel drops it even after SIGKILL).
-// A second job on the same folder is refused at once, naming the folder and
-// the holder (host and pid). Construction also proves the folder usable
+// The one-writer guard of a checkpoint folder: rank 0 holds an advisory lock
+// (flock) on <dir>/.lock from construction until destruction or process exit
+// (the kernel drops it even after SIGKILL). A writer (a run that saves) takes
+// it exclusively: a second job on the folder, writer or reader, is refused at
+// once, naming the folder and the holder (host and pid). Readers (runs that
+// only resume from it) share it, so several may load one checkpoint while no
+// job writes there. A writer's construction also proves the folder usable
 // before any training time is spent: it exists or can be created, is
 // writable, and has room for a checkpoint of `checkpoint_bytes` (0: not
-// checked). Debris of saves that died (.step_*.tmp) is removed.
+// checked); debris of saves that died (.step_*.tmp) is removed. A reader of a
+// folder that does not exist takes nothing (the load reports it).
 // Collective over comm; throws ndmini::Error on every rank.
+enum class DirAccess { read, write };
 class CheckpointDirLock {
  public:
-  CheckpointDirLock(MPI_Comm comm, const std::string& dir, std::uint64_t checkpoint_bytes);
+  CheckpointDirLock(MPI_Comm comm, const std::string& dir, DirAccess access, std::uint64_t checkpoint_bytes = 0);
   ~CheckpointDirLock();
   CheckpointDirLock(const CheckpointDirLock&) = delete;
   CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;

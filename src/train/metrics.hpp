@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// What a run reports (DESIGN section 6): the progress line on stdout and its
+// What a run reports (README, "What a run prints"): the progress line on stdout and its
 // machine-readable twin, one JSON object per logged step in --metrics FILE.
 #include <cstdint>
 #include <string>

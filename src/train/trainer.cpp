@@ -219,10 +219,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   fault::FaultPlan faults;
   agree_on_errors(comm, [&] { faults = fault::FaultPlan(cfg.fault, rank, world_size); });
   std::unique_ptr<io::CheckpointDirLock> dir_lock;
-  if (cfg.checkpoint.every > 0 || cfg.checkpoint.at_start || opts.resume)
-    dir_lock = std::make_unique<io::CheckpointDirLock>(
-        comm, cfg.checkpoint.dir,
-        cfg.checkpoint.every > 0 || cfg.checkpoint.at_start ? checkpoint_bytes(cfg.model) : 0);
+  const bool saves = cfg.checkpoint.every > 0 || cfg.checkpoint.at_start;
+  if (saves || opts.resume)
+    dir_lock = std::make_unique<io::CheckpointDirLock>(comm, cfg.checkpoint.dir,
+                                                       saves ? io::DirAccess::write : io::DirAccess::read,
+                                                       saves ? checkpoint_bytes(cfg.model) : 0);
 
   // One communicator per axis the model uses, plus the two groups of the
   // scalar reductions; the mesh defines which ranks each holds.
