@@ -807,6 +807,7 @@ TEST_F(Checkpoint, DirLockAdmitsOneWriterOrManyReaders) {
     EXPECT_TRUE(contains(msg, ", reading)")) << msg;
     if (rank() == 0) EXPECT_TRUE(fs::exists(root_ + "/.step_00000007.tmp"));  // readers touch nothing
   }
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank's own reader is gone
   {
     CheckpointDirLock again(MPI_COMM_WORLD, root_, DirAccess::write);
     if (rank() == 0) EXPECT_FALSE(fs::exists(root_ + "/.step_00000007.tmp"));
