@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
     const auto expected = memory;
     const std::uint64_t dd_count = (total_bytes + kMiB - 1) / kMiB;
     if (rank == 0)
-      std::printf("checkpoint of %s: %zu tensors, %.3f GB, %d rank(s), folder %s\n", deck.c_str(), slabs.size(),
-                  total_bytes / kGB, ranks, root.c_str());
+      std::printf("checkpoint of %s: %zu tensors, %.3f GB, %d rank(s), folder %s\n", deck.c_str(),
+                  3 * layout.params.size(), total_bytes / kGB, ranks, root.c_str());
 
     std::vector<double> dd_w, dd_r, save_s, load_s, create, write, digest, flush, meta, commit, prune;
     for (int rep = 0; rep < reps; ++rep) {

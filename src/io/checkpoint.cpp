@@ -55,6 +55,8 @@ using format::kResumeHint;
 constexpr const char* kLatestName = "latest";
 // One MPI-IO call moves at most this many bytes (its count is an int).
 constexpr std::uint64_t kMaxIoBytes = std::uint64_t{1} << 30;
+// How far a load asks the kernel to read ahead of its reads.
+constexpr std::uint64_t kReadAheadBytes = std::uint64_t{256} << 20;
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 
 using Clock = std::chrono::steady_clock;
@@ -921,12 +923,22 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
     const bool reads = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
     if (!reads) return;
     RawFile raw(file, false);
+    // The disk reads ahead (up to kReadAheadBytes of the coming tensors)
+    // while the tensors already read are copied and digested.
+    std::size_t ahead = 0;
+    std::uint64_t requested = 0, consumed = 0;
+    auto span_bytes = [&](std::size_t i) {
+      const auto span = byte_span(order[i], entries[i]->offset);
+      return span.second - span.first;
+    };
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (i + 1 < order.size()) {  // the disk reads the next tensor while this one is digested
-        const auto next = byte_span(order[i + 1], entries[i + 1]->offset);
-        raw.prefetch(next.first, next.second - next.first);
+      for (; ahead < order.size() && requested - consumed < kReadAheadBytes; ++ahead) {
+        const auto span = byte_span(order[ahead], entries[ahead]->offset);
+        raw.prefetch(span.first, span.second - span.first);
+        requested += span.second - span.first;
       }
       for (const Run& r : order[i].runs) raw.read(entries[i]->offset + 4 * r.start, r.data, 4 * r.length);
+      consumed += span_bytes(i);
       for (const TensorSlab* b : order[i].owned) digests[i] += block_digest(*b);
     }
     raw.close(false);
