@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -336,6 +337,10 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A folder opens as an empty stream: say what it is, not that keys are missing.
+  std::error_code ec;
+  require(!std::filesystem::is_directory(path, ec),
+          "cannot read deck '" + path + "': it is a folder; name a .toml file");
   std::ifstream in(path);
   require(in.good(), "cannot read deck '" + path + "': no such file or not readable");
   std::stringstream ss;

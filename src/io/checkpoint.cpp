@@ -516,7 +516,8 @@ struct Rollback {
   std::int64_t previous = -1;   // the step `latest` named before (-1: none)
   bool renamed = false;         // tmp is now step_N
   bool replaced = false;        // an older step_N was moved to .step_N.old
-  bool latest_written = false;  // `latest` names step_N; the old marker is kept as latest.prev
+  bool latest_written = false;  // `latest` names step_N
+  bool prev_linked = false;     // the old marker is kept as latest.prev
 
   // Undoing needs no new disk blocks (a full disk is a likely cause): renames
   // and removals only. Should putting `latest` back fail, the new checkpoint,
@@ -529,10 +530,18 @@ struct Rollback {
     bool restored = true;
     if (latest_written) {
       ec.clear();
-      if (previous >= 0)
-        fs::rename(root / marker_prev_name(), root / kLatestName, ec);
-      else
+      if (previous < 0) {
         fs::remove(root / kLatestName, ec);
+      } else if (prev_linked) {
+        fs::rename(root / marker_prev_name(), root / kLatestName, ec);
+      } else {  // a file system without hard links: write it again
+        try {
+          format::write_synced((root / marker_tmp_name()).string(), std::to_string(previous) + "\n");
+          fs::rename(root / marker_tmp_name(), root / kLatestName, ec);
+        } catch (const std::exception&) {
+          ec = std::make_error_code(std::errc::io_error);
+        }
+      }
       restored = !ec;
     }
     if (!restored) return;
@@ -752,7 +761,9 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
       // The old marker stays reachable (a hard link) until the save is
       // agreed, so undoing is a rename, which needs no free space.
       fs::remove(marker_prev);
-      if (rollback.previous >= 0) fs::create_hard_link(root / kLatestName, marker_prev);
+      std::error_code no_link;
+      if (rollback.previous >= 0) fs::create_hard_link(root / kLatestName, marker_prev, no_link);
+      rollback.prev_linked = rollback.previous >= 0 && !no_link;
       fs::rename(marker_tmp, root / kLatestName);
       rollback.latest_written = true;
       format::sync_path(root.string(), true);

@@ -79,6 +79,9 @@ case "$1" in
     printf '\x00\xff\x1b[2J' >ckpt/latest
     expect_error "does not hold a step number (it holds '\\x00\\xff\\x1b[2J')" train tiny.toml "${QUICK[@]}" --resume
     if grep -q $'\x1b' out.txt; then fail "the marker's raw bytes reached the terminal"; fi ;;
+  deck_folder)
+    mkdir decks
+    expect_error "cannot read deck 'decks': it is a folder; name a .toml file" train decks ;;
   data_path_folder)
     mkdir corpus
     expect_error 'data.path = "corpus" is a folder, not a file' train tiny.toml --set data.source=text --set data.path=corpus ;;
