@@ -679,6 +679,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     // create
     std::vector<format::TensorEntry> entries(order.size());
     for (std::size_t i = 0; i < order.size(); ++i) entries[i] = {order[i].path, order[i].shape, 0, 0};
+    std::unique_ptr<format::FileBuilder> builder;  // rank 0: the HDF5 metadata, in memory until complete
     phase(SavePhase::create, &times.create, [&] {
       if (rank != 0) return;
       fs::create_directories(root);
@@ -689,9 +690,8 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
       require_free_space(root, needed_bytes(data_bytes, entries.size()),
                          "to save checkpoint step " + std::to_string(info.step));
       fs::create_directory(tmp);
-      std::uint64_t end = 0;
-      entries = format::create_file(file, info, entries, &end);
-      format::reserve_space(file, end);
+      builder = std::make_unique<format::FileBuilder>(info, entries);
+      builder->create_target(file);
     });
     {
       std::vector<std::uint64_t> offsets(entries.size());
@@ -730,7 +730,8 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
       times.flush = seconds_since(t0);
       if (rank != 0) return;
       const auto t1 = Clock::now();
-      format::write_digests(file, entries);
+      builder->finish(entries, file);
+      builder.reset();
       format::write_manifest(tmp.string(), entries);
       times.metadata = seconds_since(t1);
     });

@@ -89,6 +89,7 @@ class Handle {
   Handle& operator=(const Handle&) = delete;
   ~Handle() { reset(); }
   hid_t get() const { return id_; }
+  hid_t release() { return std::exchange(id_, -1); }
   // Closes now and reports failure (a file's close writes its metadata).
   void close(const std::string& what) {
     const hid_t id = std::exchange(id_, -1);
@@ -264,13 +265,60 @@ void write_synced(const std::string& path, const std::string& text) {
   if (!fd.close()) throw sys_error("cannot close '" + path + "'");
 }
 
-std::vector<TensorEntry> create_file(const std::string& file, const CheckpointInfo& info,
-                                     std::vector<TensorEntry> tensors, std::uint64_t* end) {
+namespace {
+
+// Extents of the raw data, sorted by offset.
+std::vector<Extent> extents_of(const std::vector<TensorEntry>& tensors) {
+  std::vector<Extent> extents;
+  for (const TensorEntry& t : tensors) extents.push_back({t.offset, t.bytes(), t.path});
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+  return extents;
+}
+
+// Sets `fd`'s size to `bytes`, reserving the blocks where the file system can.
+void reserve(int fd, std::uint64_t bytes, const std::string& file) {
+  // Test hook: behave as a file system without fallocate, so that a full disk
+  // hits the ranks' data writes themselves.
+  const bool try_reserve = std::getenv("NDMINI_CKPT_NO_RESERVE") == nullptr;
+#ifdef __linux__
+  // fallocate(2), not posix_fallocate(3): where the file system cannot
+  // reserve, glibc's fallback would write the whole file once more.
+  if (try_reserve && ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0) return;
+  if (try_reserve && errno != EOPNOTSUPP && errno != ENOSYS)
+    throw sys_error("cannot reserve " + std::to_string(bytes) + " bytes for '" + file + "'");
+#else
+  (void)try_reserve;
+#endif
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw sys_error("cannot size '" + file + "'");
+}
+
+}  // namespace
+
+FileBuilder::FileBuilder(const CheckpointInfo& info, std::vector<TensorEntry>& tensors) {
   quiet_hdf5();
-  const std::string what = "creating '" + file + "'";
+  // A sparse file in memory where there is one (/dev/shm), else in the
+  // temporary folder: the datasets' raw data are holes in it, only the
+  // metadata takes space. (Not a memfd: HDF5 needs a real path.)
+  std::string tried;
+  const char* tmpdir = std::getenv("TMPDIR");
+  for (const char* dir : {"/dev/shm", tmpdir, "/tmp"}) {
+    if (dir == nullptr || *dir == '\0') continue;
+    std::string name = std::string(dir) + "/ndmini-checkpoint-metadata-XXXXXX";
+    fd_ = ::mkstemp(name.data());
+    if (fd_ >= 0) {
+      path_ = name;
+      break;
+    }
+    tried += (tried.empty() ? "" : ", ") + std::string(dir) + " (" + std::strerror(errno) + ")";
+  }
+  if (fd_ < 0) throw Error("cannot create a temporary file for the checkpoint's metadata in " + tried);
+  const std::string what = "building the checkpoint's HDF5 metadata";
   Handle fapl = file_access();
-  Handle f(checked(H5Fcreate(file.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), "cannot create '" + file + "'"),
-           H5Fclose);
+  Handle f(checked(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), what), H5Fclose);
+  // Open now (by HDF5 and by fd_), so its name can go: a process killed
+  // mid-save leaves nothing behind in /dev/shm.
+  ::unlink(path_.c_str());
+  path_.clear();
   const std::int64_t version = kVersion;
   write_attr(f.get(), "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version);
   write_attr(f.get(), "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.step);
@@ -307,53 +355,74 @@ std::vector<TensorEntry> create_file(const std::string& file, const CheckpointIn
   }
   haddr_t eoa = 0;
   checked(H5Fget_eoa(f.get(), &eoa), "H5Fget_eoa");
-  *end = static_cast<std::uint64_t>(eoa);
-  f.close(what + ": closing it failed");
-  // Closing may give back unused metadata space: the size on disk is the truth.
-  *end = std::max(*end, file_size(file));
-  return tensors;
+  size_ = static_cast<std::uint64_t>(eoa);
+  h5_ = f.release();
 }
 
-bool reserve_space(const std::string& file, std::uint64_t bytes) {
-  // Test hook: behave as a file system without fallocate, so that a full disk
-  // hits the ranks' data writes themselves.
-  if (std::getenv("NDMINI_CKPT_NO_RESERVE")) return false;
-  Fd fd(file, O_WRONLY);
-  if (!fd.ok()) throw sys_error("cannot open '" + file + "' to reserve its space");
-#ifdef __linux__
-  // fallocate(2), not posix_fallocate(3): where the file system cannot
-  // reserve, glibc's fallback would write the whole file once more.
-  if (::fallocate(fd.get(), 0, 0, static_cast<off_t>(bytes)) == 0) return true;
-  if (errno == EOPNOTSUPP || errno == ENOSYS) return false;
-  throw sys_error("cannot reserve " + std::to_string(bytes) + " bytes for '" + file + "'");
-#else
-  (void)bytes;
-  return false;
-#endif
+FileBuilder::~FileBuilder() {
+  if (h5_ >= 0) H5Fclose(h5_);  // a few MiB at most, off the checkpoint's file system
+  if (fd_ >= 0) ::close(fd_);
+  if (!path_.empty()) ::unlink(path_.c_str());
 }
 
-void write_digests(const std::string& file, const std::vector<TensorEntry>& tensors) {
-  quiet_hdf5();
-  const std::string what = "storing the digests in '" + file + "'";
+void FileBuilder::create_target(const std::string& file) const {
+  Fd fd(file, O_WRONLY | O_CREAT | O_EXCL);
+  if (!fd.ok()) throw sys_error("cannot create '" + file + "'");
+  reserve(fd.get(), size_, file);
+  if (!fd.close()) throw sys_error("cannot close '" + file + "'");
+}
+
+void FileBuilder::finish(const std::vector<TensorEntry>& tensors, const std::string& file) {
+  const std::string what = "completing the checkpoint's HDF5 metadata";
   {
-    Handle fapl = file_access();
-    Handle f(checked(H5Fopen(file.c_str(), H5F_ACC_RDWR, fapl.get()), "cannot open '" + file + "'"), H5Fclose);
+    Handle f(std::exchange(h5_, -1), H5Fclose);
     for (const TensorEntry& t : tensors) {
       Handle dset(checked(H5Dopen2(f.get(), t.path.c_str(), H5P_DEFAULT), what + ": tensor '" + t.path + "'"),
                   H5Dclose);
       Handle attr(checked(H5Aopen(dset.get(), kDigestAttr, H5P_DEFAULT), what), H5Aclose);
       checked(H5Awrite(attr.get(), H5T_NATIVE_UINT64, &t.digest), what + ": tensor '" + t.path + "'");
     }
-    f.close(what + ": closing it failed");
+    f.close(what);
   }
-  sync_path(file, false);
+  // The metadata, byte for byte, into the real file: everything outside the
+  // raw data, up to the image's final size (closing may give back space).
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw sys_error(what);
+  const auto final_size = static_cast<std::uint64_t>(st.st_size);
+  Fd out(file, O_WRONLY);
+  if (!out.ok()) throw sys_error("cannot open '" + file + "'");
+  if (final_size != size_) reserve(out.get(), final_size, file);
+  std::vector<char> buf(1 << 16);
+  auto copy_range = [&](std::uint64_t from, std::uint64_t to) {
+    while (from < to) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(to - from, buf.size()));
+      const ssize_t n = ::pread(fd_, buf.data(), want, static_cast<off_t>(from));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw sys_error(what + ": reading the in-memory file");
+      std::size_t done = 0;
+      while (done < static_cast<std::size_t>(n)) {
+        const ssize_t w =
+            ::pwrite(out.get(), buf.data() + done, static_cast<std::size_t>(n) - done, static_cast<off_t>(from + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) throw sys_error("writing the metadata of '" + file + "' failed");
+        done += static_cast<std::size_t>(w);
+      }
+      from += static_cast<std::uint64_t>(n);
+    }
+  };
+  std::uint64_t at = 0;
+  for (const Extent& e : extents_of(tensors)) {
+    copy_range(at, std::min(e.offset, final_size));
+    at = e.offset + e.bytes;
+  }
+  if (at < final_size) copy_range(at, final_size);
+  if (::fsync(out.get()) != 0) throw sys_error("cannot sync '" + file + "'");
+  if (!out.close()) throw sys_error("cannot close '" + file + "'");
 }
 
 void write_manifest(const std::string& dir, const std::vector<TensorEntry>& tensors) {
   const std::string file = dir + "/" + kFileName;
-  std::vector<Extent> extents;
-  for (const TensorEntry& t : tensors) extents.push_back({t.offset, t.bytes(), t.path});
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+  const std::vector<Extent> extents = extents_of(tensors);
   const std::uint64_t size = file_size(file);
   std::ostringstream os;
   os << kManifestMagic << ' ' << kVersion << "\nfile " << kFileName << "\nsize " << size << "\nmetadata "

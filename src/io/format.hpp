@@ -56,20 +56,40 @@ struct Index {
   std::vector<TensorEntry> tensors;  // by path
 };
 
-// ---- writing, in this order (each throws Error naming the file)
+// ---- writing (each call throws Error naming the file)
 
-// Creates `file` (it must not exist) with the root attributes and every
-// dataset allocated, digests 0. Returns the entries with their offsets and
-// sets *end to the file's end of allocation (its final size).
-std::vector<TensorEntry> create_file(const std::string& file, const CheckpointInfo& info,
-                                     std::vector<TensorEntry> tensors, std::uint64_t* end);
-// Reserves the disk blocks of the whole file (fallocate) so that a disk that
-// fills later cannot fail the writes into it. Returns false where the file
-// system cannot reserve (the writes then report a full disk themselves).
-bool reserve_space(const std::string& file, std::uint64_t bytes);
-// Stores each tensor's digest (entries as create_file returned them, digests
-// filled in), then syncs the file.
-void write_digests(const std::string& file, const std::vector<TensorEntry>& tensors);
+// The HDF5 file of a checkpoint under construction. HDF5 writes it into a
+// sparse temporary file (in /dev/shm where it exists: memory), never onto
+// the checkpoint's file system: a full disk there then fails only our own
+// writes, which report and undo cleanly, never an HDF5 close (on HDF5 1.10 a
+// failed H5Fclose leaves a dangling file id that crashes MPI_Finalize).
+class FileBuilder {
+ public:
+  // The root attributes and every dataset allocated (contiguous, 4 KiB
+  // aligned), digests 0; fills in the tensors' offsets.
+  FileBuilder(const CheckpointInfo& info, std::vector<TensorEntry>& tensors);
+  ~FileBuilder();
+  FileBuilder(const FileBuilder&) = delete;
+  FileBuilder& operator=(const FileBuilder&) = delete;
+
+  // The file's size: its end of allocation.
+  std::uint64_t size() const { return size_; }
+  // Creates `file` (it must not exist) with size() bytes, their disk blocks
+  // reserved (fallocate) where the file system can, so that a disk filled
+  // later by others cannot fail the writes into it.
+  void create_target(const std::string& file) const;
+  // Stores the digests (entries in the constructor's order), completes the
+  // HDF5 file, writes every byte of it outside the raw data into `file`
+  // (whose raw data the ranks wrote) and syncs it.
+  void finish(const std::vector<TensorEntry>& tensors, const std::string& file);
+
+ private:
+  int fd_ = -1;           // the temporary file
+  std::string path_;      // its name, removed at destruction
+  std::int64_t h5_ = -1;  // the open HDF5 file (hid_t)
+  std::uint64_t size_ = 0;
+};
+
 // Writes and syncs <dir>/manifest.txt for the finished, synced file.
 void write_manifest(const std::string& dir, const std::vector<TensorEntry>& tensors);
 
