@@ -2,8 +2,8 @@
 #pragma once
 // The on-disk format of one checkpoint folder (format_version 2). Everything
 // here runs in ONE process (rank 0 of a job, or the `ndmini ckpt` tools): HDF5
-// is only ever used serially, for metadata; the ranks move the raw data
-// themselves (io/checkpoint.cpp).
+// is only ever used serially, for metadata, and writes only to a temporary
+// file (FileBuilder); the ranks move the raw data themselves (io/checkpoint.cpp).
 //
 // checkpoint.h5   HDF5 file (superblock v2, libver 1.8..1.10 structures).
 //   Root attributes: format_version (2), step, consumed_tokens, seed,
