@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # A NaN in one rank's gradient at step K (2 ranks; $1 = the layout: a replica
-# of data parallelism, where only that rank sees it, or an FSDP shard): every
+# of data parallelism, where only that rank sees it, an FSDP shard, or the
+# last pipeline stage, whose copy of the tied wte is applied but left out of
+# the gradient norm): every
 # rank stops at step K naming it, the rank and the tensor, no update is
 # applied, no checkpoint is written after step K - 1, `latest` is unchanged
 # and the message points at it.
@@ -30,8 +32,8 @@ no_debris ckpt
   fail "unexpected logged steps: $(step_losses m.jsonl | awk '{ print $1 }' | tr '\n' ' ')"
 run 1 ckpt verify ckpt || fail "the newest checkpoint does not verify"
 
-# The final state is saved only once a forward pass shows it sane: a NaN in
-# that forward (step 6 = train.steps) keeps it out; step 4 stays the newest.
+# The final state is saved only once one more batch's loss shows it sane: a
+# NaN there (step 6 = train.steps) keeps it out; step 4 stays the newest.
 rm -rf ckpt
 rc=0
 run_ranks 2 train tiny.toml --set train.steps=6 --set checkpoint.every=2 --set parallel."$layout"=2 "${QUICK[@]}" \
