@@ -12,8 +12,10 @@
 
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "train/budget.hpp"
 #include "train/layout.hpp"
 #include "train/report.hpp"
 #include "train/trainer.hpp"
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   std::string resume_step;  // empty: the step named by 'latest'
   bool show_mesh = false;
   int check_world = world;
+  std::string ckpt_path;
 
   auto* train = app.add_subcommand("train", "Train the model a deck describes");
   train->add_option("deck", deck, "Input deck (TOML), e.g. inputs/tiny.toml")->required();
@@ -58,6 +61,17 @@ int main(int argc, char** argv) {
       ->option_text("N (default: the ranks launched)")
       ->check(CLI::PositiveNumber);
 
+  auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (one process; no job needed)");
+  ckpt->require_subcommand(1);
+  auto* ckpt_info = ckpt->add_subcommand(
+      "info", "Print a checkpoint's step, tokens, the layout that wrote it, data provenance, tensors and deck");
+  ckpt_info->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
+      ->required();
+  auto* ckpt_verify = ckpt->add_subcommand(
+      "verify", "Check every digest of a checkpoint (manifest, metadata, every tensor); exit 1 on any mismatch");
+  ckpt_verify->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
+      ->required();
+
   // Kokkos has read its --kokkos-* arguments (Kokkos 3.4 leaves them in argv).
   std::vector<const char*> args;
   for (int i = 0; i < argc; ++i)
@@ -72,6 +86,32 @@ int main(int argc, char** argv) {
   }
 
   int status = 0;
+  if (*ckpt) {
+    // One process does the work; the others only learn the outcome.
+    if (rank == 0) {
+      try {
+        const std::string dir = ndmini::io::resolve_checkpoint(ckpt_path);
+        if (*ckpt_info) {
+          std::printf("%s", ndmini::io::describe_checkpoint(dir).c_str());
+        } else {
+          const auto report = ndmini::io::verify_checkpoint(dir);
+          for (const auto& p : report.problems)
+            std::fprintf(stderr, "ndmini: verify: %s: %s\n", dir.c_str(), p.c_str());
+          if (report.problems.empty())
+            std::printf("%s: OK (manifest, metadata and %llu tensor digests over %llu bytes)\n", dir.c_str(),
+                        static_cast<unsigned long long>(report.tensors), static_cast<unsigned long long>(report.bytes));
+          status = report.problems.empty() ? 0 : 1;
+        }
+      } catch (const ndmini::Error& e) {
+        std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+        status = 1;
+      }
+    }
+    MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    Kokkos::finalize();
+    MPI_Finalize();
+    return status;
+  }
   try {
     // Every rank reads the deck; a rank that cannot makes all of them stop.
     ndmini::Config cfg;
@@ -79,8 +119,15 @@ int main(int argc, char** argv) {
     if (*check) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
       const ndmini::RunLayout layout = ndmini::resolve_layout(cfg, check_world);
+      // Sizes before anything else: check never allocates what the deck describes.
+      MPI_Comm node = MPI_COMM_NULL;
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+      int ranks_on_node = 1;
+      MPI_Comm_size(node, &ranks_on_node);
+      MPI_Comm_free(&node);
+      ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { ndmini::require_memory_fits(cfg, layout, ranks_on_node); });
       if (rank == 0) {
-        ndmini::print_check(cfg, layout);
+        ndmini::print_check(cfg, layout, ranks_on_node);
         std::printf("%s", ndmini::describe_mesh(layout.mesh, true).c_str());
       }
     } else {

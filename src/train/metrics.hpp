@@ -3,7 +3,6 @@
 // What a run reports (docs/output.md): the progress line on stdout and its
 // machine-readable twin, one JSON object per logged step in --metrics FILE.
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,15 +22,27 @@ struct StepRecord {
 
 std::string progress_line(const StepRecord& r);
 
+// Writes on the rank that opened it; a failed write (a full disk, /dev/full)
+// is kept as error() rather than thrown, because only that rank knows: the
+// caller agrees on it over the job (core/error.hpp `agree`) so that every
+// rank stops together.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // empty path: writes nothing
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
   void step(const StepRecord& r);
   // The final summary object: key figures of the whole run, as JSON text.
   void summary(const std::string& json_object);
+  // The first write error ("" while every record reached the file).
+  const std::string& error() const { return error_; }
 
  private:
-  std::ofstream out_;
+  void write_line(const std::string& line);
+  std::string path_;
+  int fd_ = -1;
+  std::string error_;
 };
 
 // Peak resident set size of this process in bytes (VmHWM).

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gpt.hpp"
+#include "train/budget.hpp"
 #include "train/metrics.hpp"
 
 namespace ndmini {
@@ -93,7 +94,7 @@ std::string describe_recompute(const Config& cfg, const RunLayout& l) {
 
 }  // namespace
 
-void print_check(const Config& cfg, const RunLayout& layout) {
+void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) {
   const auto& m = cfg.model;
   std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
   std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
@@ -120,6 +121,11 @@ void print_check(const Config& cfg, const RunLayout& layout) {
         static_cast<long long>(e.in_flight), e.activation_bytes_per_micro_batch / kMiB, cfg.train.micro_batch,
         e.scratch_bytes / kMiB);
   }
+  std::string how;
+  const double limit = memory_per_rank(cfg, ranks_on_node, &how);
+  const double data = data_bytes(cfg);
+  if (data > 0) std::printf("data in memory    %s per rank (%s)\n", bytes_text(data).c_str(), cfg.data.path.c_str());
+  std::printf("memory limit      %s per rank (%s)\n", limit > 0 ? bytes_text(limit).c_str() : "unknown", how.c_str());
   std::printf("deck OK\n");
 }
 
@@ -189,7 +195,7 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
 }
 
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
-                         double final_loss) {
+                         std::optional<double> final_loss) {
   const int world = layout.mesh.size();
   std::vector<double> bubble;
   for (int stage = 0; stage < layout.split.pp; ++stage)
@@ -215,7 +221,7 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"peak_activation_bytes_per_stage", s.peak_activation_bytes},
                       {"mem_bytes", s.mem_bytes},
                       {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
-                      {"final_loss", final_loss}};
+                      {"final_loss", final_loss ? nlohmann::json(*final_loss) : nlohmann::json()}};
   return j.dump();
 }
 

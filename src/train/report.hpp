@@ -4,6 +4,7 @@
 // line per logged step (train/metrics.hpp), and the closing PERFORMANCE
 // block, whose machine-readable twin is the metrics file's summary object.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,13 +43,14 @@ struct RunSummary {
 double median(std::vector<double> v);
 
 // `ndmini check`: the resolved deck, the model's sizes, the batch split,
-// the pipeline's stages, the cp chunks, and the memory estimate per stage.
-void print_check(const Config& cfg, const RunLayout& layout);
+// the pipeline's stages, the cp chunks, the memory estimate per stage and
+// what one of the `ranks_on_node` ranks of a node may use.
+void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node);
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
                   const PeakFlops& peak, bool show_mesh);
 void print_performance(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
 // The metrics file's last line: {"summary": true, ...}.
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
-                         double final_loss);
+                         std::optional<double> final_loss);
 
 }  // namespace ndmini
