@@ -211,6 +211,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   const int rank = mesh.rank();
   const bool speak = rank == 0 && !opts.quiet;
 
+  // Hang detection for every collective of the run (comm.timeout_s); built
+  // before the communicators, so the ledger names their ranks in `comm`.
+  CollectiveWatchdog watchdog(comm, cfg.comm.timeout_s);
   // One communicator per axis the model uses, plus the two groups of the
   // scalar reductions; the mesh defines which ranks each holds.
   // Device buffers go through NCCL where this build has it; host buffers through MPI.
