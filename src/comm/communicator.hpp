@@ -181,5 +181,7 @@ class Communicator {
 
 // True when this build has the NCCL backend.
 bool nccl_available();
+// The NCCL library's version ("2.28.9"), empty without the NCCL backend.
+std::string nccl_version();
 
 }  // namespace ndmini

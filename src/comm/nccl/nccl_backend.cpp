@@ -252,4 +252,13 @@ std::unique_ptr<Communicator::BackendImpl> make_nccl_backend(MPI_Comm comm, cons
   return std::make_unique<NcclBackend>(comm, name);
 }
 
+std::string nccl_library_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
 }  // namespace ndmini::detail

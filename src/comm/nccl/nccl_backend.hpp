@@ -36,4 +36,7 @@ namespace ndmini::detail {
 // no CUDA device is visible or NCCL fails.
 std::unique_ptr<Communicator::BackendImpl> make_nccl_backend(MPI_Comm comm, const std::string& name);
 
+// ncclGetVersion as "major.minor.patch" (no GPU needed).
+std::string nccl_library_version();
+
 }  // namespace ndmini::detail
