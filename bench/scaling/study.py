@@ -284,19 +284,25 @@ def summarize_run(run_dir, warmup):
                           f"nothing left after dropping {warmup} warm-up steps; raise --steps")
         return run
     comm_names = sorted({name for s in kept for name in s.get("comm", {})})
-    per_step = {"step_ms": [], "tokens_per_s": [], "exposed_ms": [], "bubble_ms": [], "io_ms": [], "compute_ms": []}
+    per_step = {"step_ms": [], "tokens_per_s": [], "exposed_ms": [], "bubble_ms": [], "io_ms": [], "compute_ms": [],
+                "exposed_min_ms": []}
     exposed_axis = {name: [] for name in comm_names}
     for s in kept:
-        exposed = 0.0
+        exposed = exposed_min = 0.0
         for name in comm_names:
-            e = s.get("comm", {}).get(name, {}).get("exposed_ms", 0.0)
+            c = s.get("comm", {}).get(name, {})
+            e = c.get("exposed_ms", 0.0)
             exposed_axis[name].append(e)
             exposed += e
+            # The least-blocked rank's time, where the trainer reports it: the
+            # communication itself, without waiting for slower ranks.
+            exposed_min += c.get("exposed_min_ms", float("nan"))
         bubble = s.get("bubble_ms", 0.0)
         io = s.get("io_ms", 0.0)
         per_step["step_ms"].append(s["step_ms"])
         per_step["tokens_per_s"].append(s["tokens_per_s"])
         per_step["exposed_ms"].append(exposed)
+        per_step["exposed_min_ms"].append(exposed_min)
         per_step["bubble_ms"].append(bubble)
         per_step["io_ms"].append(io)
         per_step["compute_ms"].append(s["step_ms"] - exposed - bubble - io)
@@ -379,9 +385,8 @@ def collect(study_dir):
             pooled = sorted(v for r in good for v in r["step_ms_all"])
             row["step_ms_p25"] = pooled[len(pooled) // 4]
             row["step_ms_p75"] = pooled[(3 * len(pooled)) // 4]
-            for part in ("compute_ms", "exposed_ms", "bubble_ms", "io_ms"):
-                row[part.replace("exposed_ms", "exposed_comm_ms")] = statistics.median(r["median"][part]
-                                                                                       for r in good)
+            for part in ("compute_ms", "exposed_ms", "bubble_ms", "io_ms", "exposed_min_ms"):
+                row[part.replace("exposed", "exposed_comm")] = statistics.median(r["median"][part] for r in good)
             names = sorted({n for r in good for n in r["exposed_axis"]})
             for n in names:
                 row[f"exposed_{n}_ms"] = statistics.median(r["exposed_axis"].get(n, 0.0) for r in good)
@@ -441,7 +446,8 @@ CSV_FIRST = ["study", "mode", "deck", "label", "status", "ranks", "nodes", "rank
              "layout", "mesh", *AXES, "global_batch", "micro_batch", "seq_len", "steps", "warmup", "repeats",
              "repeats_ok", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "tokens_per_s_per_rank",
              "speedup", "ideal_speedup", "efficiency", "baseline_ranks", "step_ms", "step_ms_min", "step_ms_max",
-             "step_ms_p25", "step_ms_p75", "compute_ms", "exposed_comm_ms", "exposed_comm_share", "bubble_ms",
+             "step_ms_p25", "step_ms_p75", "compute_ms", "exposed_comm_ms", "exposed_comm_min_ms",
+             "exposed_comm_share", "bubble_ms",
              "bubble_measured", "io_ms", "io_per_step_measured", "io_total_ms", "mfu", "mem_estimate_bytes",
              "state_bytes", "peak_rss_bytes_rank0", "ranks_per_node_measured"]
 CSV_LAST = ["git_sha", "compiler", "kokkos", "mpi", "nccl", "hosts", "slurm_job_id", "launcher", "deck_sha256",
@@ -450,7 +456,7 @@ CSV_LAST = ["git_sha", "compiler", "kokkos", "mpi", "nccl", "hosts", "slurm_job_
 
 def csv_columns(rows):
     axis_cols = sorted({k for r in rows for k in r if k.startswith("exposed_") and k.endswith("_ms")
-                        and k != "exposed_comm_ms"})
+                        and k not in ("exposed_comm_ms", "exposed_comm_min_ms")})
     return CSV_FIRST[:CSV_FIRST.index("exposed_comm_share")] + axis_cols + CSV_FIRST[
         CSV_FIRST.index("exposed_comm_share"):] + CSV_LAST
 
@@ -500,6 +506,9 @@ def markdown(study, rows):
               f"- launcher {study.get('launcher', '')}, hosts {first.get('hosts', '')}, date {p.get('date_utc', '')}"
               + (f", Slurm job {first['slurm_job_id']}" if first.get("slurm_job_id") else "")]
     missing = []
+    if ok and all(math.isnan(r.get("exposed_comm_min_ms", float("nan"))) for r in ok):
+        missing.append("the least-blocked rank's exposed comm (no per-axis exposed_min_ms: the comm times are the "
+                       "slowest rank's, which include waiting for slower ranks)")
     if ok and not any(r["bubble_measured"] for r in ok):
         missing.append("bubble (no per-step bubble_ms in the metrics)")
     if ok and not any(r["io_per_step_measured"] for r in ok):
@@ -520,23 +529,31 @@ def plot(study, rows, path):
     ok = [r for r in rows if r["status"] != "failed"]
     if not ok:
         return False
-    layouts = sorted({r["layout"].split("=")[0] if r["layout"] != "single" else "single" for r in ok})
-    ranks = [r["ranks"] for r in ok]
+    # One line per layout family (the axes above 1); the single-rank point starts each.
+    def family(r):
+        return ",".join(a for a in AXES if r[a] > 1) or "single"
+    families = sorted({family(r) for r in ok} - {"single"}) or ["single"]
+    ranks = sorted({r["ranks"] for r in ok})
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(ranks, [r["ideal_speedup"] for r in ok], "k--", label="ideal")
-    a.plot(ranks, [r["speedup"] for r in ok], "o-", label="measured")
+    base = ok[0]["baseline_ranks"]
+    a.plot(ranks, [n / base for n in ranks], "k--", label="ideal")
+    b.plot(ranks, [1.0] * len(ranks), "k--", label="ideal")
+    for fam in families:
+        series = sorted((r for r in ok if family(r) in (fam, "single")), key=lambda r: r["ranks"])
+        a.plot([r["ranks"] for r in series], [r["speedup"] for r in series], "o-", label=fam)
+        b.plot([r["ranks"] for r in series], [r["efficiency"] for r in series], "o-", label=fam)
+    layouts = families
     a.set_xlabel("ranks")
     a.set_ylabel("speed-up" if study["mode"] == "strong" else "scaled speed-up")
-    b.plot(ranks, [1.0] * len(ranks), "k--", label="ideal")
-    b.plot(ranks, [r["efficiency"] for r in ok], "o-", label="measured")
     b.set_xlabel("ranks")
     b.set_ylabel("parallel efficiency")
     b.set_ylim(0, 1.1)
     for ax in (a, b):
-        if len(set(ranks)) > 1:
+        if len(ranks) > 1:
             ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(set(ranks)))
-        ax.set_xticklabels([str(n) for n in sorted(set(ranks))])
+        ax.set_xticks(ranks)
+        ax.set_xticklabels([str(n) for n in ranks])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle(f"{study['name']}: {study['mode']} scaling of {study['deck_name']} ({', '.join(layouts)})")
