@@ -424,6 +424,28 @@ TEST(CommStats, Adds) {
   EXPECT_DOUBLE_EQ(a.exposed_ms, 1.5);
 }
 
+TEST(CollectiveWatchdog, NestedOnesStack) {
+  // A train() inside a watched program builds its own: the newest governs,
+  // and the outer one is back when it goes. Both with no deadline here,
+  // so nothing can time out; the collectives still complete and are recorded.
+  Communicator c(MPI_COMM_WORLD, "nested");
+  double v = 0;
+  {
+    CollectiveWatchdog outer(MPI_COMM_WORLD, 0);
+    {
+      CollectiveWatchdog inner(MPI_COMM_WORLD, 0);
+      v += c.all_reduce_scalar(1.0);
+    }
+    v += c.all_reduce_scalar(1.0);
+    EXPECT_DOUBLE_EQ(outer.timeout_s(), 0.0);
+  }
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  EXPECT_DOUBLE_EQ(v, 2.0 * n);
+  EXPECT_EQ(c.recent_collectives().size(), 2u);
+  EXPECT_THROW(CollectiveWatchdog(MPI_COMM_WORLD, -1), Error);
+}
+
 TEST(Communicator, RejectsNullCommunicator) { EXPECT_THROW(Communicator(MPI_COMM_NULL, "tp"), Error); }
 
 TEST(Communicator, NcclBackendNeedsNcclAndAGpu) {

@@ -73,15 +73,19 @@ struct CollectiveRecord {
 };
 
 // Hang detection for every Communicator while it is alive (see above).
-// Collective over `world` (it duplicates it for the diagnosis); at most one
-// at a time. timeout_s = 0 keeps the ledger but sets no deadline.
+// Collective over `world` (it duplicates it for the diagnosis). Nested ones
+// stack: the newest governs until it is destroyed (destroy in reverse
+// order). timeout_s = 0 keeps the ledger but sets no deadline.
 class CollectiveWatchdog {
  public:
   CollectiveWatchdog(MPI_Comm world, double timeout_s);
   ~CollectiveWatchdog();
   CollectiveWatchdog(const CollectiveWatchdog&) = delete;
   CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
-  double timeout_s() const;
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  double timeout_s_;
 };
 
 // A non-blocking collective in flight. wait() completes it (and is called by

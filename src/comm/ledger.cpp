@@ -44,6 +44,7 @@ struct Watch {
   MPI_Comm diag = MPI_COMM_NULL;  // a duplicate of the world: diagnosis traffic never meets the job's
   int rank = 0, size = 1;
   double timeout_s = 0;
+  Watch* outer = nullptr;  // the watchdog this one hides while alive (a train() inside a watched program)
 };
 Watch* g_watch = nullptr;
 bool g_diagnosing = false;
@@ -510,24 +511,23 @@ void watch_expired(std::uint64_t waiting, double waited_s) {
 
 // --- CollectiveWatchdog ---------------------------------------------------------
 
-CollectiveWatchdog::CollectiveWatchdog(MPI_Comm world, double timeout_s) {
+CollectiveWatchdog::CollectiveWatchdog(MPI_Comm world, double timeout_s) : timeout_s_(timeout_s) {
   require(timeout_s >= 0, "comm.timeout_s must be >= 0 seconds (0 disables hang detection)");
-  require(detail::g_watch == nullptr, "internal: only one CollectiveWatchdog may be alive at a time");
   auto w = std::make_unique<detail::Watch>();
   MPI_Comm_dup(world, &w->diag);
   MPI_Comm_rank(w->diag, &w->rank);
   MPI_Comm_size(w->diag, &w->size);
   w->timeout_s = timeout_s;
+  w->outer = detail::g_watch;
   detail::g_watch = w.release();
 }
 
 CollectiveWatchdog::~CollectiveWatchdog() {
-  if (detail::g_watch == nullptr) return;
-  MPI_Comm_free(&detail::g_watch->diag);
-  delete detail::g_watch;
-  detail::g_watch = nullptr;
+  detail::Watch* w = detail::g_watch;
+  if (w == nullptr) return;
+  detail::g_watch = w->outer;
+  MPI_Comm_free(&w->diag);
+  delete w;
 }
-
-double CollectiveWatchdog::timeout_s() const { return detail::g_watch ? detail::g_watch->timeout_s : 0.0; }
 
 }  // namespace ndmini
