@@ -345,8 +345,8 @@ def load_study(study_dir):
         return json.load(f)
 
 
-def quantiles(values):
-    """(min, max) of a list; (v, v) for one value."""
+def min_max(values):
+    """(min, max) of a list; (nan, nan) for none."""
     return (min(values), max(values)) if values else (float("nan"), float("nan"))
 
 
@@ -378,10 +378,10 @@ def collect(study_dir):
             tps = [r["median"]["tokens_per_s"] for r in good]
             ms = [r["median"]["step_ms"] for r in good]
             row["tokens_per_s"] = statistics.median(tps)
-            row["tokens_per_s_min"], row["tokens_per_s_max"] = quantiles(tps)
+            row["tokens_per_s_min"], row["tokens_per_s_max"] = min_max(tps)
             row["tokens_per_s_per_rank"] = row["tokens_per_s"] / point["ranks"]
             row["step_ms"] = statistics.median(ms)
-            row["step_ms_min"], row["step_ms_max"] = quantiles(ms)
+            row["step_ms_min"], row["step_ms_max"] = min_max(ms)
             pooled = sorted(v for r in good for v in r["step_ms_all"])
             row["step_ms_p25"] = pooled[len(pooled) // 4]
             row["step_ms_p75"] = pooled[(3 * len(pooled)) // 4]

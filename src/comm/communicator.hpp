@@ -28,8 +28,11 @@
 // MPI_Abort (exit 12) instead of hanging. The NCCL backend's watchdog uses the
 // same deadline (and NDMINI_NCCL_TIMEOUT_S only when no CollectiveWatchdog is alive).
 //
-// Large MPI collectives are sent in pieces of at most 16 MiB: one call per
-// piece, issued together (see communicator.cpp for why).
+// MPI backend: all-reduce and broadcast above 16 MiB are sent as several
+// calls of at most 16 MiB, issued together; and the first MPI Communicator
+// tells glibc to keep freed memory in the process (the MPI library's
+// temporary buffers are otherwise faulted in afresh on every step). Both
+// are explained in communicator.cpp.
 #include <mpi.h>
 
 #include <cstdint>

@@ -52,10 +52,12 @@ bool g_diagnosing = false;
 constexpr int kAlarmTag = 1;
 constexpr int kReportTag = 2;
 constexpr std::size_t kPrintedEntries = 8;  // of its ledger, each answering rank prints the last few
-constexpr double kMinGraceS = 1.0;          // answering takes milliseconds; a rank that does not answer
-constexpr double kMaxGraceS = 10.0;         // within the grace is not inside the comm layer
+// Answering takes milliseconds, or a scheduling delay on a busy node; a rank
+// that has not answered within the grace is taken as not inside the comm layer.
+constexpr double kMinGraceS = 2.0;
+constexpr double kMaxGraceS = 10.0;
 
-double grace_s(double timeout_s) { return std::min(kMaxGraceS, std::max(kMinGraceS, timeout_s / 2)); }
+double grace_s(double timeout_s) { return std::min(kMaxGraceS, std::max(kMinGraceS, timeout_s)); }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
