@@ -10,15 +10,57 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "ndmini_git_sha.hpp"
 #include "train/budget.hpp"
 #include "train/layout.hpp"
 #include "train/report.hpp"
 #include "train/trainer.hpp"
+
+namespace {
+
+// JSON string literal of s (quotes and backslashes escaped, tabs as spaces, other control characters dropped).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\t') c = ' ';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
+}
+
+// `ndmini --build-info`: what the binary is, as one JSON object, for the
+// provenance of a scaling study (bench/scaling) or a bug report.
+std::string build_info() {
+  char mpi_library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0, major = 0, minor = 0;
+  MPI_Get_library_version(mpi_library, &len);
+  MPI_Get_version(&major, &minor);
+  std::string mpi(mpi_library, static_cast<std::size_t>(len));
+  mpi = mpi.substr(0, mpi.find('\n'));  // MPICH's first line names it; the rest is its configure line
+  const std::string nccl = ndmini::nccl_version();
+  std::string out = "{";
+  out += "\"name\": \"ndmini\", \"version\": " + json_string(NDMINI_VERSION);
+  out += ", \"git_sha\": " + json_string(NDMINI_GIT_SHA);
+  out += ", \"build_type\": " + json_string(NDMINI_BUILD_TYPE);
+  out += ", \"compiler\": " + json_string(NDMINI_COMPILER);
+  out += ", \"kokkos_version\": " +
+         json_string(std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+                     std::to_string(KOKKOS_VERSION % 100));
+  out += ", \"kokkos_backend\": " + json_string(ndmini::ExecSpace::name());
+  out += ", \"mpi_library\": " + json_string(mpi);
+  out += ", \"mpi_standard\": " + json_string(std::to_string(major) + "." + std::to_string(minor));
+  out += ", \"nccl\": " + (nccl.empty() ? std::string("null") : json_string(nccl));
+  return out + "}";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -30,7 +72,14 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ndmini: a reference GPT-2 training mini-app for N-dimensional parallelism (MPI + Kokkos + HDF5)",
                "ndmini"};
-  app.set_version_flag("--version", std::string("ndmini ") + NDMINI_VERSION);
+  app.set_version_flag("--version", std::string("ndmini ") + NDMINI_VERSION + " (" + NDMINI_GIT_SHA + ")");
+  app.add_flag_callback(
+      "--build-info",
+      [rank] {
+        if (rank == 0) std::printf("%s\n", build_info().c_str());
+        throw CLI::Success();
+      },
+      "Print the version, git commit, compiler, Kokkos, MPI and NCCL of this build as one JSON object");
   app.require_subcommand(1);
 
   std::string deck, metrics;

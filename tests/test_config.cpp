@@ -265,3 +265,13 @@ TEST(Config, CheckpointGuardKeys) {
   EXPECT_TRUE(c.data.allow_source_change);
   EXPECT_DOUBLE_EQ(c.perf.memory_per_rank_gib, 2.5);
 }
+
+TEST(Config, CommTimeout) {
+  EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml").comm.timeout_s, CommConfig{}.timeout_s);
+  const Config c = parse_config(with_model("[comm]\ntimeout_s = 30\n"), "deck.toml");
+  EXPECT_DOUBLE_EQ(c.comm.timeout_s, 30.0);
+  EXPECT_DOUBLE_EQ(parse_config(c.toml, "resolved").comm.timeout_s, 30.0);
+  EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml", {"comm.timeout_s=0"}).comm.timeout_s, 0.0);
+  expect_error(with_model("[comm]\ntimeout_s = -1\n"), {"comm.timeout_s", "out of range", ">= 0"});
+  expect_error(with_model("[comm]\ntimeout = 5\n"), {"comm.timeout", "did you mean comm.timeout_s"});
+}

@@ -89,6 +89,7 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),
       int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
       bool_key("checkpoint", "at_start", &Config::checkpoint, &CheckpointConfig::at_start),
+      float_key("comm", "timeout_s", &Config::comm, &CommConfig::timeout_s),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
       string_key("fault", "kind", &Config::fault, &FaultConfig::kind),
@@ -294,6 +295,8 @@ void validate(const Config& c, const std::string& origin) {
   check_range(k.every >= 0, origin, "checkpoint.every", s(k.every), "must be >= 0 (0: never)");
   check_range(k.keep >= 1, origin, "checkpoint.keep", s(k.keep), "must be at least 1");
   require(!k.dir.empty(), origin + ": checkpoint.dir must not be empty");
+  check_range(c.comm.timeout_s >= 0, origin, "comm.timeout_s", s(c.comm.timeout_s),
+              "must be >= 0 seconds (0 disables the collective deadline)");
   check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),
               "must be >= 0 (0: measure with a GEMM calibration)");
   check_range(c.perf.memory_per_rank_gib >= 0, origin, "perf.memory_per_rank_gib", s(c.perf.memory_per_rank_gib),

@@ -58,6 +58,13 @@ struct CheckpointConfig {
   bool at_start = false;
 };
 
+struct CommConfig {
+  // A collective that does not complete within this many seconds is a hang:
+  // every rank reports its collective ledger and the job exits non-zero.
+  // 0 disables the deadline (the ledger is kept).
+  double timeout_s = 600.0;
+};
+
 struct PerfConfig {
   double peak_gflops = 0.0;  // per rank; 0 means: calibrate with a short GEMM at start-up
   // Memory one rank may use, in GiB; 0 means: the node's available memory
@@ -81,6 +88,7 @@ struct Config {
   TrainConfig train;
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
+  CommConfig comm;
   PerfConfig perf;
   FaultConfig fault;
   std::string toml;  // the resolved deck (overrides applied), as TOML text

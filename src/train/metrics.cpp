@@ -67,6 +67,8 @@ void MetricsWriter::step(const StepRecord& r) {
                       {"mfu", r.mfu},
                       {"comm", comm},
                       {"bubble_ms", r.bubble_ms},
+                      {"bubble_ms_per_stage", r.bubble_ms_per_stage},
+                      {"io_ms", r.io_ms},
                       {"mem_bytes", r.mem_bytes}};
   write_line(j.dump() + "\n");
 }

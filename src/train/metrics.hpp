@@ -15,7 +15,11 @@ struct StepRecord {
   std::int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
   double exposed_comm_ms = 0;
-  std::vector<double> bubble_ms;  // per pipeline stage: time it waited for its neighbours
+  // The pipeline bubble: per stage, the time it waited for its neighbours
+  // (a part of pp's exposed time), and the most of any stage.
+  std::vector<double> bubble_ms_per_stage;
+  double bubble_ms = 0;
+  double io_ms = 0;  // checkpoint I/O within this step (not in step_ms)
   std::int64_t mem_bytes = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // per communicator (axis or reduction group)
 };

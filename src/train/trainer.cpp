@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <memory>
 #include <optional>
 
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "fault/fault.hpp"
@@ -124,6 +126,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   int world = 1;
   MPI_Comm_size(comm, &world);
   const RunLayout layout = resolve_layout(cfg, world);
+  // Hang detection for every collective of the run (comm.timeout_s); built
+  // before the communicators, so the ledger names their ranks in `comm`.
+  CollectiveWatchdog watchdog(comm, cfg.comm.timeout_s);
   ParallelContext ctx(layout.mesh, comm);
   const int rank = ctx.rank();
   const bool speak = rank == 0 && !opts.quiet;
@@ -221,6 +226,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
 
   for (std::int64_t step = start; step < t.steps; ++step) {
     faults.at_step_start(step);
+    // This rank "forgets" the step's loss reduction: the others wait for it.
+    if (faults.skip_collective_at(step, rank)) ctx.batch().skip_next_for_fault_injection();
     MPI_Barrier(comm);  // steps start together, so per-step times compare across ranks
     const auto t0 = Clock::now();
     const double io_ms_before = summary.io_ms;
@@ -256,7 +263,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       r.tokens_per_s = tokens_per_step / (stats.step_ms / 1e3);
       r.mfu = flops_per_token * r.tokens_per_s / (summary.peak.flops_per_rank * world);
       r.exposed_comm_ms = stats.exposed_comm_ms();
-      r.bubble_ms = stats.bubble_ms;
+      r.bubble_ms_per_stage = stats.bubble_ms;
+      r.bubble_ms = *std::max_element(stats.bubble_ms.begin(), stats.bubble_ms.end());
+      r.io_ms = summary.io_ms - io_ms_before;
       r.mem_bytes = summary.mem_bytes;
       r.comm = stats.comm;
       if (!opts.quiet) std::printf("%s\n", progress_line(r).c_str());
