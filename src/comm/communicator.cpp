@@ -18,6 +18,7 @@
 #include "comm/backend.hpp"
 #include "comm/ledger.hpp"
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 
 #ifdef NDMINI_HAVE_NCCL
 #include "comm/nccl/nccl_backend.hpp"
@@ -64,6 +65,13 @@ void CommRequest::Impl::finish(detail::Clock::time_point now) {
 
 void CommRequest::Impl::wait() {
   if (done) return;
+  const ProfileRegion region([&] {
+    const auto entries = detail::ledger_entries();
+    for (const auto& e : entries)
+      if (e.index == ledger_index)
+        return "ndmini::comm " + detail::comm_name(e.comm) + " wait for " + detail::coll_op_name(e.op);
+    return std::string("ndmini::comm wait");
+  });
   auto t0 = detail::Clock::now();
   const double timeout_s = detail::watch_timeout_s();
   if (timeout_s > 0) {
@@ -409,6 +417,7 @@ CommRequest start(Site site, std::uint64_t index, std::int64_t bytes, Issue&& is
 // (CommRequest::Impl::wait), since a blocking MPI call cannot be timed out.
 template <class Call, class Issue>
 void blocking(Site site, CollOp op, std::int64_t bytes, Call&& call, Issue&& issue, bool fence = true) {
+  const ProfileRegion region([&] { return "ndmini::comm " + comm_name(site.comm) + " " + coll_op_name(op); });
   if (fence) fence_compute();
   const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, true);
   if (watch_timeout_s() > 0) {

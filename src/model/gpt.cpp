@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 #include "core/rng.hpp"
 #include "core/timer.hpp"
 #include "kernels/kernels.hpp"
@@ -209,6 +210,7 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
   Record& r = record(chunk, micro_batch);
   const std::size_t Nr = tp_.local_rows(), C = cfg_.channels;
   if (c.embedding) {
+    const ProfileRegion region("ndmini::embedding forward");
     s.gather(u.wte);
     s.gather(u.wpe);
     s.prefetch(u.blocks.front());
@@ -221,6 +223,7 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
   const View1D* x = &r.input;
   for (std::size_t i = 0; i < u.blocks.size(); ++i) {
     const int unit = u.blocks[i];
+    const ProfileRegion region([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " forward"; });
     s.gather(unit);
     s.prefetch(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);  // the next unit's all-gather overlaps this block
     BlockActivations& a = r.layers[i];
@@ -237,6 +240,7 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
     x = &a.res3;
   }
   if (!c.head) return 0;
+  const ProfileRegion region("ndmini::head forward and backward");
   return head(as_matrix(*x, Nr, C), targets, loss_scale, u, as_matrix(r.grad, Nr, C), last_micro_batch, c.embedding);
 }
 
@@ -257,6 +261,7 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
   const Slice2D dres = as_matrix(r.grad, Nr, C);
   for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
     const int unit = u.blocks[i];
+    const ProfileRegion region([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " backward"; });
     s.gather(unit);
     s.prefetch(i > 0 ? u.blocks[i - 1] : -1);  // the block before is next
     s.begin_grads(unit);
@@ -266,8 +271,11 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
       BlockActivations work = recomputed_;
       ExecSpace().fence();
       const auto t0 = Clock::now();
-      block_.forward(block_params(unit), as_matrix(x, Nr, C), work);
-      ExecSpace().fence();
+      {
+        const ProfileRegion again([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " recompute"; });
+        block_.forward(block_params(unit), as_matrix(x, Nr, C), work);
+        ExecSpace().fence();
+      }
       recompute_ms_ += ms_since(t0);
       block_.backward(block_params(unit), block_grads(unit), as_matrix(x, Nr, C), work, dres);
     } else {
@@ -277,6 +285,7 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
     s.release(unit);
   }
   if (c.embedding) {
+    const ProfileRegion region("ndmini::embedding backward");
     s.begin_grads(u.wte);
     s.begin_grads(u.wpe);
     tp_.embedding_backward(wte(s.grads(u.wte)), Slice2D(s.grads(u.wpe), cfg_.seq_len, C), dres, r.tokens, positions_);

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 #include "core/timer.hpp"
 #include "fault/fault.hpp"
 #include "io/checkpoint.hpp"
@@ -158,6 +159,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   RunSummary summary;
 
   auto save = [&](std::int64_t step) {
+    const ProfileRegion region("ndmini::checkpoint save");
     const auto t0 = Clock::now();
     ckpt.from_device(store, opt);
     io::CheckpointInfo info{step,
@@ -177,6 +179,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
 
   std::int64_t start = 0;
   if (opts.resume) {
+    const ProfileRegion region("ndmini::checkpoint load");
     const auto t0 = Clock::now();
     const auto info = io::load_checkpoint(comm, cfg.checkpoint.dir, opts.resume_step, ckpt.slabs());
     const std::string where = cfg.checkpoint.dir + "/" + io::checkpoint_dirname(info.step);
@@ -231,9 +234,13 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     MPI_Barrier(comm);  // steps start together, so per-step times compare across ranks
     const auto t0 = Clock::now();
     const double io_ms_before = summary.io_ms;
+    const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
     stage.set_step(step);
     const double loss_sum = runner.run(stage);
-    model.finish_grads();
+    {
+      const ProfileRegion finish("ndmini::finish gradient reductions");
+      model.finish_grads();
+    }
     if (faults.nan_at(step)) poison_first_gradient(model);
     const double loss = ctx.batch().all_reduce_scalar(loss_sum) / tokens_per_step;
     const double grad_norm = std::sqrt(grad_norm_squared(store, ctx.norm()));
@@ -246,7 +253,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       opts.capture->first_step_grads = gather_global(cfg.model, store, store.shard_grads(), comm);
     const double clip = (t.grad_clip > 0 && grad_norm > t.grad_clip) ? t.grad_clip / (grad_norm + 1e-6) : 1.0;
     const double lr = learning_rate(t, step);
-    opt.step(store, t, lr, clip, step + 1);
+    {
+      const ProfileRegion region("ndmini::optimizer");
+      opt.step(store, t, lr, clip, step + 1);
+    }
     Kokkos::fence();
     const StepStats stats =
         reduce_step(ctx, ms_since(t0) - (summary.io_ms - io_ms_before), runner.bubble_ms(), model.take_recompute_ms());
