@@ -50,6 +50,7 @@ std::string build_info() {
   out += ", \"git_sha\": " + json_string(NDMINI_GIT_SHA);
   out += ", \"build_type\": " + json_string(NDMINI_BUILD_TYPE);
   out += ", \"compiler\": " + json_string(NDMINI_COMPILER);
+  out += ", \"native\": " + std::string(NDMINI_NATIVE ? "true" : "false");  // -march=native
   out += ", \"kokkos_version\": " +
          json_string(std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
                      std::to_string(KOKKOS_VERSION % 100));
