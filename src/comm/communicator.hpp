@@ -49,6 +49,10 @@ struct CommStats {
   std::int64_t bytes = 0;
   double ms = 0;
   double exposed_ms = 0;
+  // Reports only (train/report.cpp): the least-blocked rank's exposed_ms, next
+  // to the slowest rank's above. What the two differ by is waiting for slower
+  // ranks, not the transfer.
+  double exposed_min_ms = 0;
   CommStats& operator+=(const CommStats& o);
 };
 

@@ -57,7 +57,11 @@ void MetricsWriter::step(const StepRecord& r) {
   // Times are the slowest rank's; calls and bytes are rank 0's.
   nlohmann::json comm = nlohmann::json::object();
   for (const auto& [name, s] : r.comm)
-    comm[name] = {{"calls", s.calls}, {"bytes", s.bytes}, {"ms", s.ms}, {"exposed_ms", s.exposed_ms}};
+    comm[name] = {{"calls", s.calls},
+                  {"bytes", s.bytes},
+                  {"ms", s.ms},
+                  {"exposed_ms", s.exposed_ms},
+                  {"exposed_min_ms", s.exposed_min_ms}};
   nlohmann::json j = {{"step", r.step},
                       {"loss", r.loss},
                       {"lr", r.lr},
