@@ -237,71 +237,69 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
   const int n = world_size(), me = world_rank();
   int layouts = 0;
   for (const MeshShape& shape : factorizations(n)) {
-    {
-      SCOPED_TRACE(shape.str());
-      ++layouts;
-      Mesh mesh(shape, MPI_COMM_WORLD);
-      const Coords mine = shape.coords_of(me);
-      EXPECT_EQ(mesh.rank(), me);
-      EXPECT_EQ(mesh.size(), n);
-      for (Axis a : kAxes) EXPECT_EQ(mesh.coord(a), mine[static_cast<int>(a)]);
+    SCOPED_TRACE(shape.str());
+    ++layouts;
+    Mesh mesh(shape, MPI_COMM_WORLD);
+    const Coords mine = shape.coords_of(me);
+    EXPECT_EQ(mesh.rank(), me);
+    EXPECT_EQ(mesh.size(), n);
+    for (Axis a : kAxes) EXPECT_EQ(mesh.coord(a), mine[static_cast<int>(a)]);
 
-      int cart_coords[kNumAxes];
-      MPI_Cart_coords(mesh.cart(), me, kNumAxes, cart_coords);
-      for (int i = 0; i < kNumAxes; ++i) EXPECT_EQ(cart_coords[i], mine[i]);
+    int cart_coords[kNumAxes];
+    MPI_Cart_coords(mesh.cart(), me, kNumAxes, cart_coords);
+    for (int i = 0; i < kNumAxes; ++i) EXPECT_EQ(cart_coords[i], mine[i]);
 
-      for (Axis a : kAxes) {
-        int size = 0, rank = -1;
-        MPI_Comm_size(mesh.axis(a), &size);
-        MPI_Comm_rank(mesh.axis(a), &rank);
-        EXPECT_EQ(size, shape.degree_of(a)) << axis_name(a);
-        EXPECT_EQ(rank, mine[static_cast<int>(a)]) << axis_name(a);  // the axis rank is the coordinate
-        const auto group = expected_group(shape, mine, {a});
-        int want = 0;
-        for (int g : group) want += g;
-        EXPECT_EQ(sum_over(mesh.axis(a), me), want) << axis_name(a);
-        EXPECT_EQ(members(mesh.axis(a)), group) << axis_name(a);
-      }
-
-      // tp on consecutive world ranks: the placement rule's whole point.
-      const auto tp = members(mesh.axis(Axis::tp));
-      for (std::size_t i = 1; i < tp.size(); ++i) EXPECT_EQ(tp[i], tp[i - 1] + 1);
-
-      const auto fsdp = expected_group(shape, mine, {Axis::dp_shard, Axis::cp});
-      const auto batch = expected_group(shape, mine, {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp});
-      const auto norm = expected_group(shape, mine, {Axis::pp, Axis::dp_shard, Axis::cp, Axis::tp});
-      const int pp = shape.degree_of(Axis::pp), tp_ = shape.degree_of(Axis::tp);
-      EXPECT_EQ(fsdp.size(), static_cast<std::size_t>(shape.degree_of(Axis::dp_shard) * shape.degree_of(Axis::cp)));
-      EXPECT_EQ(batch.size(), static_cast<std::size_t>(n / tp_));
-      EXPECT_EQ(norm.size(), static_cast<std::size_t>(n / shape.degree_of(Axis::dp_replicate)));
-      EXPECT_EQ(members(mesh.fsdp()), fsdp);
-      EXPECT_EQ(members(mesh.batch()), batch);
-      EXPECT_EQ(members(mesh.norm()), norm);
-
-      // The tied wte: the first and the last stage of this rank's pipeline, first stage first.
-      const int stage = mine[static_cast<int>(Axis::pp)];
-      if (pp > 1 && (stage == 0 || stage == pp - 1)) {
-        Coords first = mine, last = mine;
-        first[static_cast<int>(Axis::pp)] = 0;
-        last[static_cast<int>(Axis::pp)] = pp - 1;
-        EXPECT_EQ(members(mesh.pipeline_ends()), (std::vector<int>{shape.rank_of(first), shape.rank_of(last)}));
-      } else {
-        EXPECT_EQ(mesh.pipeline_ends(), MPI_COMM_NULL);
-      }
-
-      // Node awareness: sane, and agreed on by every rank.
-      EXPECT_GE(mesh.ranks_per_node(), 1);
-      EXPECT_LE(mesh.ranks_per_node(), n);
-      const int spans = (mesh.tp_spans_nodes() ? 1 : 0) + (mesh.cp_spans_nodes() ? 2 : 0);
-      int lo = 0, hi = 0;
-      MPI_Allreduce(&spans, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-      MPI_Allreduce(&spans, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      EXPECT_EQ(lo, hi);
-      const int per_node = mesh.ranks_per_node();
-      int fewest = 0;
-      MPI_Allreduce(&per_node, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-      if (fewest == n) EXPECT_FALSE(mesh.tp_spans_nodes() || mesh.cp_spans_nodes());  // one node: nothing can span
+    for (Axis a : kAxes) {
+      int size = 0, rank = -1;
+      MPI_Comm_size(mesh.axis(a), &size);
+      MPI_Comm_rank(mesh.axis(a), &rank);
+      EXPECT_EQ(size, shape.degree_of(a)) << axis_name(a);
+      EXPECT_EQ(rank, mine[static_cast<int>(a)]) << axis_name(a);  // the axis rank is the coordinate
+      const auto group = expected_group(shape, mine, {a});
+      int want = 0;
+      for (int g : group) want += g;
+      EXPECT_EQ(sum_over(mesh.axis(a), me), want) << axis_name(a);
+      EXPECT_EQ(members(mesh.axis(a)), group) << axis_name(a);
     }
+
+    // tp on consecutive world ranks: the placement rule's whole point.
+    const auto tp = members(mesh.axis(Axis::tp));
+    for (std::size_t i = 1; i < tp.size(); ++i) EXPECT_EQ(tp[i], tp[i - 1] + 1);
+
+    const auto fsdp = expected_group(shape, mine, {Axis::dp_shard, Axis::cp});
+    const auto batch = expected_group(shape, mine, {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp});
+    const auto norm = expected_group(shape, mine, {Axis::pp, Axis::dp_shard, Axis::cp, Axis::tp});
+    const int pp = shape.degree_of(Axis::pp), tp_ = shape.degree_of(Axis::tp);
+    EXPECT_EQ(fsdp.size(), static_cast<std::size_t>(shape.degree_of(Axis::dp_shard) * shape.degree_of(Axis::cp)));
+    EXPECT_EQ(batch.size(), static_cast<std::size_t>(n / tp_));
+    EXPECT_EQ(norm.size(), static_cast<std::size_t>(n / shape.degree_of(Axis::dp_replicate)));
+    EXPECT_EQ(members(mesh.fsdp()), fsdp);
+    EXPECT_EQ(members(mesh.batch()), batch);
+    EXPECT_EQ(members(mesh.norm()), norm);
+
+    // The tied wte: the first and the last stage of this rank's pipeline, first stage first.
+    const int stage = mine[static_cast<int>(Axis::pp)];
+    if (pp > 1 && (stage == 0 || stage == pp - 1)) {
+      Coords first = mine, last = mine;
+      first[static_cast<int>(Axis::pp)] = 0;
+      last[static_cast<int>(Axis::pp)] = pp - 1;
+      EXPECT_EQ(members(mesh.pipeline_ends()), (std::vector<int>{shape.rank_of(first), shape.rank_of(last)}));
+    } else {
+      EXPECT_EQ(mesh.pipeline_ends(), MPI_COMM_NULL);
+    }
+
+    // Node awareness: sane, and agreed on by every rank.
+    EXPECT_GE(mesh.ranks_per_node(), 1);
+    EXPECT_LE(mesh.ranks_per_node(), n);
+    const int spans = (mesh.tp_spans_nodes() ? 1 : 0) + (mesh.cp_spans_nodes() ? 2 : 0);
+    int lo = 0, hi = 0;
+    MPI_Allreduce(&spans, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&spans, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lo, hi);
+    const int per_node = mesh.ranks_per_node();
+    int fewest = 0;
+    MPI_Allreduce(&per_node, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (fewest == n) EXPECT_FALSE(mesh.tp_spans_nodes() || mesh.cp_spans_nodes());  // one node: nothing can span
   }
   EXPECT_GE(layouts, 1);
 }

@@ -167,13 +167,18 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
     params += c.layers() * (12 * C * C / tp + 13 * C);
   }
   MemoryEstimate e;
-  const auto bytes = [](double n) { return static_cast<std::int64_t>(std::min(n * sizeof(real), 9.0e18)); };
+  // Byte counts saturate just below INT64_MAX: a refusal, not an overflow.
+  static constexpr double kMostBytes = 9.0e18;
+  const auto bytes = [](double n) { return static_cast<std::int64_t>(std::min(n * sizeof(real), kMostBytes)); };
   // Parameters, gradients and AdamW's two moments, sharded over fsdp.
   e.state_bytes = bytes(4 * params / fsdp);
   const kernels::AttentionShape att{micro_batch, m.seq_len / split.cp, m.channels / split.tp, m.heads / split.tp};
   // Floats of one block's activations, all of them or only its output.
   const auto block_floats = [&](bool output_only) {
-    if (N > 1e15) return N * C * 20;  // absurd decks: a rough count, refused by the caller anyway
+    // Absurd decks (more rows than size_t arithmetic below survives): a rough
+    // count of the ~20 [N, C] activations of a block; refused by the caller anyway.
+    constexpr double kMostRows = 1e15, kRoughFloatsPerRow = 20;
+    if (N > kMostRows) return N * C * kRoughFloatsPerRow;
     return static_cast<double>(block_activation_bytes(m.channels, split.tp, static_cast<std::size_t>(N),
                                                       static_cast<std::size_t>(Nr), att, output_only)) /
            sizeof(real);
