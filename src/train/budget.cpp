@@ -72,7 +72,9 @@ std::vector<MemoryPart> memory_parts(const Config& cfg, const RunLayout& layout)
   const double C = m.channels;
   const bool blocks_dominate = m.layers * (12 * C * C) >= static_cast<double>(m.vocab) * C;
   return {{"model state", blocks_dominate ? lc : vc, static_cast<double>(e.state_bytes)},
-          {"activations", bt + " x " + lc + " (" + std::to_string(e.in_flight) + " micro-batches in flight)",
+          {"activations",
+           bt + " x " + lc + " (" + std::to_string(e.in_flight) + " micro-batch" + (e.in_flight == 1 ? "" : "es") +
+               " in flight)",
            static_cast<double>(e.in_flight) * static_cast<double>(e.activation_bytes_per_micro_batch)},
           {"scratch", bt + " x " + key("model.vocab", m.vocab), static_cast<double>(e.scratch_bytes)},
           {"data", "data.path = \"" + cfg.data.path + "\"", data_bytes(cfg)}};
