@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "comm/backend.hpp"
+#include "comm/device_path.hpp"
 #include "core/error.hpp"
 
 #ifdef NDMINI_HAVE_NCCL
@@ -241,9 +242,10 @@ class MpiBackend final : public Communicator::BackendImpl {
   int rank_;
 };
 
-// Data a kernel wrote must be in memory before MPI or NCCL reads it: MPI
-// reads device memory directly and the NCCL stream may not be Kokkos's. The
-// fence also keeps the compute before the collective out of its timing.
+// Data a kernel wrote must be in memory before MPI reads it (directly, or
+// to stage it through host memory). NCCL orders itself on the device instead
+// (orders_with_compute). The fence also keeps the compute before the
+// collective out of its timing.
 void fence_compute() {
   if (Kokkos::is_initialized()) ExecSpace().fence();
 }
@@ -259,7 +261,8 @@ Communicator::Communicator(MPI_Comm comm, std::string name, Backend backend)
   detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   if (backend == Backend::mpi) {
-    impl_ = std::make_unique<detail::MpiBackend>(comm_, rank_);
+    // Device buffers reach MPI directly (CUDA-aware) or through host memory.
+    impl_ = detail::with_device_path(std::make_unique<detail::MpiBackend>(comm_, rank_), comm_, name_);
     return;
   }
 #ifdef NDMINI_HAVE_NCCL
@@ -280,8 +283,8 @@ std::int64_t real_bytes(std::size_t count) { return static_cast<std::int64_t>(co
 
 // Blocking calls: the caller waits for the whole call, so exposed == ms.
 template <class Call>
-void blocking(CommStats& stats, std::int64_t bytes, Call&& call) {
-  fence_compute();
+void blocking(const Communicator::BackendImpl& impl, CommStats& stats, std::int64_t bytes, Call&& call) {
+  if (!impl.orders_with_compute()) fence_compute();
   auto t0 = Clock::now();
   call();
   double ms = ms_between(t0, Clock::now());
@@ -294,8 +297,8 @@ void blocking(CommStats& stats, std::int64_t bytes, Call&& call) {
 // Non-blocking calls: calls and bytes are counted at issue; ms and exposed_ms
 // when the request completes (wait, a successful test, or its destructor).
 template <class Issue>
-CommRequest nonblocking(CommStats& stats, std::int64_t bytes, Issue&& issue) {
-  fence_compute();
+CommRequest nonblocking(const Communicator::BackendImpl& impl, CommStats& stats, std::int64_t bytes, Issue&& issue) {
+  if (!impl.orders_with_compute()) fence_compute();
   auto t0 = Clock::now();
   std::unique_ptr<CommRequest::Impl> r = issue();
   r->stats = &stats;
@@ -310,44 +313,45 @@ CommRequest nonblocking(CommStats& stats, std::int64_t bytes, Issue&& issue) {
 }  // namespace detail
 
 void Communicator::all_reduce(real* buf, std::size_t count, ReduceOp op) {
-  detail::blocking(stats_, detail::real_bytes(count), [&] { impl_->all_reduce(buf, count, op); });
+  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->all_reduce(buf, count, op); });
 }
 
 void Communicator::all_gather(const real* send, real* recv, std::size_t count_per_rank) {
-  detail::blocking(stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+  detail::blocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                    [&] { impl_->all_gather(send, recv, count_per_rank); });
 }
 
 void Communicator::reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
-  detail::blocking(stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+  detail::blocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                    [&] { impl_->reduce_scatter(send, recv, count_per_rank); });
 }
 
 void Communicator::broadcast(real* buf, std::size_t count, int root) {
   require(root >= 0 && root < size_, "Communicator '" + name_ + "': broadcast root " + std::to_string(root) +
                                          " is not a rank of a group of " + std::to_string(size_));
-  detail::blocking(stats_, detail::real_bytes(count), [&] { impl_->broadcast(buf, count, root); });
+  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->broadcast(buf, count, root); });
 }
 
 void Communicator::send(const real* buf, std::size_t count, int peer, int tag) {
-  detail::blocking(stats_, detail::real_bytes(count), [&] { impl_->send(buf, count, peer, tag); });
+  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->send(buf, count, peer, tag); });
 }
 
 void Communicator::recv(real* buf, std::size_t count, int peer, int tag) {
-  detail::blocking(stats_, detail::real_bytes(count), [&] { impl_->recv(buf, count, peer, tag); });
+  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->recv(buf, count, peer, tag); });
 }
 
 CommRequest Communicator::iall_reduce(real* buf, std::size_t count, ReduceOp op) {
-  return detail::nonblocking(stats_, detail::real_bytes(count), [&] { return impl_->iall_reduce(buf, count, op); });
+  return detail::nonblocking(*impl_, stats_, detail::real_bytes(count),
+                             [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
 CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t count_per_rank) {
-  return detail::nonblocking(stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+  return detail::nonblocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
-  return detail::nonblocking(stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+  return detail::nonblocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
 }
 
@@ -359,7 +363,7 @@ CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
                                                  std::to_string(size_));
     count += op.count;
   }
-  return detail::nonblocking(stats_, detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
+  return detail::nonblocking(*impl_, stats_, detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
 }
 
 CommRequest Communicator::isend(const real* buf, std::size_t count, int peer, int tag) {
