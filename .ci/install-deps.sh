@@ -10,6 +10,7 @@ packages=(
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
+  python3  # bench/scaling and its ctest -L harness tests (matplotlib optional: the figure)
 )
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
@@ -66,5 +69,23 @@ template <class View>
 Slice1D flat(const View& v) {
   return Slice1D(v.data(), v.span());
 }
+
+// Benchmarks that depend on the launched ranks (the mesh of bench_collectives)
+// register once MPI and Kokkos are up: a program adds a set-up function that
+// calls benchmark::RegisterBenchmark, and a tear-down that frees what must go
+// before Kokkos and MPI are finalized. bench_main runs them in that order.
+struct LateHooks {
+  std::vector<std::function<void()>> setup, teardown;
+};
+inline LateHooks& late_hooks() {
+  static LateHooks hooks;
+  return hooks;
+}
+struct LateRegistration {
+  LateRegistration(std::function<void()> setup, std::function<void()> teardown) {
+    late_hooks().setup.push_back(std::move(setup));
+    late_hooks().teardown.push_back(std::move(teardown));
+  }
+};
 
 }  // namespace ndmini::bench

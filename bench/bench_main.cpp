@@ -6,8 +6,12 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <vector>
+
+#include "bench_common.hpp"
 
 namespace {
 
@@ -36,7 +40,15 @@ int main(int argc, char** argv) {
     int nargs = static_cast<int>(args.size());
     args.push_back(nullptr);
     benchmark::Initialize(&nargs, args.data());
-    if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) {
+    bool ready = true;
+    try {
+      for (auto& setup : ndmini::bench::late_hooks().setup) setup();
+    } catch (const std::exception& e) {
+      // Set-up is collective and fails alike on every rank (a bad environment variable).
+      if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
+      ready = false;
+    }
+    if (!ready || benchmark::ReportUnrecognizedArguments(nargs, args.data())) {
       status = 1;
     } else if (rank == 0) {
       benchmark::RunSpecifiedBenchmarks();
@@ -45,6 +57,7 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks(&silent);
     }
     benchmark::Shutdown();
+    for (auto& teardown : ndmini::bench::late_hooks().teardown) teardown();
   }
   Kokkos::finalize();
   MPI_Finalize();

@@ -19,7 +19,7 @@ void BM_TrainingMicroStep(benchmark::State& state) {
   const bool fsdp = state.range(0) == 1;
   const bench::Deck& d = bench::kDecks[0];
   const ModelConfig m{d.layers, d.channels, d.heads, d.vocab, bench::kSeqLen};
-  Communicator group(MPI_COMM_WORLD, fsdp ? "dp_shard" : "dp_replicate");
+  Communicator group(MPI_COMM_WORLD, fsdp ? "fsdp" : "dp_replicate");
   ModelParallel par;
   if (fsdp)
     par.data.fsdp = &group;

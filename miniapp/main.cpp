@@ -10,45 +10,55 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "ndmini_git_sha.hpp"
+#include "train/budget.hpp"
 #include "train/layout.hpp"
+#include "train/report.hpp"
 #include "train/trainer.hpp"
 
 namespace {
 
-void print_check(const ndmini::Config& cfg, const ndmini::RunLayout& layout) {
-  using namespace ndmini;
-  const auto& m = cfg.model;
-  const double mib = 1048576.0;
-  std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
-  std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
-              static_cast<long long>(gpt_flops_param_count(m)));
-  std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
-  std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
-              layout.micro_batches, cfg.train.micro_batch, layout.data_parallel);
-  if (layout.split.pp > 1) {
-    const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
-    std::printf("pipeline          %s, %d chunks: %s\n", schedule_name(layout.schedule),
-                layout.split.pp * layout.split.virtual_stages,
-                StagePlan(m.layers, layout.split.pp, layout.split.virtual_stages).describe().c_str());
-    std::printf("                  ideal bubble %.1f%%; at most %d micro-batch records in flight on stage 0\n",
-                100 * schedule.ideal_bubble(), schedule.max_in_flight(0));
+// JSON string literal of s (quotes and backslashes escaped, tabs as spaces, other control characters dropped).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\t') c = ' ';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
   }
-  if (layout.split.cp > 1)
-    std::printf("context           %d chunks of %d tokens per sequence; cp rank i holds chunks i and %d-i\n",
-                2 * layout.split.cp, m.seq_len / (2 * layout.split.cp), 2 * layout.split.cp - 1);
-  // Per rank, the busiest pipeline stage: the sizes the model allocates.
-  const MemoryEstimate e = estimate_memory(cfg, layout);
-  std::printf(
-      "memory estimate   %.1f MiB per rank: %.1f MiB model state (params, grads, AdamW) + %lld x %.1f MiB "
-      "activations in flight (micro-batch %d%s) + %.1f MiB scratch\n",
-      e.total() / mib, e.state_bytes / mib, static_cast<long long>(e.in_flight),
-      e.activation_bytes_per_micro_batch / mib, cfg.train.micro_batch,
-      layout.recompute == Recompute::block ? ", recompute = block" : "", e.scratch_bytes / mib);
-  std::printf("deck OK\n");
+  return out + "\"";
+}
+
+// `ndmini --build-info`: what the binary is, as one JSON object, for the
+// provenance of a scaling study (bench/scaling) or a bug report.
+std::string build_info() {
+  char mpi_library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0, major = 0, minor = 0;
+  MPI_Get_library_version(mpi_library, &len);
+  MPI_Get_version(&major, &minor);
+  std::string mpi(mpi_library, static_cast<std::size_t>(len));
+  mpi = mpi.substr(0, mpi.find('\n'));  // MPICH's first line names it; the rest is its configure line
+  const std::string nccl = ndmini::nccl_version();
+  std::string out = "{";
+  out += "\"name\": \"ndmini\", \"version\": " + json_string(NDMINI_VERSION);
+  out += ", \"git_sha\": " + json_string(NDMINI_GIT_SHA);
+  out += ", \"build_type\": " + json_string(NDMINI_BUILD_TYPE);
+  out += ", \"compiler\": " + json_string(NDMINI_COMPILER);
+  out += ", \"native\": " + std::string(NDMINI_NATIVE ? "true" : "false");  // -march=native
+  out += ", \"kokkos_version\": " +
+         json_string(std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+                     std::to_string(KOKKOS_VERSION % 100));
+  out += ", \"kokkos_backend\": " + json_string(ndmini::ExecSpace::name());
+  out += ", \"mpi_library\": " + json_string(mpi);
+  out += ", \"mpi_standard\": " + json_string(std::to_string(major) + "." + std::to_string(minor));
+  out += ", \"nccl\": " + (nccl.empty() ? std::string("null") : json_string(nccl));
+  return out + "}";
 }
 
 }  // namespace
@@ -63,7 +73,14 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ndmini: a reference GPT-2 training mini-app for N-dimensional parallelism (MPI + Kokkos + HDF5)",
                "ndmini"};
-  app.set_version_flag("--version", std::string("ndmini ") + NDMINI_VERSION);
+  app.set_version_flag("--version", std::string("ndmini ") + NDMINI_VERSION + " (" + NDMINI_GIT_SHA + ")");
+  app.add_flag_callback(
+      "--build-info",
+      [rank] {
+        if (rank == 0) std::printf("%s\n", build_info().c_str());
+        throw CLI::Success();
+      },
+      "Print the version, git commit, compiler, Kokkos, MPI and NCCL of this build as one JSON object");
   app.require_subcommand(1);
 
   std::string deck, metrics;
@@ -71,6 +88,7 @@ int main(int argc, char** argv) {
   std::string resume_step;  // empty: the step named by 'latest'
   bool show_mesh = false;
   int check_world = world;
+  std::string ckpt_path;
 
   auto* train = app.add_subcommand("train", "Train the model a deck describes");
   train->add_option("deck", deck, "Input deck (TOML), e.g. inputs/tiny.toml")->required();
@@ -93,6 +111,17 @@ int main(int argc, char** argv) {
       ->option_text("N (default: the ranks launched)")
       ->check(CLI::PositiveNumber);
 
+  auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (one process; no job needed)");
+  ckpt->require_subcommand(1);
+  auto* ckpt_info = ckpt->add_subcommand(
+      "info", "Print a checkpoint's step, tokens, the layout that wrote it, data provenance, tensors and deck");
+  ckpt_info->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
+      ->required();
+  auto* ckpt_verify = ckpt->add_subcommand(
+      "verify", "Check every digest of a checkpoint (manifest, metadata, every tensor); exit 1 on any mismatch");
+  ckpt_verify->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
+      ->required();
+
   // Kokkos has read its --kokkos-* arguments (Kokkos 3.4 leaves them in argv).
   std::vector<const char*> args;
   for (int i = 0; i < argc; ++i)
@@ -107,6 +136,32 @@ int main(int argc, char** argv) {
   }
 
   int status = 0;
+  if (*ckpt) {
+    // One process does the work; the others only learn the outcome.
+    if (rank == 0) {
+      try {
+        const std::string dir = ndmini::io::resolve_checkpoint(ckpt_path);
+        if (*ckpt_info) {
+          std::printf("%s", ndmini::io::describe_checkpoint(dir).c_str());
+        } else {
+          const auto report = ndmini::io::verify_checkpoint(dir);
+          for (const auto& p : report.problems)
+            std::fprintf(stderr, "ndmini: verify: %s: %s\n", dir.c_str(), p.c_str());
+          if (report.problems.empty())
+            std::printf("%s: OK (manifest, metadata and %llu tensor digests over %llu bytes)\n", dir.c_str(),
+                        static_cast<unsigned long long>(report.tensors), static_cast<unsigned long long>(report.bytes));
+          status = report.problems.empty() ? 0 : 1;
+        }
+      } catch (const ndmini::Error& e) {
+        std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+        status = 1;
+      }
+    }
+    MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    Kokkos::finalize();
+    MPI_Finalize();
+    return status;
+  }
   try {
     // Every rank reads the deck; a rank that cannot makes all of them stop.
     ndmini::Config cfg;
@@ -114,8 +169,15 @@ int main(int argc, char** argv) {
     if (*check) {
       // Resolve first: a bad layout is one error, not a report that ends in one.
       const ndmini::RunLayout layout = ndmini::resolve_layout(cfg, check_world);
+      // Sizes before anything else: check never allocates what the deck describes.
+      MPI_Comm node = MPI_COMM_NULL;
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+      int ranks_on_node = 1;
+      MPI_Comm_size(node, &ranks_on_node);
+      MPI_Comm_free(&node);
+      ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { ndmini::require_memory_fits(cfg, layout, ranks_on_node); });
       if (rank == 0) {
-        print_check(cfg, layout);
+        ndmini::print_check(cfg, layout, ranks_on_node);
         std::printf("%s", ndmini::describe_mesh(layout.mesh, true).c_str());
       }
     } else {

@@ -21,6 +21,8 @@
 
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
+#include "io/digest.hpp"
+#include "io/inspect.hpp"
 
 namespace {
 
@@ -437,27 +439,36 @@ TEST_F(Checkpoint, CorruptedFileIsRefusedAndPreviousStillLoads) {
   EXPECT_EQ(load_and_count(1, 10), 0u);
 }
 
-// A damaged data chunk behind a forged manifest: Fletcher32 fails only on the
-// rank that reads the chunk (rank 0 here), yet every rank must refuse.
-TEST_F(Checkpoint, DamagedChunkIsRefusedOnEveryRank) {
+// The raw-data offset of a dataset, from the manifest of the checkpoint folder.
+std::uint64_t extent_of(const std::string& dir, const std::string& dataset) {
+  std::ifstream in(dir + "/manifest.txt");
+  std::string key, path;
+  std::uint64_t offset = 0, bytes = 0;
+  while (in >> key) {
+    if (key == "extent" && in >> offset >> bytes >> path && path == dataset) return offset;
+  }
+  return 0;
+}
+
+// A damaged byte of raw data passes the manifest (which covers only the
+// metadata); the tensor's digest must catch it, on every rank, although only
+// rank 0 reads that byte.
+TEST_F(Checkpoint, DamagedDataIsRefusedOnEveryRank) {
   const std::string name = "model/wte/weight";
-  auto big = make_block(name, {256, 256}, Split::kFirstDim, 1, true);  // the middle of the file is data
+  auto big = make_block(name, {256, 256}, Split::kFirstDim, 1, true);
   std::vector<TensorSlab> one{big.slab()};
   ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(1), one, 3);
   int flipped = 0;
   if (rank() == 0) {
     const std::string file = file_of(1);
-    flipped = flip_middle_byte(file);
-    const std::string manifest = fs::path(file).parent_path() / "manifest.txt";
-    std::ifstream in(manifest);
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string s = text.str();
-    const auto at = s.find("hash mix64-chain ") + std::strlen("hash mix64-chain ");
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(ndmini::io::detail::file_digest(file)));
-    s.replace(at, 16, hex);
-    std::ofstream(manifest, std::ios::trunc) << s;
+    const std::uint64_t at = extent_of(fs::path(file).parent_path().string(), "/" + name) + 1000;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(static_cast<std::streamoff>(at));
+    f.get(c);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x01));  // one bit
+    flipped = f.good() && at > 1000;
   }
   MPI_Bcast(&flipped, 1, MPI_INT, 0, MPI_COMM_WORLD);
   ASSERT_TRUE(flipped);
@@ -466,6 +477,7 @@ TEST_F(Checkpoint, DamagedChunkIsRefusedOnEveryRank) {
   const std::string msg = error_of([&] { ndmini::io::load_checkpoint(MPI_COMM_WORLD, root_, 1, target); });
   EXPECT_TRUE(contains(msg, "corrupted")) << msg;
   EXPECT_TRUE(contains(msg, name)) << msg;
+  EXPECT_TRUE(contains(msg, "digest")) << msg;
 }
 
 TEST_F(Checkpoint, TruncatedFileIsRefused) {
@@ -497,7 +509,17 @@ TEST_F(Checkpoint, MissingCheckpointNamesThePath) {
   msg = error_of([&] { load_and_count(std::nullopt, 10); });
   EXPECT_TRUE(contains(msg, root_)) << msg;
   EXPECT_TRUE(contains(msg, "'latest'")) << msg;
+  // Valid steps are there: the message lists them and names the way out.
+  EXPECT_TRUE(contains(msg, "holds checkpoints of steps 1")) << msg;
+  EXPECT_TRUE(contains(msg, "--resume 1")) << msg;
   EXPECT_EQ(load_and_count(1, 10), 0u);  // an explicit step needs no marker
+
+  // A marker of binary garbage is named escaped, never echoed raw.
+  if (rank() == 0) std::ofstream(root_ + "/latest", std::ios::binary) << std::string("\x01\xff\x1b[2J", 6);
+  MPI_Barrier(MPI_COMM_WORLD);
+  msg = error_of([&] { load_and_count(std::nullopt, 10); });
+  EXPECT_TRUE(contains(msg, "\\x01\\xff\\x1b[2J")) << msg;
+  EXPECT_FALSE(contains(msg, "\x1b")) << msg;
 }
 
 TEST_F(Checkpoint, MissingTensorOrWrongShapeIsNamed) {
@@ -520,6 +542,7 @@ TEST_F(Checkpoint, TooLittleFreeSpaceIsRefusedCleanly) {
   const std::string msg = error_of([&] { save(2, 20); });
   if (rank() == 0) unsetenv("NDMINI_CKPT_FREE_BYTES");
   EXPECT_TRUE(contains(msg, "free space")) << msg;
+  EXPECT_TRUE(contains(msg, "1000 bytes are free")) << msg;
   EXPECT_EQ(ndmini::io::latest_step(MPI_COMM_WORLD, root_), std::optional<std::int64_t>(1));
   if (rank() == 0) {
     EXPECT_FALSE(fs::exists(root_ + "/step_00000002"));
@@ -664,6 +687,272 @@ TEST_F(Checkpoint, BadBlockListsFailOnEveryRank) {
   msg = error_of([&] { save_blocks(1, shapes); });
   EXPECT_TRUE(contains(msg, "listed with shapes")) << msg;
   EXPECT_FALSE(ndmini::io::latest_step(MPI_COMM_WORLD, root_).has_value());
+}
+
+// Free space is never rounded up in the message (1.95 MiB is "1.9 MiB").
+TEST_F(Checkpoint, FreeSpaceIsNotRoundedUp) {
+  if (rank() == 0) setenv("NDMINI_CKPT_FREE_BYTES", "2044723", 1);
+  const std::string msg = error_of([&] {
+    auto big = make_block("model/wte/weight", {1024, 512}, Split::kFirstDim, 1, true);
+    ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(1), {big.slab()}, 3);
+  });
+  if (rank() == 0) unsetenv("NDMINI_CKPT_FREE_BYTES");
+  EXPECT_TRUE(contains(msg, ", 1.9 MiB are free")) << msg;
+  EXPECT_TRUE(contains(msg, "it needs about 3.1 MiB")) << msg;  // 3.008 MiB (data, metadata, margin), rounded up
+}
+
+// A failure in any phase of a save, on any rank (what a full disk or a failed
+// sync does there), reaches every rank as one error naming the phase and the
+// rank; the save is undone: no temporary folder, no new step, `latest` and
+// the previous checkpoint as they were. Also when the save replaces a step.
+TEST_F(Checkpoint, FailureInAnyPhaseOnAnyRankIsUndone) {
+  using ndmini::io::SavePhase;
+  save(1, 10);
+  save(2, 20);
+  for (SavePhase phase :
+       {SavePhase::create, SavePhase::write, SavePhase::close, SavePhase::rename, SavePhase::latest}) {
+    for (int victim = 0; victim < nranks(); ++victim) {
+      for (std::int64_t step : {3, 2}) {  // a new step, and a step that exists (a resumed run saving it again)
+        const std::string tag = std::string(ndmini::io::phase_name(phase)) + " rank " + std::to_string(victim) +
+                                " step " + std::to_string(step);
+        int fired = 0;
+        ndmini::io::SaveOptions options;
+        options.hook = [&](SavePhase p, std::int64_t s, const std::string& file) {
+          if (p != phase || rank() != victim) return;
+          fired = s == step && contains(file, ".step_0000000" + std::to_string(step) + ".tmp/checkpoint.h5");
+          throw ndmini::Error("'" + file + "': No space left on device (test)");
+        };
+        auto blocks = make_model(Split::kFirstDim, 99, true);
+        const std::string msg = error_of(
+            [&] { ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(step), slabs(blocks), 3, options); });
+        int fired_anywhere = 0;
+        MPI_Allreduce(&fired, &fired_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        EXPECT_EQ(fired_anywhere, 1) << tag;
+        EXPECT_TRUE(contains(msg, "failed in phase '" + std::string(ndmini::io::phase_name(phase)) + "' on rank " +
+                                      std::to_string(victim)))
+            << tag << ": " << msg;
+        EXPECT_TRUE(contains(msg, "No space left on device")) << tag << ": " << msg;
+        EXPECT_TRUE(contains(msg, "'latest' still names step 2")) << tag << ": " << msg;
+        EXPECT_EQ(ndmini::io::latest_step(MPI_COMM_WORLD, root_), std::optional<std::int64_t>(2)) << tag;
+        if (rank() == 0) {
+          std::vector<std::string> names;
+          for (const auto& e : fs::directory_iterator(root_)) names.push_back(e.path().filename().string());
+          std::sort(names.begin(), names.end());
+          EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000001", "step_00000002"})) << tag;
+        }
+        EXPECT_EQ(load_and_count(2, 20), 0u) << tag;  // the previous step 2, not the failed one
+      }
+    }
+  }
+  EXPECT_EQ(load_and_count(1, 10), 0u);
+}
+
+// The save reports its time split, the same on every rank.
+TEST_F(Checkpoint, SaveTimesAreReported) {
+  ndmini::io::SaveTimes times;
+  ndmini::io::SaveOptions options;
+  options.times = &times;
+  auto blocks = make_model(Split::kFirstDim, 10, true);
+  ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(1), slabs(blocks), 3, options);
+  EXPECT_GT(times.total, 0);
+  EXPECT_GE(times.total, times.create + times.write + times.commit);
+  double lo = times.total, hi = times.total;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lo, hi);
+}
+
+TEST_F(Checkpoint, DataProvenanceRoundTrips) {
+  CheckpointInfo info = info_for(1);
+  info.data = {"tokens", "data/train.bin", 123456789, "0123456789abcdef"};
+  auto blocks = make_model(Split::kFirstDim, 10, true);
+  ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info, slabs(blocks), 3);
+  auto zeros = make_model(Split::kLastDim, 10, false);
+  const CheckpointInfo got = ndmini::io::load_checkpoint(MPI_COMM_WORLD, root_, std::nullopt, slabs(zeros));
+  EXPECT_EQ(got.data.kind, "tokens");
+  EXPECT_EQ(got.data.path, "data/train.bin");
+  EXPECT_EQ(got.data.bytes, 123456789u);
+  EXPECT_EQ(got.data.digest, "0123456789abcdef");
+  if (rank() == 0) {
+    const std::string text = ndmini::io::describe_checkpoint(root_ + "/step_00000001");
+    EXPECT_TRUE(
+        contains(text, "data        tokens 'data/train.bin', 123456789 bytes, first-MiB digest 0123456789abcdef"))
+        << text;
+  }
+}
+
+// One writer per folder: a second lock on it, writer or reader, is refused at
+// once, naming the folder and the holder; readers share it; released, it can
+// be taken again. A writer proves the folder usable up front and clears
+// debris of dead saves.
+TEST_F(Checkpoint, DirLockAdmitsOneWriterOrManyReaders) {
+  using ndmini::io::CheckpointDirLock;
+  using ndmini::io::DirAccess;
+  auto first = std::make_unique<CheckpointDirLock>(MPI_COMM_WORLD, root_, DirAccess::write);
+  long long holder = ::getpid();  // rank 0 holds the lock for the job
+  MPI_Bcast(&holder, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  if (rank() == 0) fs::create_directories(root_ + "/.step_00000007.tmp");
+  for (DirAccess second : {DirAccess::write, DirAccess::read}) {
+    const std::string msg = error_of([&] { CheckpointDirLock again(MPI_COMM_WORLD, root_, second); });
+    EXPECT_TRUE(contains(msg, "checkpoint.dir = '" + root_ + "' is in use by another job")) << msg;
+    EXPECT_TRUE(contains(msg, "pid " + std::to_string(holder))) << msg;
+  }
+  first.reset();
+  {
+    // Readers share it (one job per rank, as several jobs would), and keep a writer out.
+    CheckpointDirLock reader(MPI_COMM_SELF, root_, DirAccess::read);
+    CheckpointDirLock other_reader(MPI_COMM_WORLD, root_, DirAccess::read);
+    const std::string msg = error_of([&] { CheckpointDirLock writer(MPI_COMM_WORLD, root_, DirAccess::write); });
+    EXPECT_TRUE(contains(msg, "is in use by another job")) << msg;
+    EXPECT_TRUE(contains(msg, ", reading)")) << msg;
+    if (rank() == 0) EXPECT_TRUE(fs::exists(root_ + "/.step_00000007.tmp"));  // readers touch nothing
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank's own reader is gone
+  {
+    CheckpointDirLock again(MPI_COMM_WORLD, root_, DirAccess::write);
+    if (rank() == 0) EXPECT_FALSE(fs::exists(root_ + "/.step_00000007.tmp"));
+  }
+  EXPECT_NO_THROW(CheckpointDirLock(MPI_COMM_WORLD, dir_ + "/absent", DirAccess::read));  // the load will say so
+  if (rank() == 0) std::ofstream(dir_ + "/a_file") << "x";
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::string msg = error_of([&] { CheckpointDirLock bad(MPI_COMM_WORLD, dir_ + "/a_file", DirAccess::write); });
+  EXPECT_TRUE(contains(msg, "is not a folder")) << msg;
+  msg = error_of([&] { CheckpointDirLock bad(MPI_COMM_WORLD, dir_ + "/a_file/sub", DirAccess::write); });
+  EXPECT_TRUE(contains(msg, "cannot be created")) << msg;
+  if (rank() == 0) setenv("NDMINI_CKPT_FREE_BYTES", "1000", 1);
+  msg = error_of([&] { CheckpointDirLock tight(MPI_COMM_WORLD, root_, DirAccess::write, 5000000); });
+  if (rank() == 0) unsetenv("NDMINI_CKPT_FREE_BYTES");
+  EXPECT_TRUE(contains(msg, "not enough free space in '" + root_ + "' for one checkpoint of this model")) << msg;
+}
+
+// Every kind of damage to a committed checkpoint is refused on load, by every
+// rank, with a message naming the file (or the marker), and `ndmini ckpt
+// verify` reports it too: single bit flips at 60 places spread over the whole
+// file (metadata, alignment gaps and raw data alike), truncations, an
+// extension, an empty or missing file, a missing, edited or forged manifest,
+// and bad `latest` markers. A good copy loads after each.
+TEST_F(Checkpoint, EveryCorruptionIsRefused) {
+  // Enough raw data that flips land in data as well as metadata.
+  std::vector<Block> model = make_model(Split::kFirstDim, 10, true);
+  model.push_back(make_block("model/wte/weight", {64, 96}, Split::kLastDim, 20, true));
+  ndmini::io::save_checkpoint(MPI_COMM_WORLD, root_, info_for(1), slabs(model), 3);
+  const std::string good = dir_ + "/good";
+  if (rank() == 0) fs::copy(root_, good, fs::copy_options::recursive);
+  const std::string step_dir = root_ + "/step_00000001", file = step_dir + "/checkpoint.h5",
+                    manifest = step_dir + "/manifest.txt";
+  std::uint64_t size = 0;
+  if (rank() == 0) size = fs::file_size(file);
+  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+
+  auto restore = [&] {
+    if (rank() == 0) {
+      fs::remove_all(root_);
+      fs::copy(good, root_, fs::copy_options::recursive);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  auto read_text = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  struct Case {
+    std::string name;
+    std::function<void()> damage;  // run on rank 0
+    std::string want;              // in the load's message
+  };
+  std::vector<Case> cases;
+  constexpr int kFlips = 60;
+  for (int i = 0; i < kFlips; ++i) {
+    const std::uint64_t at = (size - 1) * i / (kFlips - 1);
+    cases.push_back({"bit flip at byte " + std::to_string(at),
+                     [&, at] {
+                       std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+                       char c = 0;
+                       f.seekg(static_cast<std::streamoff>(at));
+                       f.get(c);
+                       f.seekp(static_cast<std::streamoff>(at));
+                       f.put(static_cast<char>(c ^ (1 << (i % 8))));
+                     },
+                     "corrupted"});
+  }
+  cases.push_back({"truncated to half", [&] { fs::resize_file(file, size / 2); }, "truncated"});
+  cases.push_back({"last byte cut", [&] { fs::resize_file(file, size - 1); }, "truncated"});
+  cases.push_back({"one byte appended", [&] { fs::resize_file(file, size + 1); }, "truncated"});
+  cases.push_back({"empty file", [&] { fs::resize_file(file, 0); }, "truncated"});
+  cases.push_back({"file deleted", [&] { fs::remove(file); }, "the file is missing"});
+  cases.push_back({"manifest deleted", [&] { fs::remove(manifest); }, "no manifest.txt"});
+  cases.push_back({"manifest emptied", [&] { fs::resize_file(manifest, 0); }, "not an ndmini manifest"});
+  cases.push_back({"manifest size edited",
+                   [&] {
+                     std::string t = read_text(manifest);
+                     const auto at = t.find("size ") + 5;
+                     t[at] = t[at] == '9' ? '8' : '9';
+                     std::ofstream(manifest, std::ios::binary | std::ios::trunc) << t;
+                   },
+                   "its own hash does not match"});
+  cases.push_back({"manifest forged (metadata hash changed, its own hash recomputed)",
+                   [&] {
+                     std::string t = read_text(manifest);
+                     const auto at = t.find("metadata ") + 9;
+                     t[at] = t[at] == '0' ? '1' : '0';
+                     t.erase(t.rfind("manifest "));
+                     t += "manifest " + ndmini::io::hex64(ndmini::io::hash_bytes(t.data(), t.size())) + "\n";
+                     std::ofstream(manifest, std::ios::binary | std::ios::trunc) << t;
+                   },
+                   "metadata hash"});
+  cases.push_back({"manifest forged (an extent moved, its own hash recomputed)",
+                   [&] {
+                     std::string t = read_text(manifest);
+                     const auto line = t.find("extent ");
+                     t.replace(line + 7, 1, std::string(1, t[line + 7] == '9' ? '8' : t[line + 7] + 1));
+                     t.erase(t.rfind("manifest "));
+                     t += "manifest " + ndmini::io::hex64(ndmini::io::hash_bytes(t.data(), t.size())) + "\n";
+                     std::ofstream(manifest, std::ios::binary | std::ios::trunc) << t;
+                   },
+                   "corrupted"});
+  cases.push_back({"manifest of another format",
+                   [&] { std::ofstream(manifest, std::ios::trunc) << "ndmini-checkpoint-manifest 1\nfile x\n"; },
+                   "is in format 1"});
+  cases.push_back({"latest names a missing step", [&] { std::ofstream(root_ + "/latest", std::ios::trunc) << "7\n"; },
+                   "names step 7"});
+  cases.push_back(
+      {"latest empty", [&] { std::ofstream(root_ + "/latest", std::ios::trunc); }, "does not hold a step number"});
+  cases.push_back(
+      {"latest garbage",
+       [&] { std::ofstream(root_ + "/latest", std::ios::trunc | std::ios::binary) << std::string("1\0x", 3); },
+       "does not hold a step number"});
+  ASSERT_EQ(cases.size(), 74u);
+
+  int refused = 0, verified_bad = 0, marker_cases = 0;
+  for (const Case& c : cases) {
+    restore();
+    if (rank() == 0) c.damage();
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::vector<Block> into = make_model(Split::kLastDim, 10, false);
+    into.push_back(make_block("model/wte/weight", {64, 96}, Split::kFirstDim, 20, false));
+    const std::string msg =
+        error_of([&] { ndmini::io::load_checkpoint(MPI_COMM_WORLD, root_, std::nullopt, slabs(into)); });
+    // The same refusal on every rank.
+    int failed = !msg.empty(), everywhere = 0;
+    MPI_Allreduce(&failed, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    EXPECT_TRUE(everywhere) << c.name << ": loaded without an error";
+    EXPECT_TRUE(contains(msg, c.want)) << c.name << ": " << msg;
+    const bool marker = contains(c.name, "latest");
+    EXPECT_TRUE(contains(msg, marker ? root_ : file)) << c.name << ": " << msg;
+    refused += everywhere && contains(msg, c.want);
+    if (rank() == 0 && !marker) {
+      verified_bad += !ndmini::io::verify_checkpoint(step_dir).problems.empty();
+    }
+    marker_cases += marker;
+  }
+  MPI_Bcast(&verified_bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(refused, 74);
+  EXPECT_EQ(verified_bad, 74 - marker_cases);
+  restore();
+  EXPECT_EQ(load_and_count(std::nullopt, 10), 0u);  // the negative control: the good copy loads
+  if (rank() == 0) EXPECT_TRUE(ndmini::io::verify_checkpoint(step_dir).problems.empty());
 }
 
 }  // namespace

@@ -47,19 +47,27 @@ class CommTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    if (GetParam() == "world") {
+    const std::string group = GetParam().substr(0, GetParam().find('_'));
+    if (group == "world") {
       MPI_Comm_dup(MPI_COMM_WORLD, &mpi_);
     } else {
       MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, -world_rank, &mpi_);  // reversed order on purpose
     }
+    // "_watched": every wait under a (generous) deadline, so blocking calls
+    // take the non-blocking path of the hang detection.
+    if (GetParam().find("_watched") != std::string::npos)
+      watchdog_ = std::make_unique<CollectiveWatchdog>(MPI_COMM_WORLD, kGenerousTimeoutS);
     comm_ = std::make_unique<Communicator>(mpi_, GetParam());
   }
   void TearDown() override {
     comm_.reset();
+    watchdog_.reset();
     MPI_Comm_free(&mpi_);
   }
 
+  static constexpr double kGenerousTimeoutS = 120;
   MPI_Comm mpi_ = MPI_COMM_NULL;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::unique_ptr<Communicator> comm_;
 };
 
@@ -341,7 +349,72 @@ TEST_P(CommTest, ManyRequestsInFlight) {
   EXPECT_EQ(comm_->stats().calls, 8);
 }
 
-INSTANTIATE_TEST_SUITE_P(Groups, CommTest, ::testing::Values("world", "split"),
+TEST_P(CommTest, LargeCollectivesInPiecesAreExact) {
+  // Above the MPI backend's 16 MiB piece size: several calls, one collective
+  // to the caller (one call in the accounting, one ledger entry).
+  const std::size_t n = (std::size_t{16} << 20) / sizeof(real) * 2 + 3;
+  auto buf = device_from(rank_values(comm_->rank(), n));
+  comm_->all_reduce(buf.data(), n);
+  expect_all_reduce(*comm_, buf, ReduceOp::sum);
+  buf = device_from(rank_values(comm_->rank(), n));
+  comm_->iall_reduce(buf.data(), n, ReduceOp::max).wait();
+  expect_all_reduce(*comm_, buf, ReduceOp::max);
+  const int root = comm_->size() - 1;
+  buf = device_from(rank_values(comm_->rank(), n));
+  comm_->broadcast(buf.data(), n, root);
+  EXPECT_EQ(host_from(buf), rank_values(root, n));
+  EXPECT_EQ(comm_->stats().calls, 3);
+  EXPECT_EQ(comm_->stats().bytes, static_cast<std::int64_t>(3 * n * sizeof(real)));
+  EXPECT_EQ(comm_->recent_collectives().size(), 3u);
+}
+
+TEST_P(CommTest, LedgerRecordsEveryCollective) {
+  const int n = comm_->size();
+  View1D a("a", 64 * n), b("b", 64 * n);
+  comm_->all_reduce(a.data(), 10);
+  CommRequest in_flight = comm_->iall_gather(a.data(), b.data(), 3);
+  comm_->all_reduce_scalar(1.0);
+  auto ledger = comm_->recent_collectives();
+  ASSERT_EQ(ledger.size(), 3u);
+  const std::int64_t f = sizeof(real);
+  EXPECT_EQ(ledger[0].seq, 0u);
+  EXPECT_EQ(ledger[0].op, "all_reduce");
+  EXPECT_EQ(ledger[0].bytes, 10 * f);
+  EXPECT_TRUE(ledger[0].blocking);
+  EXPECT_TRUE(ledger[0].complete);
+  EXPECT_EQ(ledger[1].seq, 1u);
+  EXPECT_EQ(ledger[1].op, "all_gather");
+  EXPECT_EQ(ledger[1].bytes, 3 * n * f);
+  EXPECT_FALSE(ledger[1].blocking);
+  EXPECT_EQ(ledger[2].op, "all_reduce_scalar");
+  EXPECT_EQ(ledger[2].bytes, static_cast<std::int64_t>(sizeof(double)));
+  // The rank-wide index counts in program order across communicators.
+  EXPECT_LT(ledger[0].index, ledger[1].index);
+  EXPECT_LT(ledger[1].index, ledger[2].index);
+  in_flight.wait();
+  EXPECT_TRUE(comm_->recent_collectives()[1].complete);
+}
+
+TEST_P(CommTest, SkippedCollectiveLeavesNoTrace) {
+  // Every rank skips the same call, so nobody waits: the skipped call must
+  // not touch the buffer, count, or enter the ledger; the next one goes on.
+  const std::size_t n = 64;
+  auto buf = device_from(rank_values(comm_->rank(), n));
+  comm_->skip_next_for_fault_injection();
+  comm_->all_reduce(buf.data(), n);
+  EXPECT_EQ(host_from(buf), rank_values(comm_->rank(), n));
+  EXPECT_EQ(comm_->stats().calls, 0);
+  EXPECT_TRUE(comm_->recent_collectives().empty());
+  comm_->skip_next_for_fault_injection();
+  EXPECT_DOUBLE_EQ(comm_->all_reduce_scalar(2.5), 2.5);  // skipped: its own value
+  comm_->all_reduce(buf.data(), n);
+  expect_all_reduce(*comm_, buf, ReduceOp::sum);
+  const auto ledger = comm_->recent_collectives();
+  ASSERT_EQ(ledger.size(), 1u);
+  EXPECT_EQ(ledger[0].seq, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, CommTest, ::testing::Values("world", "split", "world_watched", "split_watched"),
                          [](const auto& info) { return info.param; });
 
 // The MPI backend's path to MemSpace buffers. Host memory goes to MPI as it
@@ -369,6 +442,28 @@ TEST(CommStats, Adds) {
   EXPECT_EQ(a.bytes, 30);
   EXPECT_DOUBLE_EQ(a.ms, 3.5);
   EXPECT_DOUBLE_EQ(a.exposed_ms, 1.5);
+}
+
+TEST(CollectiveWatchdog, NestedOnesStack) {
+  // A train() inside a watched program builds its own: the newest governs,
+  // and the outer one is back when it goes. Both with no deadline here,
+  // so nothing can time out; the collectives still complete and are recorded.
+  Communicator c(MPI_COMM_WORLD, "nested");
+  double v = 0;
+  {
+    CollectiveWatchdog outer(MPI_COMM_WORLD, 0);
+    {
+      CollectiveWatchdog inner(MPI_COMM_WORLD, 0);
+      v += c.all_reduce_scalar(1.0);
+    }
+    v += c.all_reduce_scalar(1.0);
+    EXPECT_DOUBLE_EQ(outer.timeout_s(), 0.0);
+  }
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  EXPECT_DOUBLE_EQ(v, 2.0 * n);
+  EXPECT_EQ(c.recent_collectives().size(), 2u);
+  EXPECT_THROW(CollectiveWatchdog(MPI_COMM_WORLD, -1), Error);
 }
 
 TEST(Communicator, RejectsNullCommunicator) { EXPECT_THROW(Communicator(MPI_COMM_NULL, "tp"), Error); }

@@ -217,3 +217,70 @@ TEST(Config, BadOverrides) {
 TEST(Config, InvalidTomlNamesOriginAndLine) {
   expect_error("[model]\nlayers = = 2\n", {"deck.toml:2", "not valid TOML"});
 }
+
+TEST(Config, FaultSection) {
+  const Config none = parse_config(kModel, "deck.toml");
+  EXPECT_EQ(none.fault.kind, "none");
+  const Config c = parse_config(with_model("[train]\nsteps = 10\n[checkpoint]\nevery = 2\n[fault]\nkind = \"enospc\"\n"
+                                           "rank = 1\nstep = 4\nphase = \"rename\"\n"),
+                                "deck.toml");
+  EXPECT_EQ(c.fault.kind, "enospc");
+  EXPECT_EQ(c.fault.rank, 1);
+  EXPECT_EQ(c.fault.step, 4);
+  EXPECT_EQ(c.fault.phase, "rename");
+  // --set takes a string key's text as the string, even where TOML reads another value ("nan" is a float).
+  const Config n = parse_config(kModel, "deck.toml", {"fault.kind=nan", "fault.step=3"});
+  EXPECT_EQ(n.fault.kind, "nan");
+  const Config k = parse_config(kModel, "deck.toml", {"fault.kind=kill", "fault.step=0"});
+  EXPECT_EQ(k.fault.kind, "kill");
+  const Config s = parse_config(kModel, "deck.toml", {"fault.kind=skip_collective", "fault.step=2", "fault.rank=3"});
+  EXPECT_EQ(s.fault.kind, "skip_collective");
+}
+
+TEST(Config, FaultsThatCouldNeverFireAreRefused) {
+  const std::string deck = with_model("[train]\nsteps = 10\n[checkpoint]\nevery = 2\n");
+  expect_error(deck, {"fault.kind", "\"segv\"", "\"kill\", \"nan\", \"enospc\" or \"skip_collective\""},
+               {"fault.kind=segv"});
+  expect_error(deck, {"fault.phase", "\"flush\"", "\"create\", \"write\", \"close\", \"rename\" or \"latest\""},
+               {"fault.kind=enospc", "fault.phase=flush", "fault.step=2"});
+  expect_error(deck, {"fault.kind = \"enospc\" needs fault.phase"}, {"fault.kind=enospc", "fault.step=2"});
+  expect_error(deck, {"fault.phase applies to saves", "remove it"},
+               {"fault.kind=nan", "fault.phase=write", "fault.step=2"});
+  expect_error(deck, {"fault.rank = -1", "a world rank"}, {"fault.kind=kill", "fault.rank=-1"});
+  expect_error(deck, {"fault.step = -2"}, {"fault.kind=kill", "fault.step=-2"});
+  expect_error(deck, {"fault.step = 10", "below train.steps = 10"}, {"fault.kind=kill", "fault.step=10"});
+  expect_error(deck, {"fault.step = 10", "below train.steps = 10"}, {"fault.kind=skip_collective", "fault.step=10"});
+  // A save fault at a step that is not saved.
+  expect_error(deck, {"fault.step = 3", "no checkpoint of that step is saved", "checkpoint.every = 2"},
+               {"fault.kind=enospc", "fault.phase=write", "fault.step=3"});
+  expect_error(deck, {"fault.step = 12", "no checkpoint of that step is saved"},
+               {"fault.kind=kill", "fault.phase=latest", "fault.step=12"});
+  expect_error(deck, {"fault.step = 0", "no checkpoint of that step is saved", "checkpoint.at_start = false"},
+               {"fault.kind=enospc", "fault.phase=create", "fault.step=0"});
+  EXPECT_NO_THROW(parse_config(
+      deck, "deck.toml", {"fault.kind=enospc", "fault.phase=create", "fault.step=0", "checkpoint.at_start=true"}));
+  // nan at train.steps hits the final state's check, which runs only when that state is saved.
+  EXPECT_NO_THROW(parse_config(deck, "deck.toml", {"fault.kind=nan", "fault.step=10"}));
+  expect_error(deck, {"fault.step = 10", "is train.steps"}, {"fault.kind=nan", "fault.step=10", "checkpoint.every=3"});
+}
+
+TEST(Config, CheckpointGuardKeys) {
+  expect_error(with_model("[train]\nweight_decay = 1e30\n"), {"train.weight_decay = 1e+30", "[0, 1]"});
+  expect_error(with_model("[train]\nweight_decay = -0.1\n"), {"train.weight_decay", "[0, 1]"});
+  EXPECT_NO_THROW(parse_config(with_model("[train]\nweight_decay = 1\n"), "deck.toml"));
+  expect_error(with_model("[perf]\nmemory_per_rank_gib = -1\n"), {"perf.memory_per_rank_gib", ">= 0"});
+  const Config c =
+      parse_config(with_model("[data]\nallow_source_change = true\n[perf]\nmemory_per_rank_gib = 2.5\n"), "deck.toml");
+  EXPECT_TRUE(c.data.allow_source_change);
+  EXPECT_DOUBLE_EQ(c.perf.memory_per_rank_gib, 2.5);
+}
+
+TEST(Config, CommTimeout) {
+  EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml").comm.timeout_s, CommConfig{}.timeout_s);
+  const Config c = parse_config(with_model("[comm]\ntimeout_s = 30\n"), "deck.toml");
+  EXPECT_DOUBLE_EQ(c.comm.timeout_s, 30.0);
+  EXPECT_DOUBLE_EQ(parse_config(c.toml, "resolved").comm.timeout_s, 30.0);
+  EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml", {"comm.timeout_s=0"}).comm.timeout_s, 0.0);
+  expect_error(with_model("[comm]\ntimeout_s = -1\n"), {"comm.timeout_s", "out of range", ">= 0"});
+  expect_error(with_model("[comm]\ntimeout = 5\n"), {"comm.timeout", "did you mean comm.timeout_s"});
+}

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The data sources read what DESIGN section 2 fixes: for a file of N tokens,
+// The data sources read in the order the README fixes: for a file of N tokens,
 // sequence b of the global batch of B sequences at step s starts at token
 // ((s * B + b) * T) mod (N - T - 1); targets are the inputs shifted by one.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "core/error.hpp"
 #include "train/data.hpp"
 
 using namespace ndmini;
@@ -26,7 +28,7 @@ Config deck(const std::string& source, const std::string& path, int vocab) {
 
 std::string scratch(const std::string& name) { return "ndmini_test_data_" + std::to_string(::getpid()) + "_" + name; }
 
-// Checks every sequence of a few steps against the DESIGN offsets in `stream`.
+// Checks every sequence of a few steps against the README offsets in `stream`.
 void expect_design_order(const DataSource& data, const std::vector<token_t>& stream, int B, int T) {
   const std::size_t span = stream.size() - T - 1;
   for (std::int64_t step = 0; step < 7; ++step)
@@ -91,4 +93,59 @@ TEST(Data, SyntheticIsAPureFunctionOfSeedAndStep) {
   // Another step gives another sequence.
   a->fill(5, 2, 1, in2.data(), tg2.data());
   EXPECT_NE(in1, in2);
+}
+
+// What a checkpoint records of the data, and what a resume makes of it.
+TEST(Data, ProvenanceOfFilesAndResumeChecks) {
+  const std::string a = scratch("a.txt"), b = scratch("b.txt");
+  std::string text(3000, 'x');
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>('a' + i % 23);
+  std::ofstream(a) << text;
+  text[100] = '#';  // same size, other content
+  std::ofstream(b) << text;
+  const auto ra = make_data_source(deck("text", a, 256))->provenance();
+  const auto rb = make_data_source(deck("text", b, 256))->provenance();
+  EXPECT_EQ(ra.kind, "text");
+  EXPECT_EQ(ra.path, a);
+  EXPECT_EQ(ra.bytes, 3000u);
+  EXPECT_EQ(ra.digest.size(), 16u);
+  EXPECT_EQ(rb.bytes, ra.bytes);
+  EXPECT_NE(rb.digest, ra.digest);
+  EXPECT_EQ(make_data_source(deck("synthetic", "", 256))->provenance().kind, "synthetic");
+
+  DataConfig strict, lenient;
+  lenient.allow_source_change = true;
+  EXPECT_EQ(check_resume_data(ra, ra, strict, "ckpt/step_00000002"), "");
+  try {
+    check_resume_data(ra, rb, strict, "ckpt/step_00000002");
+    ADD_FAILURE() << "a different file was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cannot resume from ckpt/step_00000002: it was trained on text '" + a + "'"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("the deck reads text '" + b + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("data.allow_source_change = true"), std::string::npos) << msg;
+  }
+  EXPECT_NE(check_resume_data(ra, rb, lenient, "ckpt").find("(data.allow_source_change = true)"), std::string::npos);
+  auto moved = ra;
+  moved.path = "elsewhere/" + a;
+  EXPECT_NE(check_resume_data(ra, moved, strict, "ckpt").find("with the same size and digest"), std::string::npos);
+  auto synthetic = ra;
+  synthetic = {"synthetic", "", 0, ""};
+  EXPECT_THROW(check_resume_data(synthetic, ra, strict, "ckpt"), Error);
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
+TEST(Data, FolderAsDataPathIsNamed) {
+  const std::string dir = scratch("folder");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  try {
+    make_data_source(deck("tokens", dir, 256));
+    ADD_FAILURE() << "a folder was read as data";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.path = \"" + dir + "\" is a folder, not a file"), std::string::npos)
+        << e.what();
+  }
+  ::rmdir(dir.c_str());
 }

@@ -145,6 +145,10 @@ const std::vector<Layout>& layouts() {
       {4, {"parallel.pp=4", "parallel.schedule=1f1b", rc}, four},
       {4, {"parallel.pp=4", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2"}, eight},
       {4, {"parallel.pp=4", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2", rc}, eight},
+      {4, {"parallel.pp=2", "parallel.dp_replicate=2"}, {}},
+      {4,
+       {"parallel.pp=2", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2", "parallel.dp_shard=2"},
+       four},
       {4, {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
       {4, {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", rc}, {}},
       {4, {"parallel.cp=4"}, {}},
@@ -212,7 +216,8 @@ TEST(Equivalence, CheckpointReshardsExactly) {
   if (n == 2)
     pairs = {{{"parallel.tp=2"}, {"parallel.dp_shard=2"}},
              {{"parallel.pp=2"}, {"parallel.tp=2"}},
-             {{"parallel.dp_shard=2"}, {"parallel.pp=2"}}};
+             {{"parallel.dp_shard=2"}, {"parallel.pp=2"}},
+             {{"parallel.cp=2"}, {"parallel.tp=2"}}};
   if (n == 4)
     pairs = {{{"parallel.dp_shard=2", "parallel.tp=2"}, {"parallel.tp=4"}},
              {{"parallel.pp=2", "parallel.tp=2"}, {"parallel.dp_shard=4"}},
@@ -259,7 +264,7 @@ TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
   if (n == 1) GTEST_SKIP() << "FSDP over one rank is DP; the bound is checked on 2, 4 and 8 ranks";
   Config cfg = load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/small.toml");
   auto state_bytes = [&](bool fsdp) {
-    Communicator group(MPI_COMM_WORLD, fsdp ? "dp_shard" : "dp_replicate");
+    Communicator group(MPI_COMM_WORLD, fsdp ? "fsdp" : "dp_replicate");
     ModelParallel par;
     if (fsdp)
       par.data.fsdp = &group;

@@ -284,9 +284,9 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
         Coords first = mine, last = mine;
         first[static_cast<int>(Axis::pp)] = 0;
         last[static_cast<int>(Axis::pp)] = pp - 1;
-        EXPECT_EQ(members(mesh.tied_embedding()), (std::vector<int>{shape.rank_of(first), shape.rank_of(last)}));
+        EXPECT_EQ(members(mesh.pipeline_ends()), (std::vector<int>{shape.rank_of(first), shape.rank_of(last)}));
       } else {
-        EXPECT_EQ(mesh.tied_embedding(), MPI_COMM_NULL);
+        EXPECT_EQ(mesh.pipeline_ends(), MPI_COMM_NULL);
       }
 
       // Node awareness: sane, and agreed on by every rank.

@@ -5,6 +5,7 @@
 // accounting; a backend only moves data and says when it is done.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "comm/communicator.hpp"
@@ -30,14 +31,21 @@ struct CommRequest::Impl {
   // True when complete (and then accounted). Never blocks for long.
   bool test();
 
-  CommStats* stats = nullptr;         // set by the Communicator at issue
-  detail::Clock::time_point start{};  // issue time
-  double blocked_ms = 0;              // caller time spent inside issue/test so far
+  CommStats* stats = nullptr;                      // set by the Communicator at issue
+  detail::Clock::time_point start{};               // issue time
+  double blocked_ms = 0;                           // caller time spent inside issue/test so far
+  std::uint64_t ledger_index = ~std::uint64_t{0};  // its ledger entry (ledger.hpp)
   bool done = false;
 
  protected:
+  // Blocks until complete: the wait when no CollectiveWatchdog sets a deadline.
   virtual void wait_backend() = 0;
   virtual bool test_backend() = 0;
+  // The deadline passed: leave the backend safe to abandon (NCCL aborts its communicator).
+  virtual void abort_backend() {}
+  // Whether a deadline wait yields the core between polls (NCCL: the GPU does
+  // the work; MPI: the polling rank itself moves the data, as MPI_Wait does).
+  virtual bool yield_while_polling() const { return false; }
 
  private:
   void finish(detail::Clock::time_point now);
@@ -57,6 +65,7 @@ struct Communicator::BackendImpl {
   virtual void all_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
   virtual void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) = 0;
   virtual void broadcast(real* buf, std::size_t count, int root) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) = 0;
   virtual void send(const real* buf, std::size_t count, int peer, int tag) = 0;
   virtual void recv(real* buf, std::size_t count, int peer, int tag) = 0;
 

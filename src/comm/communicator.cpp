@@ -1,16 +1,26 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The Communicator: accounting and dispatch around a backend, and the MPI
-// backend (host or device buffers; device buffers need a CUDA-aware MPI).
+// backend (host or device buffers; device buffers go to a CUDA-aware MPI
+// directly, else through host memory: comm/device_path.hpp).
 #include "comm/communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "comm/backend.hpp"
 #include "comm/device_path.hpp"
+#include "comm/ledger.hpp"
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 
 #ifdef NDMINI_HAVE_NCCL
 #include "comm/nccl/nccl_backend.hpp"
@@ -36,10 +46,19 @@ bool nccl_available() {
 #endif
 }
 
+std::string nccl_version() {
+#ifdef NDMINI_HAVE_NCCL
+  return detail::nccl_library_version();
+#else
+  return "";
+#endif
+}
+
 // --- CommRequest -------------------------------------------------------------
 
 void CommRequest::Impl::finish(detail::Clock::time_point now) {
   done = true;
+  detail::ledger_complete(ledger_index);
   if (stats) {
     stats->ms += detail::ms_between(start, now);
     stats->exposed_ms += blocked_ms;
@@ -48,8 +67,38 @@ void CommRequest::Impl::finish(detail::Clock::time_point now) {
 
 void CommRequest::Impl::wait() {
   if (done) return;
+  const ProfileRegion region([&] {
+    const auto entries = detail::ledger_entries();
+    for (const auto& e : entries)
+      if (e.index == ledger_index)
+        return "ndmini::comm " + detail::comm_name(e.comm) + " wait for " + detail::coll_op_name(e.op);
+    return std::string("ndmini::comm wait");
+  });
   auto t0 = detail::Clock::now();
-  wait_backend();
+  const double timeout_s = detail::watch_timeout_s();
+  if (timeout_s > 0) {
+    // The deadline counts from the start of the wait: a request issued early
+    // and waited for late is not a hang.
+    constexpr auto kAlarmPoll = std::chrono::milliseconds(1);
+    const auto deadline =
+        t0 + std::chrono::duration_cast<detail::Clock::duration>(std::chrono::duration<double>(timeout_s));
+    auto next_poll = t0 + kAlarmPoll;
+    while (!test_backend()) {
+      const auto now = detail::Clock::now();
+      if (now >= next_poll) {
+        // Another rank's diagnosis: answers it and does not return.
+        detail::watch_poll(ledger_index, std::chrono::duration<double>(now - t0).count());
+        next_poll = now + kAlarmPoll;
+      }
+      if (now > deadline) {
+        abort_backend();
+        detail::watch_expired(ledger_index, std::chrono::duration<double>(now - t0).count());
+      }
+      if (yield_while_polling()) std::this_thread::yield();
+    }
+  } else {
+    wait_backend();
+  }
   auto t1 = detail::Clock::now();
   blocked_ms += detail::ms_between(t0, t1);
   finish(t1);
@@ -164,13 +213,61 @@ class MpiRequests final : public CommRequest::Impl {
   }
 };
 
+// MPI_Allreduce and MPI_Bcast of more than kMaxPieceBytes are sent as
+// several calls of at most that size, issued together (non-blocking) or one
+// after the other (blocking). MPICH 4.0 on this project's machines takes ten
+// times longer per byte for one call above 32 MiB than below (its temporary
+// buffers then come from mmap and are faulted in afresh on every call); the
+// pieces keep every call below that, and cost nothing measurable at the
+// sizes where one call was fine.
+constexpr std::size_t kMaxPieceBytes = std::size_t{16} << 20;
+constexpr std::size_t kPieceCount = kMaxPieceBytes / sizeof(real);
+
+// Calls f(offset, count) for each piece of [0, count); once for count 0, so
+// every rank still takes part.
+template <class F>
+void for_pieces(std::size_t count, F&& f) {
+  std::size_t offset = 0;
+  do {
+    const std::size_t n = std::min(kPieceCount, count - offset);
+    f(offset, n);
+    offset += n;
+  } while (offset < count);
+}
+
+// MPI libraries allocate temporary buffers per collective (MPICH: one the
+// size of the message for an all-reduce), and glibc gives freed memory back
+// to the system once more than a few MiB are free at the top of the heap, or
+// right away for blocks above its mmap threshold. Every step then faults
+// the same buffers in afresh: 7000 page faults per step on one rank of
+// 2-rank data parallelism of small.toml (7 buckets of 7 MB in flight), at
+// about 3 us each in a virtual machine, and the other rank waits for it.
+// Keeping freed memory in the process removes them (0 faults per step after
+// the first); it also keeps FSDP's per-unit gathered buffers resident. The
+// cost is that the process's RSS stays at its high-water mark. glibc only;
+// left alone when the user tunes malloc through its environment variables.
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  static bool done = false;
+  if (done) return;
+  done = true;
+  for (const char* var : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"})
+    if (std::getenv(var) != nullptr) return;
+  constexpr int kLargestHeapBlock = 32 << 20;  // glibc's ceiling for the mmap threshold on 64-bit
+  mallopt(M_MMAP_THRESHOLD, kLargestHeapBlock);
+  mallopt(M_TRIM_THRESHOLD, -1);  // never trim the heap
+#endif
+}
+
 class MpiBackend final : public Communicator::BackendImpl {
  public:
-  MpiBackend(MPI_Comm comm, int rank) : comm_(comm), rank_(rank) {}
+  MpiBackend(MPI_Comm comm, int rank) : comm_(comm), rank_(rank) { keep_freed_memory(); }
 
   void all_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, "MPI_Allreduce"), MPI_FLOAT, mpi_op(op), comm_),
-              "MPI_Allreduce");
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Allreduce"), MPI_FLOAT, mpi_op(op), comm_),
+                "MPI_Allreduce");
+    });
   }
   void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     int n = mpi_count(count_per_rank, "MPI_Allgather");
@@ -183,7 +280,9 @@ class MpiBackend final : public Communicator::BackendImpl {
               "MPI_Reduce_scatter_block");
   }
   void broadcast(real* buf, std::size_t count, int root) override {
-    mpi_check(MPI_Bcast(buf, mpi_count(count, "MPI_Bcast"), MPI_FLOAT, root, comm_), "MPI_Bcast");
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      mpi_check(MPI_Bcast(buf + at, mpi_count(n, "MPI_Bcast"), MPI_FLOAT, root, comm_), "MPI_Bcast");
+    });
   }
   void send(const real* buf, std::size_t count, int peer, int tag) override {
     mpi_check(MPI_Send(buf, mpi_count(count, "MPI_Send"), MPI_FLOAT, peer, tag, comm_), "MPI_Send");
@@ -193,10 +292,13 @@ class MpiBackend final : public Communicator::BackendImpl {
   }
 
   std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    auto r = std::make_unique<MpiRequest>();
-    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count, "MPI_Iallreduce"), MPI_FLOAT, mpi_op(op), comm_,
-                             &r->request),
-              "MPI_Iallreduce");
+    auto r = std::make_unique<MpiRequests>();
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      r->requests.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Iallreduce"), MPI_FLOAT, mpi_op(op), comm_,
+                               &r->requests.back()),
+                "MPI_Iallreduce");
+    });
     return r;
   }
   std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) override {
@@ -213,6 +315,15 @@ class MpiBackend final : public Communicator::BackendImpl {
     mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), MPI_FLOAT,
                                         MPI_SUM, comm_, &r->request),
               "MPI_Ireduce_scatter_block");
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) override {
+    auto r = std::make_unique<MpiRequests>();
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      r->requests.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Ibcast(buf + at, mpi_count(n, "MPI_Ibcast"), MPI_FLOAT, root, comm_, &r->requests.back()),
+                "MPI_Ibcast");
+    });
     return r;
   }
   std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {
@@ -260,6 +371,7 @@ Communicator::Communicator(MPI_Comm comm, std::string name, Backend backend)
   require(comm_ != MPI_COMM_NULL, "Communicator '" + name_ + "': MPI_COMM_NULL (this rank is not in the group)");
   detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  ledger_id_ = detail::register_comm(comm_, name_);
   if (backend == Backend::mpi) {
     // Device buffers reach MPI directly (CUDA-aware) or through host memory.
     impl_ = detail::with_device_path(std::make_unique<detail::MpiBackend>(comm_, rank_), comm_, name_);
@@ -281,77 +393,149 @@ namespace {
 
 std::int64_t real_bytes(std::size_t count) { return static_cast<std::int64_t>(count * sizeof(real)); }
 
+// Where a collective is issued: the communicator's accounting, its place in
+// the ledger, and whether compute must be fenced first (not where the backend
+// orders its transfers after the compute on the device: NCCL).
+struct Site {
+  CommStats& stats;
+  int comm;
+  std::uint64_t& seq;
+  bool fence = true;
+};
+
+// Issues a non-blocking call whose ledger entry is `index`: calls and bytes
+// are counted now; ms and exposed_ms when it completes (wait, a successful
+// test, or its destructor).
+template <class Issue>
+CommRequest start(Site site, std::uint64_t index, std::int64_t bytes, Issue&& issue) {
+  auto t0 = Clock::now();
+  std::unique_ptr<CommRequest::Impl> r = issue();
+  r->stats = &site.stats;
+  r->start = t0;
+  r->blocked_ms = ms_between(t0, Clock::now());  // issuing blocks the caller too
+  r->ledger_index = index;
+  site.stats.calls += 1;
+  site.stats.bytes += bytes;
+  return CommRequest(std::move(r));
+}
+
 // Blocking calls: the caller waits for the whole call, so exposed == ms.
-template <class Call>
-void blocking(const Communicator::BackendImpl& impl, CommStats& stats, std::int64_t bytes, Call&& call) {
-  if (!impl.orders_with_compute()) fence_compute();
+// Under a watchdog's deadline the call is issued non-blocking and waited for
+// (CommRequest::Impl::wait), since a blocking MPI call cannot be timed out.
+template <class Call, class Issue>
+void blocking(Site site, CollOp op, std::int64_t bytes, Call&& call, Issue&& issue) {
+  const ProfileRegion region([&] { return "ndmini::comm " + comm_name(site.comm) + " " + coll_op_name(op); });
+  if (site.fence) fence_compute();
+  const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, true);
+  if (watch_timeout_s() > 0) {
+    CommStats own;  // the whole call is exposed, issue to completion, as below
+    start({own, site.comm, site.seq}, index, bytes, issue).wait();
+    own.exposed_ms = own.ms;
+    site.stats += own;
+    return;
+  }
   auto t0 = Clock::now();
   call();
   double ms = ms_between(t0, Clock::now());
-  stats.calls += 1;
-  stats.bytes += bytes;
-  stats.ms += ms;
-  stats.exposed_ms += ms;
+  ledger_complete(index);
+  site.stats.calls += 1;
+  site.stats.bytes += bytes;
+  site.stats.ms += ms;
+  site.stats.exposed_ms += ms;
 }
 
-// Non-blocking calls: calls and bytes are counted at issue; ms and exposed_ms
-// when the request completes (wait, a successful test, or its destructor).
 template <class Issue>
-CommRequest nonblocking(const Communicator::BackendImpl& impl, CommStats& stats, std::int64_t bytes, Issue&& issue) {
-  if (!impl.orders_with_compute()) fence_compute();
-  auto t0 = Clock::now();
-  std::unique_ptr<CommRequest::Impl> r = issue();
-  r->stats = &stats;
-  r->start = t0;
-  r->blocked_ms = ms_between(t0, Clock::now());  // issuing blocks the caller too
-  stats.calls += 1;
-  stats.bytes += bytes;
-  return CommRequest(std::move(r));
+CommRequest nonblocking(Site site, CollOp op, std::int64_t bytes, Issue&& issue) {
+  if (site.fence) fence_compute();
+  const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, false);
+  return start(site, index, bytes, issue);
 }
 
 }  // namespace
 }  // namespace detail
 
+bool Communicator::skip(const char* op) {
+  if (!skip_next_) return false;
+  skip_next_ = false;
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr, "ndmini: fault injection: rank %d skips %s on '%s' (it would have been #%llu there)\n",
+               world_rank, op, name_.c_str(), static_cast<unsigned long long>(seq_));
+  std::fflush(stderr);
+  return true;
+}
+
 void Communicator::all_reduce(real* buf, std::size_t count, ReduceOp op) {
-  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->all_reduce(buf, count, op); });
+  if (skip("all_reduce")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::real_bytes(count),
+      [&] { impl_->all_reduce(buf, count, op); }, [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
 void Communicator::all_gather(const real* send, real* recv, std::size_t count_per_rank) {
-  detail::blocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
-                   [&] { impl_->all_gather(send, recv, count_per_rank); });
+  if (skip("all_gather")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_gather,
+      detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+      [&] { impl_->all_gather(send, recv, count_per_rank); },
+      [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
 void Communicator::reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
-  detail::blocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
-                   [&] { impl_->reduce_scatter(send, recv, count_per_rank); });
+  if (skip("reduce_scatter")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
+      detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+      [&] { impl_->reduce_scatter(send, recv, count_per_rank); },
+      [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
 }
 
 void Communicator::broadcast(real* buf, std::size_t count, int root) {
   require(root >= 0 && root < size_, "Communicator '" + name_ + "': broadcast root " + std::to_string(root) +
                                          " is not a rank of a group of " + std::to_string(size_));
-  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->broadcast(buf, count, root); });
+  if (skip("broadcast")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::broadcast, detail::real_bytes(count),
+      [&] { impl_->broadcast(buf, count, root); }, [&] { return impl_->ibroadcast(buf, count, root); });
 }
 
 void Communicator::send(const real* buf, std::size_t count, int peer, int tag) {
-  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->send(buf, count, peer, tag); });
+  if (skip("send")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::send, detail::real_bytes(count),
+      [&] { impl_->send(buf, count, peer, tag); },
+      [&] {
+        return impl_->batch_p2p({{P2POp::Kind::send, const_cast<real*>(buf), count, peer, tag}});
+      });
 }
 
 void Communicator::recv(real* buf, std::size_t count, int peer, int tag) {
-  detail::blocking(*impl_, stats_, detail::real_bytes(count), [&] { impl_->recv(buf, count, peer, tag); });
+  if (skip("recv")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::recv, detail::real_bytes(count),
+      [&] { impl_->recv(buf, count, peer, tag); },
+      [&] {
+        return impl_->batch_p2p({{P2POp::Kind::recv, buf, count, peer, tag}});
+      });
 }
 
 CommRequest Communicator::iall_reduce(real* buf, std::size_t count, ReduceOp op) {
-  return detail::nonblocking(*impl_, stats_, detail::real_bytes(count),
-                             [&] { return impl_->iall_reduce(buf, count, op); });
+  if (skip("all_reduce")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
+                             detail::real_bytes(count), [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
 CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t count_per_rank) {
-  return detail::nonblocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+  if (skip("all_gather")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_gather,
+                             detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
-  return detail::nonblocking(*impl_, stats_, detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+  if (skip("reduce_scatter")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
+                             detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
 }
 
@@ -363,7 +547,9 @@ CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
                                                  std::to_string(size_));
     count += op.count;
   }
-  return detail::nonblocking(*impl_, stats_, detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
+  if (skip("p2p")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::p2p,
+                             detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
 }
 
 CommRequest Communicator::isend(const real* buf, std::size_t count, int peer, int tag) {
@@ -377,14 +563,28 @@ CommRequest Communicator::irecv(real* buf, std::size_t count, int peer, int tag)
 // Host scalars go over MPI whatever the backend: NCCL wants device buffers,
 // and a round trip through device memory costs more than the reduction.
 double Communicator::all_reduce_scalar(double value, ReduceOp op) {
-  auto t0 = detail::Clock::now();
+  if (skip("all_reduce_scalar")) return value;
   double out = 0;
-  detail::mpi_check(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, detail::mpi_op(op), comm_), "MPI_Allreduce");
-  double ms = detail::ms_between(t0, detail::Clock::now());
-  stats_.calls += 1;
-  stats_.bytes += sizeof(double);
-  stats_.ms += ms;
-  stats_.exposed_ms += ms;
+  detail::blocking(
+      // host values: nothing on the device to wait for
+      {stats_, ledger_id_, seq_, /*fence=*/false}, detail::CollOp::all_reduce_scalar, sizeof(double),
+      [&] {
+        detail::mpi_check(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, detail::mpi_op(op), comm_), "MPI_Allreduce");
+      },
+      [&] {
+        auto r = std::make_unique<detail::MpiRequest>();
+        detail::mpi_check(MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, detail::mpi_op(op), comm_, &r->request),
+                          "MPI_Iallreduce");
+        return r;
+      });
+  return out;
+}
+
+std::vector<CollectiveRecord> Communicator::recent_collectives() const {
+  std::vector<CollectiveRecord> out;
+  for (const auto& e : detail::ledger_entries())
+    if (e.comm == ledger_id_)
+      out.push_back({e.index, e.seq, detail::coll_op_name(e.op), e.bytes, e.blocking, e.complete});
   return out;
 }
 

@@ -16,6 +16,24 @@
 //   caller was blocked: the whole call when blocking, the wait when not).
 //   Non-blocking calls count calls and bytes at issue, ms and exposed_ms at
 //   completion (exposed_ms then also holds the issue and any test() calls).
+//
+// Ledger and hang detection: every rank keeps a ledger of its last 64
+// collectives over all communicators (sequence number per communicator,
+// operation, bytes, completed or not; recent_collectives() shows one
+// communicator's part). While a CollectiveWatchdog is alive, every wait has
+// a deadline (comm.timeout_s): blocking calls are issued non-blocking and
+// waited for under it. When a wait passes it, the ranks still inside the
+// comm layer exchange their ledgers over the watchdog's own communicator,
+// each prints its last collectives, rank 0 prints the first rank and
+// collective that diverged and who waits for whom, and the job ends with
+// MPI_Abort (exit 12) instead of hanging. The NCCL backend's watchdog uses the
+// same deadline (and NDMINI_NCCL_TIMEOUT_S only when no CollectiveWatchdog is alive).
+//
+// MPI backend: all-reduce and broadcast above 16 MiB are sent as several
+// calls of at most 16 MiB, issued together; and the first MPI Communicator
+// tells glibc to keep freed memory in the process (the MPI library's
+// temporary buffers are otherwise faulted in afresh on every step). Both
+// are explained in communicator.cpp.
 #include <mpi.h>
 
 #include <cstdint>
@@ -45,6 +63,33 @@ struct P2POp {
   std::size_t count;
   int peer;     // rank in this communicator
   int tag = 0;  // MPI matches on it; NCCL matches in issue order (tags ignored)
+};
+
+// One entry of the collective ledger (see above).
+struct CollectiveRecord {
+  std::uint64_t index;  // among this rank's collectives on all communicators, from 0
+  std::uint64_t seq;    // among this communicator's collectives, from 0
+  std::string op;       // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "p2p",
+                        // "all_reduce_scalar"
+  std::int64_t bytes;   // as counted in CommStats
+  bool blocking;
+  bool complete;
+};
+
+// Hang detection for every Communicator while it is alive (see above).
+// Collective over `world` (it duplicates it for the diagnosis). Nested ones
+// stack: the newest governs until it is destroyed (destroy in reverse
+// order). timeout_s = 0 keeps the ledger but sets no deadline.
+class CollectiveWatchdog {
+ public:
+  CollectiveWatchdog(MPI_Comm world, double timeout_s);
+  ~CollectiveWatchdog();
+  CollectiveWatchdog(const CollectiveWatchdog&) = delete;
+  CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  double timeout_s_;
 };
 
 // A non-blocking collective in flight. wait() completes it (and is called by
@@ -114,19 +159,38 @@ class Communicator {
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 
+  // This communicator's entries of the rank's ledger, oldest first.
+  std::vector<CollectiveRecord> recent_collectives() const;
+
+  // Fault injection (the fault plan's skip_collective): the next collective
+  // called on this communicator, of any kind, returns at once without
+  // communicating or touching its buffers (all_reduce_scalar returns its
+  // argument), and is not entered in the ledger -- as if this rank's code
+  // had not called it. The peers then wait for it; with a watchdog alive the
+  // job ends with the diagnosis. Says so on stderr when it happens.
+  void skip_next_for_fault_injection() { skip_next_ = true; }
+
   struct BackendImpl;  // MPI or NCCL
 
  private:
+  // Consumes the fault-injection switch: true when this call is to be skipped.
+  bool skip(const char* op);
+
   MPI_Comm comm_;
   std::string name_;
   int size_ = 1, rank_ = 0;
   Backend backend_ = Backend::mpi;
   CommStats stats_;
   std::unique_ptr<BackendImpl> impl_;
+  int ledger_id_ = -1;     // this communicator in the ledger's registry
+  std::uint64_t seq_ = 0;  // collectives issued on it
+  bool skip_next_ = false;
 };
 
 // True when this build has the NCCL backend.
 bool nccl_available();
+// The NCCL library's version ("2.28.9"), empty without the NCCL backend.
+std::string nccl_version();
 
 // The backend for the mesh axes' collectives on MemSpace buffers: NCCL where
 // this build has it, MemSpace is a GPU's memory and every rank has a GPU of

@@ -231,6 +231,8 @@ class StagedRequest final : public CommRequest::Impl {
     staging_.finish();
     return true;
   }
+  // abort_backend and yield_while_polling keep the defaults, as the MPI
+  // request underneath does: nothing to abort, and this rank moves the data.
 
  private:
   std::unique_ptr<CommRequest::Impl> mpi_;  // no stats: the outer request accounts
@@ -264,6 +266,11 @@ class StagedMpiBackend final : public Communicator::BackendImpl {
     Staging s(pool_);
     mpi_->broadcast(s.in_out(buf, count), count, root);
     s.finish();
+  }
+  std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) override {
+    Staging s(pool_);
+    auto r = mpi_->ibroadcast(s.in_out(buf, count), count, root);
+    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
   }
   void send(const real* buf, std::size_t count, int peer, int tag) override {
     Staging s(pool_);

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -63,6 +64,7 @@ const std::vector<Key>& schema() {
       int_key("model", "seq_len", &Config::model, &ModelConfig::seq_len),
       string_key("data", "source", &Config::data, &DataConfig::source),
       string_key("data", "path", &Config::data, &DataConfig::path),
+      bool_key("data", "allow_source_change", &Config::data, &DataConfig::allow_source_change),
       int_key("train", "steps", &Config::train, &TrainConfig::steps),
       int_key("train", "global_batch", &Config::train, &TrainConfig::global_batch),
       int_key("train", "micro_batch", &Config::train, &TrainConfig::micro_batch),
@@ -88,7 +90,13 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),
       int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
       bool_key("checkpoint", "at_start", &Config::checkpoint, &CheckpointConfig::at_start),
+      float_key("comm", "timeout_s", &Config::comm, &CommConfig::timeout_s),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
+      float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
+      string_key("fault", "kind", &Config::fault, &FaultConfig::kind),
+      int_key("fault", "rank", &Config::fault, &FaultConfig::rank),
+      int_key("fault", "step", &Config::fault, &FaultConfig::step),
+      string_key("fault", "phase", &Config::fault, &FaultConfig::phase),
   };
   return keys;
 }
@@ -156,6 +164,12 @@ void apply_override(toml::table& deck, const std::string& assignment) {
   } catch (const toml::parse_error&) {
     parsed = toml::table{{"v", value}};
   }
+  // A string key takes the bare text even where it reads as another TOML
+  // value: --set fault.kind=nan is the string "nan", not the float NaN.
+  const bool string_key = std::any_of(schema().begin(), schema().end(), [&](const Key& k) {
+    return k.section == section && k.name == name && k.type == "string";
+  });
+  if (string_key && !parsed.get("v")->is_string()) parsed = toml::table{{"v", value}};
   if (!deck.contains(section)) deck.insert(section, toml::table{});
   toml::table* sec = deck[section].as_table();
   require(sec != nullptr, "--set '" + assignment + "': [" + section + "] is not a section");
@@ -187,6 +201,50 @@ void check_range(bool ok, const std::string& origin, const std::string& key, con
   if (!ok) throw Error(origin + ": " + key + " = " + value + " is out of range: " + rule);
 }
 
+// [fault]: every setting must be one that fires; a fault that can never fire
+// would let a test pass without testing anything.
+void validate_fault(const Config& c, const std::string& origin) {
+  const FaultConfig& f = c.fault;
+  const std::string kind = "\"" + f.kind + "\"", phase = "\"" + f.phase + "\"";
+  check_range(
+      f.kind == "none" || f.kind == "kill" || f.kind == "nan" || f.kind == "enospc" || f.kind == "skip_collective",
+      origin, "fault.kind", kind, "must be \"none\", \"kill\", \"nan\", \"enospc\" or \"skip_collective\"");
+  check_range(f.phase.empty() || f.phase == "create" || f.phase == "write" || f.phase == "close" ||
+                  f.phase == "rename" || f.phase == "latest",
+              origin, "fault.phase", phase,
+              "must be \"create\", \"write\", \"close\", \"rename\" or \"latest\" (the phases of a save)");
+  check_range(f.rank >= 0, origin, "fault.rank", std::to_string(f.rank), "must be >= 0 (a world rank)");
+  check_range(f.step >= 0, origin, "fault.step", std::to_string(f.step), "must be >= 0");
+  if (f.kind == "none") return;
+  const int steps = c.train.steps;
+  const bool in_save = !f.phase.empty();
+  if (f.kind == "enospc")
+    require(in_save, origin +
+                         ": fault.kind = \"enospc\" needs fault.phase (the phase of the save to fail: "
+                         "\"create\", \"write\", \"close\", \"rename\" or \"latest\")");
+  if (f.kind == "nan" || f.kind == "skip_collective")
+    require(!in_save, origin + ": fault.phase applies to saves (fault.kind = \"enospc\" or \"kill\"), not to " +
+                          "fault.kind = " + kind + "; remove it");
+  if (in_save) {
+    const auto& k = c.checkpoint;
+    const bool saved =
+        (k.every > 0 && f.step > 0 && f.step % k.every == 0 && f.step <= steps) || (k.at_start && f.step == 0);
+    check_range(saved, origin, "fault.step", std::to_string(f.step),
+                "no checkpoint of that step is saved (checkpoint.every = " + std::to_string(k.every) +
+                    ", checkpoint.at_start = " + (k.at_start ? "true" : "false") +
+                    ", train.steps = " + std::to_string(steps) + "), so the fault would never fire");
+  } else if (f.kind == "nan" && f.step == steps) {
+    // The final state's forward check (it runs when the final state is saved).
+    const auto& k = c.checkpoint;
+    check_range(k.every > 0 && steps % k.every == 0, origin, "fault.step", std::to_string(f.step),
+                "is train.steps, whose state is checked only when it is saved (checkpoint.every dividing "
+                "train.steps), so the fault would never fire");
+  } else {
+    check_range(f.step < steps, origin, "fault.step", std::to_string(f.step),
+                "must be below train.steps = " + std::to_string(steps) + ", or the fault would never fire");
+  }
+}
+
 void validate(const Config& c, const std::string& origin) {
   const auto& m = c.model;
   const auto& t = c.train;
@@ -211,7 +269,10 @@ void validate(const Config& c, const std::string& origin) {
   check_range(t.min_lr >= 0 && t.min_lr <= t.lr, origin, "train.min_lr", s(t.min_lr),
               "must be in [0, train.lr = " + s(t.lr) + "]");
   check_range(t.warmup_steps >= 0, origin, "train.warmup_steps", s(t.warmup_steps), "must be >= 0");
-  check_range(t.weight_decay >= 0, origin, "train.weight_decay", s(t.weight_decay), "must be >= 0");
+  // AdamW shrinks every 2-D weight by lr x weight_decay per step: above 1
+  // that would flip its sign, and far below it the run only diverges.
+  check_range(t.weight_decay >= 0 && t.weight_decay <= 1, origin, "train.weight_decay", s(t.weight_decay),
+              "must be in [0, 1]");
   check_range(t.grad_clip >= 0, origin, "train.grad_clip", s(t.grad_clip), "must be >= 0 (0 disables clipping)");
   check_range(t.log_every >= 1, origin, "train.log_every", s(t.log_every), "must be at least 1");
   check_range(t.recompute == "none" || t.recompute == "block", origin, "train.recompute", "\"" + t.recompute + "\"",
@@ -241,8 +302,13 @@ void validate(const Config& c, const std::string& origin) {
   check_range(k.every >= 0, origin, "checkpoint.every", s(k.every), "must be >= 0 (0: never)");
   check_range(k.keep >= 1, origin, "checkpoint.keep", s(k.keep), "must be at least 1");
   require(!k.dir.empty(), origin + ": checkpoint.dir must not be empty");
+  check_range(c.comm.timeout_s >= 0, origin, "comm.timeout_s", s(c.comm.timeout_s),
+              "must be >= 0 seconds (0 disables the collective deadline)");
   check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),
               "must be >= 0 (0: measure with a GEMM calibration)");
+  check_range(c.perf.memory_per_rank_gib >= 0, origin, "perf.memory_per_rank_gib", s(c.perf.memory_per_rank_gib),
+              "must be >= 0 (0: the node's available memory divided by its ranks)");
+  validate_fault(c, origin);
 }
 
 }  // namespace
@@ -286,6 +352,10 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A folder opens as an empty stream: say what it is, not that keys are missing.
+  std::error_code ec;
+  require(!std::filesystem::is_directory(path, ec),
+          "cannot read deck '" + path + "': it is a folder; name a .toml file");
   std::ifstream in(path);
   require(in.good(), "cannot read deck '" + path + "': no such file or not readable");
   std::stringstream ss;

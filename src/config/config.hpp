@@ -19,6 +19,10 @@ struct ModelConfig {
 struct DataConfig {
   std::string source = "synthetic";  // "synthetic", "text" or "tokens"
   std::string path;                  // for "text" and "tokens"
+  // A resumed run normally refuses a data source other than the one the
+  // checkpoint was trained on (kind, size, first-MiB digest); true continues
+  // on the new source on purpose.
+  bool allow_source_change = false;
 };
 
 struct TrainConfig {
@@ -55,8 +59,28 @@ struct CheckpointConfig {
   bool at_start = false;
 };
 
+struct CommConfig {
+  // A collective that does not complete within this many seconds is a hang:
+  // every rank reports its collective ledger and the job exits non-zero.
+  // 0 disables the deadline (the ledger is kept).
+  double timeout_s = 600.0;
+};
+
 struct PerfConfig {
   double peak_gflops = 0.0;  // per rank; 0 means: calibrate with a short GEMM at start-up
+  // Memory one rank may use, in GiB; 0 means: the node's available memory
+  // divided by the ranks on it. A deck whose estimate exceeds it is refused.
+  double memory_per_rank_gib = 0.0;
+};
+
+// Fault injection, to prove that failures are handled (tests, scripts).
+// kind "none" (the default) injects nothing.
+struct FaultConfig {
+  std::string kind = "none";  // "none", "kill", "nan", "enospc", "skip_collective"
+  int rank = 0;               // the world rank it hits
+  int step = 0;               // kill, nan, skip_collective: the training step (nan at train.steps: the final
+                              // state's check); enospc or kill with a phase: the step of the checkpoint saved
+  std::string phase;          // for saves: "create", "write", "close", "rename", "latest"
 };
 
 struct Config {
@@ -65,7 +89,9 @@ struct Config {
   TrainConfig train;
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
+  CommConfig comm;
   PerfConfig perf;
+  FaultConfig fault;
   std::string toml;  // the resolved deck (overrides applied), as TOML text
 };
 

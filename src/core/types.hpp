@@ -4,6 +4,7 @@
 // runs in, and the View aliases used for parameters, activations and tokens.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <string>
 
 namespace ndmini {
 
@@ -40,5 +41,12 @@ using ConstTokenView = Kokkos::View<const token_t*, Kokkos::LayoutRight, MemSpac
 using HostTokenView = Kokkos::View<token_t*, Kokkos::LayoutRight, HostSpace>;
 
 using HostView1D = Kokkos::View<real*, Kokkos::LayoutRight, HostSpace>;
+
+// A buffer its user writes before reading: no zero fill.
+inline View1D uninitialized(const std::string& label, std::size_t n) {
+  return View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
+}
+// A flat buffer seen as a row-major [rows, cols] matrix.
+inline Slice2D as_matrix(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
 
 }  // namespace ndmini

@@ -1,112 +1,66 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Parallel sharded HDF5 checkpoints (DESIGN section 4).
+// Parallel sharded checkpoints: the collective protocol.
 //
-// Save: validate -> rank 0 prepares <root>/.step_N.tmp/ and checks free space
-// -> every rank creates every dataset (sorted order) and writes its blocks in
-// one collective call per dataset -> close -> rank 0 fsyncs, writes
-// manifest.txt (file size + whole-file hash), renames the folder to step_N,
-// replaces `latest`, prunes.
-// Load: rank 0 checks the manifest BEFORE HDF5 opens the file -> every rank
-// reads its blocks (replicas included) collectively -> per-tensor digests of
-// the owned blocks are compared.
+// Save, phase by phase (each ends with an agreement over the communicator, so
+// an error on any rank stops every rank before the next collective call):
+//   create  rank 0: temporary folder, free-space check, the HDF5 file with
+//           every dataset allocated (io/format), its disk space reserved;
+//           the datasets' offsets are broadcast
+//   write   every rank writes its owned blocks at those offsets through its
+//           own MPI-IO handle (independent writes: no collective inside the
+//           MPI library or HDF5 can wait for a rank that failed), starts
+//           their writeback and computes their layout-free digests meanwhile
+//   close   every rank syncs and closes its handle; rank 0 stores the summed
+//           digests in the file, syncs it and writes the manifest
+//   rename  rank 0: the temporary folder becomes step_N (the commit)
+//   latest  rank 0: the `latest` marker is replaced atomically
+// then rank 0 prunes. On failure rank 0 removes what the save created and
+// puts back what it moved, so `latest` and the older checkpoints are as before.
 //
-// Every phase ends with an agreement over the communicator (run_phase), so an
-// error on any rank becomes the same ndmini::Error on every rank and no rank is
-// left waiting in a collective that the others skipped.
+// Load: rank 0 verifies the manifest and reads the index (io/format), every
+// rank reads its blocks (replicas included) at the indexed offsets, and the
+// digests of the owned blocks, summed over the ranks, are compared.
 #include "io/checkpoint.hpp"
 
 #include <fcntl.h>
-#include <hdf5.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "core/error.hpp"
+#include "io/digest.hpp"
+#include "io/format.hpp"
 
 namespace ndmini::io {
 namespace {
 
 namespace fs = std::filesystem;
+using format::kFileName;
+using format::kResumeHint;
 
-constexpr const char* kFileName = "checkpoint.h5";
-constexpr const char* kManifestName = "manifest.txt";
-constexpr const char* kManifestMagic = "ndmini-checkpoint-manifest 1";
 constexpr const char* kLatestName = "latest";
-constexpr const char* kDigestAttr = "digest";
-constexpr const char* kResumeHint = "resume from an earlier step with --resume STEP";
-// HDF5 refuses chunks of 4 GiB or more.
-constexpr std::uint64_t kMaxChunkBytes = (std::uint64_t{1} << 32) - 1;
+// One MPI-IO call moves at most this many bytes (its count is an int).
+constexpr std::uint64_t kMaxIoBytes = std::uint64_t{1} << 30;
+// How far a load asks the kernel to read ahead of its reads.
+constexpr std::uint64_t kReadAheadBytes = std::uint64_t{256} << 20;
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 
-// ---------------------------------------------------------------- hashing
-
-// splitmix64's finalizer on x + golden gamma: a bijection with no fixed point at 0.
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Order-dependent hash of a byte stream: a mix64 chain over 8-byte
-// little-endian words (the tail zero-padded), finished with the length.
-class StreamHash {
- public:
-  void update(const void* data, std::size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    length_ += n;
-    while (n > 0) {
-      if (fill_ == 0 && n >= 8) {  // fast path: whole words straight from the input
-        std::uint64_t w;
-        std::memcpy(&w, p, 8);
-        h_ = mix64(h_ ^ w);
-        p += 8;
-        n -= 8;
-        continue;
-      }
-      const std::size_t take = std::min(n, std::size_t{8} - fill_);
-      std::memcpy(word_ + fill_, p, take);
-      fill_ += take;
-      p += take;
-      n -= take;
-      if (fill_ == 8) absorb_partial();
-    }
-  }
-  std::uint64_t finish() {
-    if (fill_ > 0) {
-      std::memset(word_ + fill_, 0, 8 - fill_);
-      absorb_partial();
-    }
-    return mix64(h_ ^ length_);
-  }
-
- private:
-  void absorb_partial() {
-    std::uint64_t w;
-    std::memcpy(&w, word_, 8);
-    h_ = mix64(h_ ^ w);
-    fill_ = 0;
-  }
-  std::uint64_t h_ = 0;
-  std::uint64_t length_ = 0;
-  unsigned char word_[8] = {};
-  std::size_t fill_ = 0;
-};
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
-  return buf;
-}
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::uint64_t product(const std::vector<std::uint64_t>& dims) {
   std::uint64_t n = 1;
@@ -138,27 +92,16 @@ void for_each_row(const TensorSlab& t, F&& f) {
   }
 }
 
-// Layout-independent digest of one block: the sum over its elements of
-// mix64(mix64(global linear index) ^ bits(x)). Summing the owned blocks of all
-// ranks gives the same value for any split of the tensor, so a resharded load
-// can be checked exactly against what was saved.
+// The layout-free digest of one block (io::element_digest row by row).
 std::uint64_t block_digest(const TensorSlab& t) {
   if (is_empty(t)) return 0;
   const std::uint64_t row = t.count.back();
   std::uint64_t sum = 0;
-  for_each_row(t, [&](std::uint64_t start, std::uint64_t r) {
-    const float* x = t.data + r * row;
-    for (std::uint64_t j = 0; j < row; ++j) {
-      std::uint32_t bits;
-      std::memcpy(&bits, x + j, 4);
-      sum += mix64(mix64(start + j) ^ bits);
-    }
-  });
+  for_each_row(t, [&](std::uint64_t start, std::uint64_t r) { sum += element_digest(t.data + r * row, row, start); });
   return sum;
 }
 
-// One row of a block: `length` elements from global linear index `start`, at
-// `data` in host memory.
+// `length` elements from global linear index `start`, at `data` in host memory.
 struct Run {
   std::uint64_t start = 0;
   std::uint64_t length = 0;
@@ -170,281 +113,14 @@ struct Run {
 // only the blocks differ.
 struct Tensor {
   std::string name;  // as this rank spelled it, for messages
+  std::string path;  // "/model/..."
   std::vector<std::uint64_t> shape;
   std::vector<const TensorSlab*> owned;  // non-empty, not replica: digest and coverage
   std::vector<const TensorSlab*> moved;  // what this call transfers: owned on save, every non-empty block on load
-  std::vector<Run> runs;                 // rows of `moved` in file order, when there are several blocks
+  std::vector<Run> runs;                 // rows of `moved` in file order, neighbours merged
 };
-
-// ------------------------------------------------------------ agreement
-
-int comm_rank(MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  return rank;
-}
-
-std::uint64_t sum_over(MPI_Comm comm, std::uint64_t v) {
-  std::uint64_t total = 0;
-  MPI_Allreduce(&v, &total, 1, MPI_UINT64_T, MPI_SUM, comm);  // wraps mod 2^64, as intended
-  return total;
-}
-
-// Every rank must pass the same tensor list (and info): HDF5 needs identical
-// collective calls, and a mismatch would hang instead of failing.
-void require_same_everywhere(MPI_Comm comm, std::uint64_t fingerprint, const std::string& what) {
-  std::uint64_t lo = 0, hi = 0;
-  MPI_Allreduce(&fingerprint, &lo, 1, MPI_UINT64_T, MPI_MIN, comm);
-  MPI_Allreduce(&fingerprint, &hi, 1, MPI_UINT64_T, MPI_MAX, comm);
-  require(lo == hi, what);
-}
-
-// ------------------------------------------------------------------ HDF5
-
-void quiet_hdf5() {
-  // Our messages name the file and the fix; HDF5's stack dumps would only bury them.
-  static const bool once = [] {
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    return true;
-  }();
-  (void)once;
-}
-
-herr_t keep_deepest(unsigned, const H5E_error2_t* e, void* out) {
-  if (e->desc && *e->desc) *static_cast<std::string*>(out) = e->desc;
-  return 0;
-}
-
-// The innermost description on HDF5's error stack, e.g. "data error detected
-// by Fletcher32 checksum"; it is the most specific one.
-std::string hdf5_error_text() {
-  std::string text;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, keep_deepest, &text);
-  H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? "HDF5 error" : text;
-}
-
-template <class T>
-T checked(T status, const std::string& what) {
-  if (status < 0) throw Error(what + " (" + hdf5_error_text() + ")");
-  return status;
-}
-
-// Owns one HDF5 id and closes it with the matching H5?close.
-class Handle {
- public:
-  Handle() = default;
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  Handle& operator=(Handle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      std::swap(id_, o.id_);
-      close_ = o.close_;
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-  hid_t get() const { return id_; }
-  hid_t release() { return std::exchange(id_, -1); }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-Handle file_access(MPI_Comm comm) {
-  Handle fapl(checked(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
-  checked(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), "H5Pset_fapl_mpio");
-  // v2 superblock and v1.8+ structures: a damaged header fails cleanly instead
-  // of crashing or hanging the reader (research section 2).
-  checked(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110), "H5Pset_libver_bounds");
-  // Every rank makes every metadata call, so HDF5 may do them collectively:
-  // fewer small I/Os, and no hang in distributed metadata writes (hdf5#265).
-  checked(H5Pset_all_coll_metadata_ops(fapl.get(), true), "H5Pset_all_coll_metadata_ops");
-  checked(H5Pset_coll_metadata_write(fapl.get(), true), "H5Pset_coll_metadata_write");
-  return fapl;
-}
-
-Handle collective_transfer() {
-  Handle dxpl(checked(H5Pcreate(H5P_DATASET_XFER), "H5Pcreate"), H5Pclose);
-  // Fletcher32 datasets can only be written collectively.
-  checked(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio");
-  return dxpl;
-}
-
-// H5Fcreate/H5Fopen on every rank. If only some ranks got a handle, those are
-// deliberately leaked: H5Fclose is collective, so closing on part of the ranks
-// would hang, and the Error thrown everywhere ends the run anyway.
-Handle open_file(MPI_Comm comm, const fs::path& path, bool create) {
-  hid_t id = -1;
-  agree_on_errors(comm, [&] {
-    Handle fapl = file_access(comm);
-    id = create ? H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get())
-                : H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
-    checked(id, std::string(create ? "cannot create '" : "cannot open '") + path.string() + "'");
-  });
-  return Handle(id, H5Fclose);
-}
-
-void close_file(MPI_Comm comm, Handle& file, const fs::path& path) {
-  agree_on_errors(comm, [&] { checked(H5Fclose(file.release()), "closing '" + path.string() + "' failed"); });
-}
-
-void write_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* value) {
-  Handle space(checked(H5Screate(H5S_SCALAR), "H5Screate"), H5Sclose);
-  Handle attr(checked(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                      std::string("creating attribute '") + name + "'"),
-              H5Aclose);
-  checked(H5Awrite(attr.get(), mem_type, value), std::string("writing attribute '") + name + "'");
-}
-
-void write_string_attr(hid_t obj, const char* name, const std::string& value) {
-  // Fixed-length, NUL-terminated: variable-length data has no parallel write path.
-  Handle type(checked(H5Tcopy(H5T_C_S1), "H5Tcopy"), H5Tclose);
-  checked(H5Tset_size(type.get(), value.size() + 1), "H5Tset_size");
-  checked(H5Tset_strpad(type.get(), H5T_STR_NULLTERM), "H5Tset_strpad");
-  checked(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
-  write_attr(obj, name, type.get(), type.get(), value.c_str());
-}
-
-Handle open_attr(hid_t obj, const char* name, const std::string& where) {
-  require(checked(H5Aexists(obj, name), "H5Aexists") > 0,
-          where + " has no attribute '" + name + "'; it is corrupted or not an ndmini checkpoint; " + kResumeHint);
-  return Handle(checked(H5Aopen(obj, name, H5P_DEFAULT), std::string("opening attribute '") + name + "'"), H5Aclose);
-}
-
-template <class T>
-T read_attr(hid_t obj, const char* name, hid_t mem_type, const std::string& where) {
-  Handle attr = open_attr(obj, name, where);
-  T value{};
-  checked(H5Aread(attr.get(), mem_type, &value), std::string("reading attribute '") + name + "'");
-  return value;
-}
-
-std::string read_string_attr(hid_t obj, const char* name, const std::string& where) {
-  Handle attr = open_attr(obj, name, where);
-  Handle type(checked(H5Aget_type(attr.get()), "H5Aget_type"), H5Tclose);
-  require(H5Tget_class(type.get()) == H5T_STRING && H5Tis_variable_str(type.get()) == 0,
-          where + ": attribute '" + name + "' is not a fixed-length string");
-  const std::size_t size = H5Tget_size(type.get());
-  std::string value(size, '\0');
-  checked(H5Aread(attr.get(), type.get(), value.data()), std::string("reading attribute '") + name + "'");
-  value.resize(std::strlen(value.c_str()));
-  return value;
-}
-
-// This rank's blocks of one tensor as ONE HDF5 transfer, so every rank makes
-// one collective call per tensor whatever its number of blocks. The file side
-// is the union of the blocks' hyperslabs; HDF5 walks it in row-major order of
-// the file coordinates, whatever the order of the blocks, so the memory side is
-// a 1-D buffer in that order. A single block is that buffer already; several
-// are gathered into (save) or scattered from (load) a staging buffer, row by
-// row in file order (Tensor::runs). No block selects nothing on both sides;
-// the rank still joins the transfer.
-struct Transfer {
-  Handle memory;
-  Handle file;
-  std::vector<float> staging;
-  float* buffer = nullptr;
-};
-
-Transfer prepare_transfer(hid_t dset, const Tensor& t) {
-  Transfer x;
-  x.file = Handle(checked(H5Dget_space(dset), "H5Dget_space"), H5Sclose);
-  std::uint64_t n = 0;
-  for (const TensorSlab* b : t.moved) n += product(b->count);
-  const hsize_t extent = std::max<std::uint64_t>(n, 1);
-  x.memory = Handle(checked(H5Screate_simple(1, &extent, nullptr), "H5Screate_simple"), H5Sclose);
-  if (t.moved.empty()) {
-    checked(H5Sselect_none(x.memory.get()), "H5Sselect_none");
-    checked(H5Sselect_none(x.file.get()), "H5Sselect_none");
-    x.staging.assign(1, 0.0f);  // HDF5 wants a buffer even for an empty selection
-    x.buffer = x.staging.data();
-    return x;
-  }
-  H5S_seloper_t op = H5S_SELECT_SET;
-  for (const TensorSlab* b : t.moved) {
-    const std::vector<hsize_t> start(b->offset.begin(), b->offset.end());
-    const std::vector<hsize_t> count(b->count.begin(), b->count.end());
-    checked(H5Sselect_hyperslab(x.file.get(), op, start.data(), nullptr, count.data(), nullptr), "H5Sselect_hyperslab");
-    op = H5S_SELECT_OR;
-  }
-  if (t.moved.size() == 1) {
-    x.buffer = t.moved.front()->data;
-  } else {
-    x.staging.resize(n);
-    x.buffer = x.staging.data();
-  }
-  return x;
-}
-
-// Blocks -> staging buffer, before a write of several blocks.
-void gather(const Tensor& t, Transfer& x) {
-  if (t.moved.size() < 2) return;
-  float* p = x.buffer;
-  for (const Run& r : t.runs) p = std::copy(r.data, r.data + r.length, p);
-}
-
-// Staging buffer -> blocks, after a read of several blocks.
-void scatter(const Tensor& t, const Transfer& x) {
-  if (t.moved.size() < 2) return;
-  const float* p = x.buffer;
-  for (const Run& r : t.runs) {
-    std::copy(p, p + r.length, r.data);
-    p += r.length;
-  }
-}
 
 std::string dataset_path(const std::string& name) { return name.front() == '/' ? name : "/" + name; }
-
-// One chunk per tensor keeps the file simple; when a tensor reaches HDF5's
-// 4 GiB chunk limit, halve its outermost dimension that can still shrink.
-std::vector<hsize_t> chunk_dims(const std::vector<std::uint64_t>& shape) {
-  std::vector<hsize_t> chunk(shape.begin(), shape.end());
-  std::size_t d = 0;
-  while (4 * product(std::vector<std::uint64_t>(chunk.begin(), chunk.end())) > kMaxChunkBytes) {
-    while (chunk[d] == 1) ++d;
-    chunk[d] = (chunk[d] + 1) / 2;
-  }
-  return chunk;
-}
-
-Handle create_dataset(hid_t file, const Tensor& t, std::uint64_t digest) {
-  const std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-  const int rank = static_cast<int>(dims.size());
-  Handle space(checked(H5Screate_simple(rank, dims.data(), nullptr), "H5Screate_simple"), H5Sclose);
-  Handle dcpl(checked(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), H5Pclose);
-  checked(H5Pset_chunk(dcpl.get(), rank, chunk_dims(t.shape).data()), "H5Pset_chunk");
-  checked(H5Pset_fletcher32(dcpl.get()), "H5Pset_fletcher32");
-  // No fill: the ranks' owned blocks cover every element (checked), so a fill would
-  // only write the whole tensor twice.
-  checked(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
-  Handle lcpl(checked(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate"), H5Pclose);
-  checked(H5Pset_create_intermediate_group(lcpl.get(), 1), "H5Pset_create_intermediate_group");
-  Handle dset(checked(H5Dcreate2(file, dataset_path(t.name).c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
-                                 dcpl.get(), H5P_DEFAULT),
-                      "creating tensor '" + t.name + "'"),
-              H5Dclose);
-  write_attr(dset.get(), kDigestAttr, H5T_STD_U64LE, H5T_NATIVE_UINT64, &digest);
-  return dset;
-}
-
-// True when every group on the way to `path` and the final link exist.
-// H5Lexists fails, rather than answering false, when a parent is missing.
-bool link_exists(hid_t file, const std::string& path) {
-  for (std::size_t at = path.find('/', 1);; at = path.find('/', at + 1)) {
-    const std::string prefix = path.substr(0, at);
-    if (checked(H5Lexists(file, prefix.c_str(), H5P_DEFAULT), "H5Lexists") <= 0) return false;
-    if (at == std::string::npos) return true;
-  }
-}
 
 std::string shape_text(const std::vector<std::uint64_t>& shape) {
   std::string s = "[";
@@ -452,12 +128,19 @@ std::string shape_text(const std::vector<std::uint64_t>& shape) {
   return s + "]";
 }
 
+int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  return rank;
+}
+
 // ------------------------------------------------------------ validation
 
 // Checks one entry of the caller's list on its own.
 void validate_slab(const TensorSlab& t) {
   const std::string tag = "checkpoint tensor '" + t.name + "'";
-  require(!t.name.empty() && t.name != "/" && t.name.back() != '/' && t.name.find("//") == std::string::npos,
+  require(!t.name.empty() && t.name != "/" && t.name.back() != '/' && t.name.find("//") == std::string::npos &&
+              t.name.find_first_of(" \t\r\n") == std::string::npos,
           "checkpoint tensor name '" + t.name + "' is not a dataset path like 'model/h/0/attn/c_attn/weight'");
   require(!t.global_shape.empty(), tag + " has no dimensions; store a scalar as shape [1]");
   for (auto d : t.global_shape) require(d > 0, tag + " has an empty dimension in " + shape_text(t.global_shape));
@@ -472,10 +155,9 @@ void validate_slab(const TensorSlab& t) {
   require(t.data != nullptr, tag + ": data is null for a non-empty block");
 }
 
-// The rows of several blocks sorted by file position: the order in which HDF5
-// walks their union. Sorting whole blocks would not do: blocks side by side in
-// a row (column splits) interleave row by row. Overlapping blocks would make
-// the union smaller than the buffer, so they are refused here.
+// The rows of the moved blocks sorted by file position, rows that continue
+// each other in the file and in memory merged into one run (a flat FSDP shard
+// is one run; a column split is one run per row). Overlapping blocks are refused.
 std::vector<Run> file_order_runs(const Tensor& t) {
   std::vector<Run> runs;
   for (const TensorSlab* b : t.moved) {
@@ -483,23 +165,35 @@ std::vector<Run> file_order_runs(const Tensor& t) {
     for_each_row(*b, [&](std::uint64_t start, std::uint64_t r) { runs.push_back({start, row, b->data + r * row}); });
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.start < b.start; });
-  for (std::size_t i = 1; i < runs.size(); ++i)
-    require(runs[i - 1].start + runs[i - 1].length <= runs[i].start,
-            "checkpoint tensor '" + t.name + "': two blocks of one rank overlap (at flat element " +
-                std::to_string(runs[i].start) + "); a rank must list each element at most once");
-  return runs;
+  std::vector<Run> merged;
+  for (const Run& r : runs) {
+    if (!merged.empty()) {
+      Run& last = merged.back();
+      require(last.start + last.length <= r.start,
+              "checkpoint tensor '" + t.name + "': two blocks of one rank overlap (at flat element " +
+                  std::to_string(r.start) + "); a rank must list each element at most once");
+      if (last.start + last.length == r.start && last.data + last.length == r.data) {
+        last.length += r.length;
+        continue;
+      }
+    }
+    merged.push_back(r);
+  }
+  return merged;
 }
 
-// Groups the entries by dataset, sorted by path, so that every rank creates and
-// reads the datasets once each, in one order, however many blocks it holds.
+// Groups the entries by dataset, sorted by path, so that every rank handles
+// the datasets once each, in one order, however many blocks it holds.
 // Replica blocks are transferred only when loading.
 std::vector<Tensor> group_blocks(const std::vector<TensorSlab>& slabs, bool loading) {
   std::map<std::string, Tensor> by_path;
   for (const TensorSlab& s : slabs) {
     validate_slab(s);
-    Tensor& t = by_path[dataset_path(s.name)];
+    const std::string path = dataset_path(s.name);
+    Tensor& t = by_path[path];
     if (t.name.empty()) {
       t.name = s.name;
+      t.path = path;
       t.shape = s.global_shape;
     }
     require(s.global_shape == t.shape, "checkpoint tensor '" + s.name + "' is listed with shapes " +
@@ -513,7 +207,7 @@ std::vector<Tensor> group_blocks(const std::vector<TensorSlab>& slabs, bool load
   order.reserve(by_path.size());
   for (auto& entry : by_path) {
     Tensor& t = entry.second;
-    if (t.moved.size() > 1) t.runs = file_order_runs(t);
+    t.runs = file_order_runs(t);
     order.push_back(std::move(t));
   }
   return order;
@@ -524,8 +218,7 @@ std::vector<Tensor> group_blocks(const std::vector<TensorSlab>& slabs, bool load
 std::uint64_t fingerprint(const std::vector<Tensor>& order) {
   StreamHash h;
   for (const Tensor& t : order) {
-    const std::string path = dataset_path(t.name);
-    h.update(path.c_str(), path.size() + 1);  // with the NUL, so "ab"+"c" differs from "a"+"bc"
+    h.update(t.path.c_str(), t.path.size() + 1);  // with the NUL, so "ab"+"c" differs from "a"+"bc"
     for (auto d : t.shape) h.update(&d, sizeof d);
     const std::uint64_t end = ~std::uint64_t{0};
     h.update(&end, sizeof end);
@@ -533,15 +226,20 @@ std::uint64_t fingerprint(const std::vector<Tensor>& order) {
   return h.finish();
 }
 
-// Validation and the checks that need every rank: the same set of tensors, and
-// owned (non-replica) blocks that together cover each tensor once.
-std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& tensors, std::uint64_t extra_fingerprint,
+// Validation and the checks that need every rank: the same set of tensors
+// (and `extra`, e.g. the checkpoint info), and owned blocks that together
+// cover each tensor once.
+std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& tensors, std::uint64_t extra,
                                  bool loading) {
   std::vector<Tensor> order;
   agree_on_errors(comm, [&] { order = group_blocks(tensors, loading); });
-  require_same_everywhere(comm, mix64(fingerprint(order) ^ extra_fingerprint),
-                          "checkpoint: the ranks passed different tensor lists, shapes or checkpoint info; every "
-                          "rank must name the same tensors (with count 0 where it holds nothing)");
+  const std::uint64_t mine = mix64(fingerprint(order) ^ extra);
+  std::uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&mine, &lo, 1, MPI_UINT64_T, MPI_MIN, comm);
+  MPI_Allreduce(&mine, &hi, 1, MPI_UINT64_T, MPI_MAX, comm);
+  require(lo == hi,
+          "checkpoint: the ranks passed different tensor lists, shapes or checkpoint info; every "
+          "rank must name the same tensors (with count 0 where it holds nothing)");
   std::vector<std::uint64_t> held(order.size(), 0), total(order.size());
   for (std::size_t i = 0; i < order.size(); ++i)
     for (const TensorSlab* b : order[i].owned) held[i] += product(b->count);
@@ -555,42 +253,126 @@ std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& t
   return order;
 }
 
+// Each tensor's digest over the owned blocks of all ranks.
+std::vector<std::uint64_t> summed_digests(MPI_Comm comm, const std::vector<std::uint64_t>& mine) {
+  std::vector<std::uint64_t> sums(mine.size());
+  MPI_Allreduce(mine.data(), sums.data(), static_cast<int>(mine.size()), MPI_UINT64_T, MPI_SUM,
+                comm);  // wraps mod 2^64, as intended
+  return sums;
+}
+
+// --------------------------------------------------------------- raw data
+
+// MPI's text for an error code, its innermost line only: ROMIO reports
+// "Other I/O error , error stack:\nADIOI_GEN_WRITECONTIG(80): Other I/O error
+// No space left on device", whose last part says it all.
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  MPI_Error_string(code, text, &n);
+  std::string s(text, static_cast<std::size_t>(n));
+  const auto line = s.find_last_of('\n');
+  if (line != std::string::npos) s = s.substr(line + 1);
+  const auto origin = s.find("): ");
+  if (origin != std::string::npos) s = s.substr(origin + 3);
+  return s;
+}
+
+// This rank's own MPI-IO handle on the checkpoint file (MPI_COMM_SELF):
+// every call on it is independent, so its errors are this rank's alone, and
+// the phase agreement carries them to the others.
+class RawFile {
+ public:
+  RawFile(const std::string& path, bool write) : path_(path) {
+    const int rc =
+        MPI_File_open(MPI_COMM_SELF, path.c_str(), write ? MPI_MODE_WRONLY : MPI_MODE_RDONLY, MPI_INFO_NULL, &fh_);
+    if (rc != MPI_SUCCESS) {
+      fh_ = MPI_FILE_NULL;
+      throw Error("cannot open '" + path + "' (" + mpi_error_text(rc) + ")");
+    }
+#ifdef __linux__
+    // A plain descriptor beside it, for the page-cache hints (writeback, readahead).
+    hint_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+#endif
+  }
+  ~RawFile() {
+    if (fh_ != MPI_FILE_NULL) MPI_File_close(&fh_);
+    if (hint_fd_ >= 0) ::close(hint_fd_);
+  }
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+
+  void write(std::uint64_t offset, const void* data, std::uint64_t bytes) { transfer(offset, data, bytes, true); }
+  void read(std::uint64_t offset, void* data, std::uint64_t bytes) { transfer(offset, data, bytes, false); }
+
+  // Starts writing [offset, offset + bytes) back to disk without waiting, so
+  // the disk works while the caller computes (Linux; elsewhere a no-op).
+  void start_writeback(std::uint64_t offset, std::uint64_t bytes) const {
+#ifdef __linux__
+    if (hint_fd_ >= 0)
+      ::sync_file_range(hint_fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#else
+    (void)offset, (void)bytes;
+#endif
+  }
+  // Asks the kernel to read [offset, offset + bytes) ahead.
+  void prefetch(std::uint64_t offset, std::uint64_t bytes) const {
+#ifdef __linux__
+    if (hint_fd_ >= 0)
+      ::posix_fadvise(hint_fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+#else
+    (void)offset, (void)bytes;
+#endif
+  }
+
+  // Syncs (when it wrote) and closes, reporting failure.
+  void close(bool sync) {
+    if (sync) {
+      const int rc = MPI_File_sync(fh_);
+      if (rc != MPI_SUCCESS) throw Error("cannot sync '" + path_ + "' (" + mpi_error_text(rc) + ")");
+    }
+    const int rc = MPI_File_close(&fh_);
+    fh_ = MPI_FILE_NULL;
+    if (rc != MPI_SUCCESS) throw Error("cannot close '" + path_ + "' (" + mpi_error_text(rc) + ")");
+  }
+
+ private:
+  void transfer(std::uint64_t offset, const void* data, std::uint64_t bytes, bool write) {
+    auto* p = static_cast<char*>(const_cast<void*>(data));
+    while (bytes > 0) {
+      const int n = static_cast<int>(std::min(bytes, kMaxIoBytes));
+      MPI_Status status;
+      const int rc = write ? MPI_File_write_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &status)
+                           : MPI_File_read_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &status);
+      int done = 0;
+      if (rc == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &done);
+      if (rc != MPI_SUCCESS || done != n)
+        throw Error(std::string(write ? "writing '" : "reading '") + path_ + "' failed at byte " +
+                    std::to_string(offset) + " (" +
+                    (rc != MPI_SUCCESS
+                         ? mpi_error_text(rc)
+                         : "short transfer: " + std::to_string(done) + " of " + std::to_string(n) + " bytes") +
+                    ")");
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::uint64_t>(n);
+    }
+  }
+
+  std::string path_;
+  MPI_File fh_ = MPI_FILE_NULL;
+  int hint_fd_ = -1;
+};
+
+// [first byte, end) of a tensor's runs in the file.
+std::pair<std::uint64_t, std::uint64_t> byte_span(const Tensor& t, std::uint64_t offset) {
+  if (t.runs.empty()) return {offset, offset};
+  return {offset + 4 * t.runs.front().start, offset + 4 * (t.runs.back().start + t.runs.back().length)};
+}
+
 // ------------------------------------------------------------ file system
 
 Error sys_error(const std::string& what) { return Error(what + ": " + std::strerror(errno)); }
-
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw sys_error("cannot open '" + path.string() + "' to sync it");
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (rc != 0) throw sys_error("cannot sync '" + path.string() + "'");
-}
-
-// Writes a small file and syncs it before returning.
-void write_synced(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw sys_error("cannot create '" + path.string() + "'");
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      throw sys_error("cannot write '" + path.string() + "'");
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  const bool ok = ::fsync(fd) == 0;
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (!ok) throw sys_error("cannot sync '" + path.string() + "'");
-}
 
 std::string tmp_dirname(std::int64_t step) { return "." + checkpoint_dirname(step) + ".tmp"; }
 std::string old_dirname(std::int64_t step) { return "." + checkpoint_dirname(step) + ".old"; }
@@ -614,26 +396,52 @@ std::vector<std::int64_t> committed_steps(const fs::path& root) {
   return steps;
 }
 
-std::string available_text(const fs::path& root) {
-  const auto steps = committed_steps(root);
+std::string steps_text(const std::vector<std::int64_t>& steps) {
   if (steps.empty()) return "none";
   std::string s;
   for (std::size_t i = 0; i < steps.size(); ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
   return s;
 }
 
+std::string available_text(const fs::path& root) { return steps_text(committed_steps(root)); }
+
+// At most 40 characters of `text` with anything unprintable escaped, so a
+// damaged marker cannot garble the terminal.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text.substr(0, 40)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return text.size() > 40 ? out + "..." : out;
+}
+
 // nullopt when root_dir or its marker does not exist.
 std::optional<std::int64_t> read_latest(const fs::path& root) {
   const fs::path marker = root / kLatestName;
-  std::ifstream in(marker);
+  std::ifstream in(marker, std::ios::binary);
   if (!in) return std::nullopt;
   std::string text;
   std::getline(in, text);
   const auto step = parse_step(text);
-  require(step.has_value(), "the 'latest' marker '" + marker.string() + "' does not hold a step number ('" + text +
-                                "'); pick a checkpoint with --resume STEP (available steps: " + available_text(root) +
-                                ")");
+  require(step.has_value(),
+          "the 'latest' marker '" + marker.string() + "' does not hold a step number (it holds '" + printable(text) +
+              "'); pick a checkpoint with --resume STEP (available steps: " + available_text(root) + ")");
   return step;
+}
+
+// The marker's step, -1 when missing or damaged.
+std::int64_t read_latest_quietly(const fs::path& root) {
+  try {
+    return read_latest(root).value_or(-1);
+  } catch (const Error&) {
+    return -1;
+  }
 }
 
 std::uint64_t free_bytes(const fs::path& dir) {
@@ -644,140 +452,183 @@ std::uint64_t free_bytes(const fs::path& dir) {
   return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
-std::string size_text(std::uint64_t bytes) {
-  if (bytes < (std::uint64_t{1} << 20)) return std::to_string(bytes) + " bytes";
-  return std::to_string((bytes + (std::uint64_t{1} << 20) - 1) >> 20) + " MiB";
+// Sizes for messages: exact below 1 MiB, else MiB with one decimal, rounded
+// up for what is needed and down for what is free (never flattering).
+std::string size_text(std::uint64_t bytes, bool round_up) {
+  if (bytes < kMiB) return std::to_string(bytes) + " bytes";
+  const std::uint64_t tenths = (bytes * 10 + (round_up ? kMiB - 1 : 0)) / kMiB;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " MiB";
 }
 
-// Rank 0: creates root_dir and an empty temporary folder for this step, after
-// making sure the disk can hold the file. A full disk during a collective HDF5
-// write deadlocks on this stack (research section 2), so this check is the guard.
-void prepare_tmp_dir(const fs::path& root, std::int64_t step, std::uint64_t data_bytes, std::size_t tensors) {
-  fs::create_directories(root);
-  const fs::path tmp = root / tmp_dirname(step);
-  fs::remove_all(tmp);  // left by a save that died
-  // Metadata: object headers, chunk indexes and attributes, generously.
-  const std::uint64_t needed = data_bytes + data_bytes / 100 + (std::uint64_t{1} << 20) + 8192 * tensors;
+// Room a checkpoint of `data_bytes` needs: the data, HDF5 metadata and
+// alignment (4 KiB per tensor at most), the manifest.
+std::uint64_t needed_bytes(std::uint64_t data_bytes, std::size_t tensors) {
+  return data_bytes + 8192 * static_cast<std::uint64_t>(tensors) + kMiB;
+}
+
+void require_free_space(const fs::path& root, std::uint64_t needed, const std::string& what) {
   const std::uint64_t available = free_bytes(root);
-  require(available >= needed, "not enough free space in '" + root.string() + "' to save checkpoint step " +
-                                   std::to_string(step) + ": it needs about " + size_text(needed) + ", " +
-                                   size_text(available) +
+  require(available >= needed, "not enough free space in '" + root.string() + "' " + what + ": it needs about " +
+                                   size_text(needed, true) + ", " + size_text(available, false) +
                                    " are free; free some space or set checkpoint.dir to a larger file system");
-  fs::create_directory(tmp);
 }
 
-struct FileDigest {
-  std::uint64_t size = 0;
-  std::uint64_t hash = 0;
-};
+bool is_stale_name(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const std::size_t n = std::strlen(suffix);
+    return name.size() > n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  return name.rfind(".step_", 0) == 0 && (ends_with(".tmp") || ends_with(".old"));
+}
 
-FileDigest digest_file(const fs::path& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw sys_error("cannot read '" + path.string() + "'");
-  std::vector<unsigned char> buf(std::size_t{1} << 20);
-  StreamHash h;
-  FileDigest d;
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
-    h.update(buf.data(), n);
-    d.size += n;
+// Folders of saves that never committed (and replaced steps never removed),
+// and the marker's temporary names.
+void remove_stale(const fs::path& root) {
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (is_stale_name(name) || name == std::string(kLatestName) + ".tmp" || name == std::string(kLatestName) + ".prev")
+      fs::remove_all(entry.path());
   }
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) throw Error("cannot read '" + path.string() + "'");
-  d.hash = h.finish();
-  return d;
-}
-
-std::string manifest_text(const FileDigest& d) {
-  return std::string(kManifestMagic) + "\nfile " + kFileName + "\nsize " + std::to_string(d.size) +
-         "\nhash mix64-chain " + hex64(d.hash) + "\n";
-}
-
-// Rank 0, after every rank closed the file: make the checkpoint durable, then
-// make it visible. The rename is the commit; `latest` moves only afterwards.
-void commit(const fs::path& root, std::int64_t step) {
-  const fs::path tmp = root / tmp_dirname(step);
-  const fs::path final_dir = root / checkpoint_dirname(step);
-  const fs::path old = root / old_dirname(step);
-  fsync_path(tmp / kFileName, false);
-  write_synced(tmp / kManifestName, manifest_text(digest_file(tmp / kFileName)));
-  fsync_path(tmp, true);
-  // Saving a step that already exists (a run resumed from an earlier step):
-  // rename() cannot replace a non-empty folder, so move the old one aside.
-  fs::remove_all(old);
-  const bool replacing = fs::exists(final_dir);
-  if (replacing) fs::rename(final_dir, old);
-  fs::rename(tmp, final_dir);
-  fsync_path(root, true);
-  const fs::path marker_tmp = root / (std::string(kLatestName) + ".tmp");
-  write_synced(marker_tmp, std::to_string(step) + "\n");
-  fs::rename(marker_tmp, root / kLatestName);
-  fsync_path(root, true);
-  if (replacing) fs::remove_all(old);
 }
 
 // Rank 0: keeps the step just saved and the newest keep-1 committed steps
-// below it, and removes folders of saves that never committed. Steps above the
-// one just saved belong to a run this one was resumed away from; they stay.
+// below it, and removes debris. Steps above the one just saved belong to a
+// run this one was resumed away from; they stay.
 void prune(const fs::path& root, std::int64_t step, int keep) {
   std::vector<std::int64_t> older;
   for (auto s : committed_steps(root))
     if (s < step) older.push_back(s);
   const std::size_t keep_older = static_cast<std::size_t>(keep - 1);
-  if (older.size() > keep_older) {
+  if (older.size() > keep_older)
     for (std::size_t i = 0; i < older.size() - keep_older; ++i) fs::remove_all(root / checkpoint_dirname(older[i]));
+  remove_stale(root);
+}
+
+// --------------------------------------------------------- the save, rank 0
+
+std::string marker_tmp_name() { return std::string(kLatestName) + ".tmp"; }
+std::string marker_prev_name() { return std::string(kLatestName) + ".prev"; }
+
+// What rank 0 has changed in the folder so far, to undo it on failure.
+struct Rollback {
+  fs::path root;
+  std::int64_t step = 0;
+  std::int64_t previous = -1;   // the step `latest` named before (-1: none)
+  bool renamed = false;         // tmp is now step_N
+  bool replaced = false;        // an older step_N was moved to .step_N.old
+  bool latest_written = false;  // `latest` names step_N
+  bool prev_linked = false;     // the old marker is kept as latest.prev
+
+  // Undoing needs no new disk blocks (a full disk is a likely cause): renames
+  // and removals only. Should putting `latest` back fail, the new checkpoint,
+  // complete and named by it, stays.
+  void undo() const noexcept {
+    std::error_code ec;
+    fs::remove_all(root / tmp_dirname(step), ec);
+    fs::remove(root / marker_tmp_name(), ec);
+    if (!latest_written) fs::remove(root / marker_prev_name(), ec);
+    bool restored = true;
+    if (latest_written) {
+      ec.clear();
+      if (previous < 0) {
+        fs::remove(root / kLatestName, ec);
+      } else if (prev_linked) {
+        fs::rename(root / marker_prev_name(), root / kLatestName, ec);
+      } else {  // a file system without hard links: write it again
+        try {
+          format::write_synced((root / marker_tmp_name()).string(), std::to_string(previous) + "\n");
+          fs::rename(root / marker_tmp_name(), root / kLatestName, ec);
+        } catch (const std::exception&) {
+          ec = std::make_error_code(std::errc::io_error);
+        }
+      }
+      restored = !ec;
+    }
+    if (!restored) return;
+    if (renamed) fs::remove_all(root / checkpoint_dirname(step), ec);
+    if (replaced) fs::rename(root / old_dirname(step), root / checkpoint_dirname(step), ec);
   }
-  for (const auto& entry : fs::directory_iterator(root)) {
-    const std::string name = entry.path().filename().string();
-    const bool stale =
-        name.rfind(".step_", 0) == 0 && (name.size() > 4 && (name.compare(name.size() - 4, 4, ".tmp") == 0 ||
-                                                             name.compare(name.size() - 4, 4, ".old") == 0));
-    if (stale) fs::remove_all(entry.path());
+};
+
+// Packs the index for the broadcast from rank 0.
+class Packer {
+ public:
+  void u64(std::uint64_t v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void str(const std::string& s) {
+    u64(s.size());
+    bytes_ += s;
+  }
+  std::string& bytes() { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+class Unpacker {
+ public:
+  explicit Unpacker(const std::string& bytes) : bytes_(bytes) {}
+  std::uint64_t u64() {
+    std::uint64_t v = 0;
+    std::memcpy(&v, bytes_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  std::string str() {
+    const std::size_t n = static_cast<std::size_t>(u64());
+    std::string s = bytes_.substr(at_, n);
+    at_ += n;
+    return s;
+  }
+
+ private:
+  const std::string& bytes_;
+  std::size_t at_ = 0;
+};
+
+void broadcast(MPI_Comm comm, std::string& bytes) {
+  unsigned long long n = bytes.size();
+  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+  bytes.resize(static_cast<std::size_t>(n));
+  for (std::size_t at = 0; at < bytes.size(); at += kMaxIoBytes) {
+    const int part = static_cast<int>(std::min<std::uint64_t>(bytes.size() - at, kMaxIoBytes));
+    MPI_Bcast(bytes.data() + at, part, MPI_CHAR, 0, comm);
   }
 }
 
-// Rank 0, before HDF5 sees the file: size and whole-file hash must match the
-// manifest, so a damaged header never reaches the library (which can read
-// corrupted metadata silently, research section 2).
-void verify_manifest(const fs::path& root, std::int64_t step, bool from_latest) {
-  const fs::path dir = root / checkpoint_dirname(step);
-  const fs::path file = dir / kFileName;
-  if (!fs::is_directory(dir)) {
-    if (from_latest)
-      throw Error("the 'latest' marker in '" + root.string() + "' names step " + std::to_string(step) + ", but '" +
-                  dir.string() + "' does not exist; resume from an existing step with --resume STEP (available: " +
-                  available_text(root) + ")");
-    throw Error("no checkpoint for step " + std::to_string(step) + " in '" + root.string() + "': '" + dir.string() +
-                "' does not exist; pick one of the available steps (" + available_text(root) + ") with --resume STEP");
+// Rank 0, holding the lock on `fd`: records the holder; a writer also clears
+// debris and checks the room for one checkpoint.
+void claim(int fd, const fs::path& root, bool write, std::uint64_t checkpoint_bytes) {
+  // Who holds it, for the message of a job refused later. Best effort: a
+  // full disk or a read-only lock file must not stop a run.
+  char host[256] = "unknown";
+  ::gethostname(host, sizeof host - 1);
+  const std::string holder =
+      "host " + std::string(host) + ", pid " + std::to_string(::getpid()) + (write ? "" : ", reading") + "\n";
+  if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, holder.data(), holder.size(), 0) < 0) {
+    // ignored: see above
   }
-  const std::string broken = "checkpoint '" + file.string() + "' is corrupted or truncated (";
-  const std::string fix = "); " + std::string(kResumeHint);
-  std::ifstream in(dir / kManifestName);
-  if (!in) throw Error(broken + "no " + kManifestName + fix);
-  std::string magic, key, name, algorithm, hash;
-  std::uint64_t size = 0;
-  std::getline(in, magic);
-  const bool parsed = magic == kManifestMagic && (in >> key >> name) && key == "file" && name == kFileName &&
-                      (in >> key >> size) && key == "size" && (in >> key >> algorithm >> hash) && key == "hash" &&
-                      algorithm == "mix64-chain";
-  if (!parsed) throw Error(broken + kManifestName + " is unreadable" + fix);
-  if (!fs::exists(file)) throw Error(broken + "the file is missing" + fix);
-  const std::uint64_t actual = fs::file_size(file);
-  if (actual != size)
-    throw Error(broken + "it has " + std::to_string(actual) + " bytes, the manifest says " + std::to_string(size) +
-                fix);
-  const FileDigest d = digest_file(file);
-  if (hex64(d.hash) != hash) throw Error(broken + "its content hash " + hex64(d.hash) + " is not " + hash + fix);
+  if (!write) return;
+  remove_stale(root);  // the only writer now: any .tmp is debris
+  if (checkpoint_bytes > 0) require_free_space(root, checkpoint_bytes + kMiB, "for one checkpoint of this model");
 }
 
 }  // namespace
 
-namespace detail {
-
-std::uint64_t file_digest(const std::string& path) { return digest_file(path).hash; }
-
-}  // namespace detail
+const char* phase_name(SavePhase p) {
+  switch (p) {
+    case SavePhase::create:
+      return "create";
+    case SavePhase::write:
+      return "write";
+    case SavePhase::close:
+      return "close";
+    case SavePhase::rename:
+      return "rename";
+    case SavePhase::latest:
+      return "latest";
+  }
+  return "?";
+}
 
 std::string checkpoint_dirname(std::int64_t step) {
   char buf[32];
@@ -786,8 +637,8 @@ std::string checkpoint_dirname(std::int64_t step) {
 }
 
 void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
-                     const std::vector<TensorSlab>& tensors, int keep) {
-  quiet_hdf5();
+                     const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options) {
+  const auto t_start = Clock::now();
   const int rank = comm_rank(comm);
   agree_on_errors(comm, [&] {
     require(!root_dir.empty(), "checkpoint.dir is empty; set it to a folder");
@@ -797,86 +648,177 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
   StreamHash extra;
   for (std::int64_t v : {info.step, info.consumed_tokens, std::int64_t{keep}}) extra.update(&v, sizeof v);
   extra.update(&info.seed, sizeof info.seed);
-  extra.update(info.config.c_str(), info.config.size() + 1);
-  extra.update(info.layout.c_str(), info.layout.size() + 1);
+  for (const std::string* s : {&info.config, &info.layout, &info.data.kind, &info.data.path, &info.data.digest})
+    extra.update(s->c_str(), s->size() + 1);
   const auto order = agreed_order(comm, tensors, extra.finish(), false);
 
-  // Layout-independent digests of the owned blocks, summed over the ranks
-  // before anything is written.
-  std::vector<std::uint64_t> digests(order.size(), 0), sums(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i)
-    for (const TensorSlab* b : order[i].owned) digests[i] += block_digest(*b);
-  MPI_Allreduce(digests.data(), sums.data(), static_cast<int>(digests.size()), MPI_UINT64_T, MPI_SUM, comm);
-
   const fs::path root(root_dir);
-  const fs::path file_path = root / tmp_dirname(info.step) / kFileName;
-  agree_on_errors(comm, [&] {
-    if (rank != 0) return;
-    std::uint64_t bytes = 0;
-    for (const Tensor& t : order) bytes += 4 * product(t.shape);
-    try {
-      prepare_tmp_dir(root, info.step, bytes, order.size());
-    } catch (const fs::filesystem_error& e) {
-      throw Error("cannot prepare a checkpoint folder in '" + root.string() + "': " + e.what());
-    }
-  });
+  const fs::path tmp = root / tmp_dirname(info.step);
+  const std::string file = (tmp / kFileName).string();
+  SaveTimes times;
+  Rollback rollback{root, info.step};
+  // What `latest` names now (rank 0): to put back, and to name, if the save fails.
+  if (rank == 0) rollback.previous = read_latest_quietly(root);
 
-  try {
-    Handle file = open_file(comm, file_path, true);
+  // One phase: its rank-local work (after the fault hook) on every rank, then
+  // the agreement. A failure is named by phase and rank.
+  auto phase = [&](SavePhase p, double* seconds, const std::function<void()>& body) {
+    const auto t0 = Clock::now();
     agree_on_errors(comm, [&] {
-      const std::int64_t version = kFormatVersion;
-      write_attr(file.get(), "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version);
-      write_attr(file.get(), "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.step);
-      write_attr(file.get(), "consumed_tokens", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.consumed_tokens);
-      write_attr(file.get(), "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &info.seed);
-      write_string_attr(file.get(), "config", info.config);
-      write_string_attr(file.get(), "layout", info.layout);
-    });
-    Handle dxpl;
-    agree_on_errors(comm, [&] { dxpl = collective_transfer(); });
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      const Tensor& t = order[i];
-      Handle dset;
-      Transfer x;
-      agree_on_errors(comm, [&] {
-        dset = create_dataset(file.get(), t, sums[i]);
-        x = prepare_transfer(dset.get(), t);
-        gather(t, x);
-      });
-      agree_on_errors(comm, [&] {
-        checked(
-            H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, x.memory.get(), x.file.get(), dxpl.get(), x.buffer),
-            "writing tensor '" + t.name + "' to '" + file_path.string() + "' failed on rank " + std::to_string(rank));
-      });
-    }
-    close_file(comm, file, file_path);
-    agree_on_errors(comm, [&] {
-      if (rank != 0) return;
       try {
-        commit(root, info.step);
-      } catch (const fs::filesystem_error& e) {
-        throw Error("committing checkpoint step " + std::to_string(info.step) + " in '" + root.string() +
-                    "' failed: " + e.what());
+        if (options.hook) options.hook(p, info.step, file);
+        body();
+      } catch (const std::exception& e) {
+        throw Error(std::string("phase '") + phase_name(p) + "' on rank " + std::to_string(rank) + ": " + e.what());
       }
     });
-  } catch (const Error&) {
-    // Every rank is here (errors are agreed). Drop the partial folder; a
-    // folder that does not end in a committed name is never loaded anyway.
-    if (rank == 0) {
-      std::error_code ignored;
-      fs::remove_all(root / tmp_dirname(info.step), ignored);
+    if (seconds) *seconds += seconds_since(t0);
+  };
+
+  try {
+    // create
+    std::vector<format::TensorEntry> entries(order.size());
+    for (std::size_t i = 0; i < order.size(); ++i) entries[i] = {order[i].path, order[i].shape, 0, 0};
+    std::unique_ptr<format::FileBuilder> builder;  // rank 0: the HDF5 metadata, in memory until complete
+    phase(SavePhase::create, &times.create, [&] {
+      if (rank != 0) return;
+      fs::create_directories(root);
+      read_latest(root);    // a damaged marker stops the save here, not after it
+      fs::remove_all(tmp);  // left by a save that died
+      std::uint64_t data_bytes = 0;
+      for (const auto& e : entries) data_bytes += e.bytes();
+      require_free_space(root, needed_bytes(data_bytes, entries.size()),
+                         "to save checkpoint step " + std::to_string(info.step));
+      fs::create_directory(tmp);
+      builder = std::make_unique<format::FileBuilder>(info, entries);
+      builder->create_target(file);
+    });
+    {
+      std::vector<std::uint64_t> offsets(entries.size());
+      for (std::size_t i = 0; i < entries.size(); ++i) offsets[i] = entries[i].offset;
+      MPI_Bcast(offsets.data(), static_cast<int>(offsets.size()), MPI_UINT64_T, 0, comm);
+      for (std::size_t i = 0; i < entries.size(); ++i) entries[i].offset = offsets[i];
     }
-    throw;
+
+    // write: data into the page cache, writeback started, digests meanwhile
+    std::unique_ptr<RawFile> raw;
+    std::vector<std::uint64_t> digests(order.size(), 0);
+    double digest_seconds = 0;
+    phase(SavePhase::write, &times.write, [&] {
+      const bool writes = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
+      if (!writes) return;
+      raw = std::make_unique<RawFile>(file, true);
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        const Tensor& t = order[i];
+        for (const Run& r : t.runs) raw->write(entries[i].offset + 4 * r.start, r.data, 4 * r.length);
+        const auto span = byte_span(t, entries[i].offset);
+        raw->start_writeback(span.first, span.second - span.first);
+        const auto t0 = Clock::now();
+        for (const TensorSlab* b : t.owned) digests[i] += block_digest(*b);
+        digest_seconds += seconds_since(t0);
+      }
+    });
+    times.digest = digest_seconds;
+    const auto sums = summed_digests(comm, digests);
+    for (std::size_t i = 0; i < entries.size(); ++i) entries[i].digest = sums[i];
+
+    // close: every rank's data durable; rank 0 completes the metadata
+    phase(SavePhase::close, nullptr, [&] {
+      const auto t0 = Clock::now();
+      if (raw) raw->close(true);
+      raw.reset();
+      times.flush = seconds_since(t0);
+      if (rank != 0) return;
+      const auto t1 = Clock::now();
+      builder->finish(entries, file);
+      builder.reset();
+      format::write_manifest(tmp.string(), entries);
+      times.metadata = seconds_since(t1);
+    });
+
+    // rename: the commit
+    const auto t_commit = Clock::now();
+    phase(SavePhase::rename, nullptr, [&] {
+      if (rank != 0) return;
+      format::sync_path(tmp.string(), true);
+      const fs::path final_dir = root / checkpoint_dirname(info.step);
+      // Saving a step that already exists (a run resumed from an earlier
+      // step): rename() cannot replace a non-empty folder, so move it aside.
+      fs::remove_all(root / old_dirname(info.step));
+      if (fs::exists(final_dir)) {
+        fs::rename(final_dir, root / old_dirname(info.step));
+        rollback.replaced = true;
+      }
+      fs::rename(tmp, final_dir);
+      rollback.renamed = true;
+      format::sync_path(root.string(), true);
+    });
+
+    // latest
+    phase(SavePhase::latest, nullptr, [&] {
+      if (rank != 0) return;
+      const fs::path marker_tmp = root / marker_tmp_name(), marker_prev = root / marker_prev_name();
+      format::write_synced(marker_tmp.string(), std::to_string(info.step) + "\n");
+      // The old marker stays reachable (a hard link) until the save is
+      // agreed, so undoing is a rename, which needs no free space.
+      fs::remove(marker_prev);
+      std::error_code no_link;
+      if (rollback.previous >= 0) fs::create_hard_link(root / kLatestName, marker_prev, no_link);
+      rollback.prev_linked = rollback.previous >= 0 && !no_link;
+      fs::rename(marker_tmp, root / kLatestName);
+      rollback.latest_written = true;
+      format::sync_path(root.string(), true);
+    });
+    times.commit = seconds_since(t_commit);
+  } catch (const Error& e) {
+    // Every rank is here (errors are agreed). Rank 0 undoes what the save did.
+    long long state[3] = {rollback.previous, -1, 0};  // previous, latest now, debris left
+    if (rank == 0) {
+      rollback.undo();
+      std::error_code ec;
+      state[1] = read_latest_quietly(root);
+      state[2] = fs::exists(tmp, ec) ? 1 : 0;
+    }
+    MPI_Bcast(state, 3, MPI_LONG_LONG, 0, comm);
+    std::string after;
+    if (state[0] >= 0 && state[1] == state[0])
+      after = "; the previous checkpoint is intact: 'latest' still names step " + std::to_string(state[0]);
+    else if (state[0] < 0 && state[1] < 0)
+      after = "; no checkpoint was written before this one";
+    else if (state[1] == info.step)
+      after = "; the save could not be undone, but it was complete: 'latest' names step " + std::to_string(info.step);
+    else
+      after = "; check what 'latest' in '" + root.string() + "' names";
+    if (state[2]) after += " (the partial folder '" + tmp.string() + "' could not be removed: delete it)";
+    throw Error("saving checkpoint step " + std::to_string(info.step) + " to '" + root.string() + "' failed in " +
+                e.what() + after);
   }
+
+  const auto t_prune = Clock::now();
   agree_on_errors(comm, [&] {
     if (rank != 0) return;
     try {
+      std::error_code ec;
+      fs::remove_all(root / old_dirname(info.step), ec);
+      fs::remove(root / marker_prev_name(), ec);
       prune(root, info.step, keep);
     } catch (const std::exception& e) {
       throw Error("checkpoint step " + std::to_string(info.step) + " was saved, but removing old checkpoints in '" +
                   root.string() + "' failed: " + e.what());
     }
   });
+  times.prune = seconds_since(t_prune);
+  times.total = seconds_since(t_start);
+  if (options.times) {
+    double* fields[] = {&times.create,   &times.write,  &times.digest, &times.flush,
+                        &times.metadata, &times.commit, &times.prune,  &times.total};
+    constexpr int kFields = sizeof fields / sizeof fields[0];
+    double values[kFields];
+    for (int i = 0; i < kFields; ++i) values[i] = *fields[i];
+    MPI_Allreduce(MPI_IN_PLACE, values, kFields, MPI_DOUBLE, MPI_MAX, comm);
+    for (int i = 0; i < kFields; ++i) *fields[i] = values[i];
+    *options.times = times;
+  }
 }
 
 std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_dir) {
@@ -891,94 +833,209 @@ std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_d
 }
 
 CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::optional<std::int64_t> step,
-                               const std::vector<TensorSlab>& tensors) {
-  quiet_hdf5();
+                               const std::vector<TensorSlab>& tensors, double* seconds) {
+  const auto t_start = Clock::now();
   const int rank = comm_rank(comm);
   const fs::path root(root_dir);
   const std::string fix = "train with checkpoint.every > 0 first or drop --resume";
 
-  // Which checkpoint, and is it intact: rank 0 decides, before HDF5 is involved.
-  long long chosen = 0;
+  // Which checkpoint, is it intact, what does it hold: rank 0 decides, before
+  // HDF5 parses anything, and tells the others.
+  std::string packed;
   agree_on_errors(comm, [&] {
     if (rank != 0) return;
     require(fs::is_directory(root), "no checkpoint in '" + root.string() + "' (the folder does not exist); " + fix);
+    std::int64_t chosen = 0;
     if (step) {
       chosen = *step;
     } else {
       const auto latest = read_latest(root);
-      require(latest.has_value(), "no checkpoint in '" + root.string() + "' (no 'latest' marker); " + fix);
+      if (!latest) {
+        const auto steps = committed_steps(root);
+        if (!steps.empty())
+          throw Error("no 'latest' marker in '" + root.string() + "', but it holds checkpoints of steps " +
+                      steps_text(steps) + " (the marker was deleted or never written); resume one explicitly, " +
+                      "e.g. --resume " + std::to_string(steps.back()));
+        throw Error("no checkpoint in '" + root.string() + "' (no 'latest' marker and no step_* folders); " + fix);
+      }
       chosen = *latest;
     }
-    verify_manifest(root, chosen, !step.has_value());
+    const fs::path dir = root / checkpoint_dirname(chosen);
+    if (!fs::is_directory(dir)) {
+      if (!step)
+        throw Error("the 'latest' marker in '" + root.string() + "' names step " + std::to_string(chosen) + ", but '" +
+                    dir.string() + "' does not exist; resume from an existing step with --resume STEP (available: " +
+                    available_text(root) + ")");
+      throw Error("no checkpoint for step " + std::to_string(chosen) + " in '" + root.string() + "': '" + dir.string() +
+                  "' does not exist; pick one of the available steps (" + available_text(root) +
+                  ") with --resume STEP");
+    }
+    const format::Index index = format::read_index(dir.string());
+    Packer p;
+    p.str(dir.string());
+    p.u64(static_cast<std::uint64_t>(index.info.step));
+    p.u64(static_cast<std::uint64_t>(index.info.consumed_tokens));
+    p.u64(index.info.seed);
+    for (const std::string* s : {&index.info.config, &index.info.layout, &index.info.data.kind, &index.info.data.path,
+                                 &index.info.data.digest})
+      p.str(*s);
+    p.u64(index.info.data.bytes);
+    p.u64(index.tensors.size());
+    for (const auto& t : index.tensors) {
+      p.str(t.path);
+      p.u64(t.shape.size());
+      for (auto d : t.shape) p.u64(d);
+      p.u64(t.offset);
+      p.u64(t.digest);
+    }
+    packed = std::move(p.bytes());
   });
-  MPI_Bcast(&chosen, 1, MPI_LONG_LONG, 0, comm);
+  broadcast(comm, packed);
+  Unpacker u(packed);
+  const std::string dir = u.str();
+  CheckpointInfo info;
+  info.step = static_cast<std::int64_t>(u.u64());
+  info.consumed_tokens = static_cast<std::int64_t>(u.u64());
+  info.seed = u.u64();
+  for (std::string* s : {&info.config, &info.layout, &info.data.kind, &info.data.path, &info.data.digest}) *s = u.str();
+  info.data.bytes = u.u64();
+  std::map<std::string, format::TensorEntry> index;
+  for (std::uint64_t n = u.u64(); n > 0; --n) {
+    format::TensorEntry t;
+    t.path = u.str();
+    t.shape.resize(static_cast<std::size_t>(u.u64()));
+    for (auto& d : t.shape) d = u.u64();
+    t.offset = u.u64();
+    t.digest = u.u64();
+    index[t.path] = std::move(t);
+  }
 
   const auto order = agreed_order(comm, tensors, 0, true);
-  const fs::path file_path = root / checkpoint_dirname(chosen) / kFileName;
-  const std::string where = "checkpoint '" + file_path.string() + "'";
-
-  Handle file = open_file(comm, file_path, false);
-  CheckpointInfo info;
+  const std::string file = dir + "/" + kFileName;
+  const std::string where = "checkpoint '" + file + "'";
+  std::vector<const format::TensorEntry*> entries(order.size());
   agree_on_errors(comm, [&] {
-    const auto version = read_attr<std::int64_t>(file.get(), "format_version", H5T_NATIVE_INT64, where);
-    require(version == kFormatVersion, where + " has format_version " + std::to_string(version) +
-                                           "; this ndmini reads version " + std::to_string(kFormatVersion));
-    info.step = read_attr<std::int64_t>(file.get(), "step", H5T_NATIVE_INT64, where);
-    info.consumed_tokens = read_attr<std::int64_t>(file.get(), "consumed_tokens", H5T_NATIVE_INT64, where);
-    info.seed = read_attr<std::uint64_t>(file.get(), "seed", H5T_NATIVE_UINT64, where);
-    info.config = read_string_attr(file.get(), "config", where);
-    info.layout = read_string_attr(file.get(), "layout", where);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const Tensor& t = order[i];
+      const auto it = index.find(t.path);
+      require(it != index.end(), where + " has no tensor '" + t.name +
+                                     "'; it was written for a different model (compare the deck with the "
+                                     "checkpoint's config attribute)");
+      require(it->second.shape == t.shape, where + ": tensor '" + t.name + "' has shape " +
+                                               shape_text(it->second.shape) + ", the model expects " +
+                                               shape_text(t.shape) +
+                                               "; the checkpoint was written for a different model (compare the "
+                                               "deck with the checkpoint's config attribute)");
+      entries[i] = &it->second;
+    }
   });
 
-  Handle dxpl;
-  agree_on_errors(comm, [&] { dxpl = collective_transfer(); });
-  for (const Tensor& t : order) {
-    Handle dset;
-    Transfer x;
-    std::uint64_t stored = 0;
-    agree_on_errors(comm, [&] {
-      const std::string path = dataset_path(t.name);
-      require(link_exists(file.get(), path), where + " has no tensor '" + t.name +
-                                                 "'; it was written for a different model (compare the deck with "
-                                                 "the checkpoint's config attribute)");
-      dset = Handle(
-          checked(H5Dopen2(file.get(), path.c_str(), H5P_DEFAULT), where + ": cannot open tensor '" + t.name + "'"),
-          H5Dclose);
-      Handle type(checked(H5Dget_type(dset.get()), "H5Dget_type"), H5Tclose);
-      require(H5Tget_class(type.get()) == H5T_FLOAT && H5Tget_size(type.get()) == 4,
-              where + ": tensor '" + t.name + "' is not float32");
-      Handle space(checked(H5Dget_space(dset.get()), "H5Dget_space"), H5Sclose);
-      const int ndims = checked(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims");
-      std::vector<hsize_t> dims(static_cast<std::size_t>(ndims));
-      checked(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims");
-      const std::vector<std::uint64_t> shape(dims.begin(), dims.end());
-      require(shape == t.shape, where + ": tensor '" + t.name + "' has shape " + shape_text(shape) +
-                                    ", the model expects " + shape_text(t.shape) +
-                                    "; the checkpoint was written for a different model (compare the deck "
-                                    "with the checkpoint's config attribute)");
-      stored =
-          read_attr<std::uint64_t>(dset.get(), kDigestAttr, H5T_NATIVE_UINT64, where + ": tensor '" + t.name + "'");
-      x = prepare_transfer(dset.get(), t);
-    });
-    // A Fletcher32 failure shows only on the rank that reads the damaged chunk;
-    // the agreement makes every rank refuse the checkpoint.
-    agree_on_errors(comm, [&] {
-      const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, x.memory.get(), x.file.get(), dxpl.get(), x.buffer);
-      if (rc < 0)
-        throw Error(where + " is corrupted: reading tensor '" + t.name + "' failed on rank " + std::to_string(rank) +
-                    " (" + hdf5_error_text() + "); " + kResumeHint);
-    });
-    scatter(t, x);
-    // Replicas are read but not summed: the owned blocks cover the tensor once.
-    std::uint64_t mine = 0;
-    for (const TensorSlab* b : t.owned) mine += block_digest(*b);
-    const std::uint64_t digest = sum_over(comm, mine);
-    // Same values on every rank, so every rank throws together.
-    require(digest == stored, where + " is corrupted: tensor '" + t.name + "' does not match its digest (read " +
-                                  hex64(digest) + ", saved " + hex64(stored) + "); " + kResumeHint);
+  std::vector<std::uint64_t> digests(order.size(), 0);
+  agree_on_errors(comm, [&] {
+    const bool reads = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
+    if (!reads) return;
+    RawFile raw(file, false);
+    // The disk reads ahead (up to kReadAheadBytes of the coming tensors)
+    // while the tensors already read are copied and digested.
+    std::size_t ahead = 0;
+    std::uint64_t requested = 0, consumed = 0;
+    auto span_bytes = [&](std::size_t i) {
+      const auto span = byte_span(order[i], entries[i]->offset);
+      return span.second - span.first;
+    };
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      for (; ahead < order.size() && requested - consumed < kReadAheadBytes; ++ahead) {
+        const auto span = byte_span(order[ahead], entries[ahead]->offset);
+        raw.prefetch(span.first, span.second - span.first);
+        requested += span.second - span.first;
+      }
+      for (const Run& r : order[i].runs) raw.read(entries[i]->offset + 4 * r.start, r.data, 4 * r.length);
+      consumed += span_bytes(i);
+      for (const TensorSlab* b : order[i].owned) digests[i] += block_digest(*b);
+    }
+    raw.close(false);
+  });
+  // Replicas are read but not summed: the owned blocks cover each tensor once.
+  const auto sums = summed_digests(comm, digests);
+  for (std::size_t i = 0; i < order.size(); ++i)
+    if (sums[i] != entries[i]->digest)
+      throw Error(where + " is corrupted: tensor '" + order[i].name + "' does not match its digest (read " +
+                  hex64(sums[i]) + ", saved " + hex64(entries[i]->digest) + "); " + kResumeHint);
+  if (seconds) {
+    *seconds = seconds_since(t_start);
+    MPI_Allreduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
   }
-  close_file(comm, file, file_path);
   return info;
+}
+
+CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, DirAccess access,
+                                     std::uint64_t checkpoint_bytes) {
+  const bool write = access == DirAccess::write;
+  int fd = -1;
+  agree_on_errors(comm, [&] {
+    if (comm_rank(comm) != 0) return;
+    const fs::path root(dir);
+    const std::string key = "checkpoint.dir = '" + dir + "'";
+    const std::string fix = "; set checkpoint.dir to a writable folder";
+    std::error_code ec;
+    if (!write && !fs::is_directory(root, ec)) return;  // nothing to read: the load says so
+    if (fs::exists(root, ec) && !fs::is_directory(root, ec)) throw Error(key + " is not a folder" + fix);
+    if (write) {
+      fs::create_directories(root, ec);
+      if (ec) throw Error(key + ": the folder cannot be created (" + ec.message() + ")" + fix);
+      // Writable: a file can be created and removed there (the lock file may
+      // exist already, so opening it would prove nothing).
+      const fs::path probe = root / (".probe." + std::to_string(::getpid()));
+      const int p = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (p < 0) throw Error(key + " is not writable (" + std::strerror(errno) + ")" + fix);
+      ::close(p);
+      fs::remove(probe, ec);
+    }
+
+    const fs::path lock_path = root / ".lock";
+    fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 && !write) fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (!write) return;  // a read-only archive of checkpoints: nobody can write there either
+      throw Error(key + ": cannot open its lock file '" + lock_path.string() + "' (" + std::strerror(errno) + ")" +
+                  fix);
+    }
+    if (::flock(fd, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK) {
+        char text[256] = {};
+        const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+        std::string holder = n > 0 ? std::string(text, static_cast<std::size_t>(n)) : "";
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
+        ::close(fd);
+        fd = -1;
+        throw Error(key + " is in use by another job (" + (holder.empty() ? "holder unknown" : printable(holder)) +
+                    "): one job writes a checkpoint folder at a time, and nobody reads it meanwhile; wait for that "
+                    "job to end, or give this run its own checkpoint.dir");
+      }
+      if (err != ENOLCK && err != EINVAL && err != EOPNOTSUPP && err != ENOSYS) {
+        ::close(fd);
+        fd = -1;
+        throw Error(key + ": cannot lock '" + lock_path.string() + "' (" + std::strerror(err) + ")");
+      }
+      std::fprintf(stderr,
+                   "ndmini: warning: %s: the file system does not support flock (%s); a second job on this "
+                   "folder would not be refused\n",
+                   key.c_str(), std::strerror(err));
+    }
+    try {
+      claim(fd, root, write, checkpoint_bytes);
+    } catch (...) {
+      ::close(fd);
+      fd = -1;
+      throw;
+    }
+  });
+  fd_ = fd;
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor drops the flock
 }
 
 }  // namespace ndmini::io

@@ -1,16 +1,22 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Parallel sharded HDF5 checkpoints (DESIGN section 4).
+// Parallel sharded HDF5 checkpoints.
 //
-// One checkpoint is <root>/step_NNNNNNNN/ holding one HDF5 file written
-// collectively by every rank of `comm` through MPI-IO. Every tensor is stored
-// as its GLOBAL dataset; each rank writes and reads only its own blocks, so a
-// checkpoint written by one layout loads into any other. A rank's blocks of
-// one tensor are moved in ONE collective transfer whatever their number (the
-// union of their hyperslabs), so a layout costs no extra collective calls.
+// One checkpoint is <root>/step_NNNNNNNN/ holding checkpoint.h5 and
+// manifest.txt. Every tensor is stored as its GLOBAL dataset (contiguous
+// float32); each rank writes and reads only its own blocks, through MPI-IO, so
+// a checkpoint written by one layout loads into any other. The on-disk format
+// is described in io/format.hpp.
+//
+// Failure model: every save and load runs as a sequence of phases, and the
+// ranks agree on the outcome of each phase before any rank starts the next
+// collective call. An I/O error on any rank (a full disk, a failed sync or
+// rename) therefore reaches every rank as the same ndmini::Error, naming the
+// file and the phase, within one phase; no rank is left waiting.
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +32,7 @@ namespace ndmini::io {
 // rows of a flat FSDP shard). Its blocks of one tensor must not overlap. An
 // entry with count all zero (or empty) holds nothing; a rank that holds nothing
 // of a tensor passes one such entry, so that every rank names the same set of
-// tensors (names and shapes) and takes part in the collective calls.
+// tensors (names and shapes).
 //
 // Ownership: across all ranks, the non-replica blocks of each tensor must
 // cover it exactly once. A block the rank holds but does not own (a
@@ -43,6 +49,15 @@ struct TensorSlab {
   bool replica = false;   // a copy owned by another rank: read on load, never written
 };
 
+// Where the training data came from, so that a resumed run can tell whether
+// it continues on the same tokens.
+struct DataRecord {
+  std::string kind;         // "synthetic", "text" or "tokens"
+  std::string path;         // the file as the deck named it (empty for synthetic)
+  std::uint64_t bytes = 0;  // its size
+  std::string digest;       // hash of its first MiB (16 hex digits; empty for synthetic)
+};
+
 // Root attributes of a checkpoint. Data cursor, LR schedule and RNG are pure
 // functions of (seed, step) in ndmini, so these are all resumption needs.
 struct CheckpointInfo {
@@ -51,18 +66,43 @@ struct CheckpointInfo {
   std::uint64_t seed = 0;
   std::string config;  // the deck as TOML text
   std::string layout;  // the degrees that wrote it, e.g. "pp=1 dp_replicate=1 dp_shard=1 cp=1 tp=1"
+  DataRecord data;
 };
 
-inline constexpr int kFormatVersion = 1;
+// The phases of a save, in order. The names are those of the deck's
+// fault.phase and of the error messages.
+enum class SavePhase { create, write, close, rename, latest };
+const char* phase_name(SavePhase p);
+
+// Seconds spent in each part of a save (the slowest rank's), for benchmarks.
+struct SaveTimes {
+  double create = 0;    // folder, free-space check, HDF5 metadata, space reservation
+  double write = 0;     // raw data through MPI-IO (into the page cache, writeback started)
+  double digest = 0;    // layout-free digests of the owned blocks (inside `write`, overlapping writeback)
+  double flush = 0;     // MPI_File_sync: the data on disk
+  double metadata = 0;  // digests into the HDF5 file, its sync, the manifest
+  double commit = 0;    // rename, `latest`, folder syncs
+  double prune = 0;     // removing checkpoints beyond `keep`
+  double total = 0;
+};
+
+struct SaveOptions {
+  // Called on every rank at the start of each phase's rank-local work, with the
+  // phase, the step being saved and the checkpoint file; what it throws fails
+  // that phase on that rank like a real I/O error would (fault injection).
+  std::function<void(SavePhase, std::int64_t step, const std::string& file)> hook;
+  SaveTimes* times = nullptr;  // filled on every rank when not null
+};
 
 // Writes the checkpoint of info.step under root_dir (created if missing):
-// into a temporary name, renamed into place only once every rank has finished
-// and the file is closed and synced; then the `latest` marker is replaced
-// atomically and all but the newest `keep` checkpoints are removed.
-// Collective over comm. Throws ndmini::Error on every rank if any rank fails
-// (no hang, no half-written checkpoint under a final name).
+// into a temporary folder, renamed into place only once every rank's data and
+// the metadata are synced; then the `latest` marker is replaced atomically and
+// all but the newest `keep` checkpoints are removed. Collective over comm.
+// Throws ndmini::Error on every rank if any rank fails in any phase; the
+// temporary folder is then removed, `latest` and the previous checkpoints are
+// left as they were.
 void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
-                     const std::vector<TensorSlab>& tensors, int keep);
+                     const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options = {});
 
 // Step named by the `latest` marker, or nullopt when root_dir holds none.
 // Collective over comm (rank 0 reads, everyone gets the answer).
@@ -70,20 +110,38 @@ std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_d
 
 // Reads the checkpoint of `step` (or of `latest` when step is nullopt) into
 // the given slabs (replica blocks included) and returns its root attributes.
-// Verifies integrity first (digests over the non-replica blocks);
-// a missing, truncated or corrupted checkpoint, or a missing tensor or shape
-// mismatch, throws ndmini::Error on every rank naming the file and the fix.
+// Verifies the manifest before HDF5 parses the file, then every tensor's
+// digest over the owned blocks; a missing, truncated or corrupted checkpoint,
+// or a missing tensor or shape mismatch, throws ndmini::Error on every rank
+// naming the file and the fix. Times in seconds go to *seconds when given.
 CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::optional<std::int64_t> step,
-                               const std::vector<TensorSlab>& tensors);
+                               const std::vector<TensorSlab>& tensors, double* seconds = nullptr);
 
 // "step_00000042"
 std::string checkpoint_dirname(std::int64_t step);
 
-namespace detail {
-// The whole-file hash that a checkpoint's manifest.txt records (as 16 hex
-// digits). Exposed for tests that forge a manifest to reach the checks behind
-// it (Fletcher32, per-tensor digests).
-std::uint64_t file_digest(const std::string& path);
-}  // namespace detail
+// The one-writer guard of a checkpoint folder: rank 0 holds an advisory lock
+// (flock) on <dir>/.lock from construction until destruction or process exit
+// (the kernel drops it even after SIGKILL). A writer (a run that saves) takes
+// it exclusively: a second job on the folder, writer or reader, is refused at
+// once, naming the folder and the holder (host and pid). Readers (runs that
+// only resume from it) share it, so several may load one checkpoint while no
+// job writes there. A writer's construction also proves the folder usable
+// before any training time is spent: it exists or can be created, is
+// writable, and has room for a checkpoint of `checkpoint_bytes` (0: not
+// checked); debris of saves that died (.step_*.tmp) is removed. A reader of a
+// folder that does not exist takes nothing (the load reports it).
+// Collective over comm; throws ndmini::Error on every rank.
+enum class DirAccess { read, write };
+class CheckpointDirLock {
+ public:
+  CheckpointDirLock(MPI_Comm comm, const std::string& dir, DirAccess access, std::uint64_t checkpoint_bytes = 0);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int fd_ = -1;  // rank 0 only
+};
 
 }  // namespace ndmini::io

@@ -218,7 +218,7 @@ std::string describe_mesh(const MeshShape& shape, bool details) {
     keep[static_cast<int>(Axis::pp)] = true;
     auto groups = detail::groups_of(shape, keep);
     for (auto& g : groups) g = {g.front(), g.back()};
-    out += "tied wte (first and last stage): " + detail::format_groups(groups) + "\n";
+    out += "pipeline ends (first and last stage): " + detail::format_groups(groups) + "\n";
   }
   // Which ranks each reduction spans: the one place a reader can check it.
   out += "loss summed over " + detail::names_of(detail::kBatch) + " (" +
@@ -270,7 +270,7 @@ Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
     std::array<int, kNumAxes> key = coords_;
     key[static_cast<int>(Axis::pp)] = 0;
     const bool end = stage == 0 || stage == pp - 1;
-    MPI_Comm_split(cart_, end ? shape_.rank_of(key) : MPI_UNDEFINED, stage, &tied_);
+    MPI_Comm_split(cart_, end ? shape_.rank_of(key) : MPI_UNDEFINED, stage, &ends_);
   }
 
   // Node awareness: a node is named by the lowest world rank on it.
@@ -309,7 +309,7 @@ Mesh::~Mesh() {
   auto release = [](MPI_Comm& c) {
     if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
   };
-  release(tied_);
+  release(ends_);
   release(norm_);
   release(batch_);
   release(fsdp_);

@@ -16,9 +16,9 @@
 //                                     ranks that hold distinct parameter elements (tp-replicated
 //                                     tensors counted on tp rank 0 only, the tied wte on the first
 //                                     stage only): the squared gradient norm is summed over it
-//   tied_embedding()                  the first and the last pipeline stage of one pipeline (same
-//                                     coordinates but pp): both hold wte (embedding and LM head),
-//                                     and its gradients are summed over it; null when pp = 1
+//   pipeline_ends()                   the first and the last stage of one pipeline (same
+//                                     coordinates but pp); null on middle stages and when pp = 1
+//                                     (the model's tied embedding is summed over it)
 //
 // The mesh knows no model: whether a layout fits the model (heads, sequence,
 // layers) is the model's rule, checked where the layout is resolved.
@@ -77,7 +77,7 @@ class Mesh {
   MPI_Comm fsdp() const { return fsdp_; }
   MPI_Comm batch() const { return batch_; }
   MPI_Comm norm() const { return norm_; }
-  MPI_Comm tied_embedding() const { return tied_; }  // MPI_COMM_NULL on middle stages and when pp = 1
+  MPI_Comm pipeline_ends() const { return ends_; }  // MPI_COMM_NULL on middle stages and when pp = 1
 
   int ranks_per_node() const { return ranks_per_node_; }  // on this rank's node
   // Whether any tp (or cp) group, not just this rank's, spans nodes; the same on every rank.
@@ -90,7 +90,7 @@ class Mesh {
   std::array<int, kNumAxes> coords_{};
   MPI_Comm cart_ = MPI_COMM_NULL;
   std::array<MPI_Comm, kNumAxes> axis_{};
-  MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
+  MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL, ends_ = MPI_COMM_NULL;
   int ranks_per_node_ = 1;
   std::array<bool, 2> spans_nodes_{};  // tp, cp
 };

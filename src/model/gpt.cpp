@@ -7,23 +7,15 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 #include "core/rng.hpp"
+#include "core/timer.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ndmini {
 namespace {
 
-View1D alloc(const std::string& label, std::size_t n) {
-  return View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
-}
-
-Slice2D mat(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
-
 int size_of(const Communicator* c) { return c != nullptr ? c->size() : 1; }
-int rank_of(const Communicator* c) { return c != nullptr ? c->rank() : 0; }
-
-// Parameter offsets inside a unit are rounded to this many floats (see the layout).
-constexpr std::size_t kAlign = 16;
 
 }  // namespace
 
@@ -32,7 +24,6 @@ GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& p
       micro_batch_(micro_batch),
       recompute_(recompute),
       chunks_(StagePlan(m.layers, par.pp, par.virtual_stages).chunks_of(par.stage)),
-      cp_layout_(make_cp_layout(m.seq_len, size_of(par.cp), rank_of(par.cp))),
       tied_(par.tied_embedding),
       tp_(par.tp, par.sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(par.cp),
           m.channels, m.vocab),
@@ -42,7 +33,7 @@ GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& p
       block_(m.channels, tp_, attention_) {
   // The store learns the FSDP group size here: every unit is padded to split evenly over it.
   const int fsdp = size_of(par.data.fsdp);
-  store_ = std::make_unique<ParamStore>(gpt_param_layout(m, chunks_, tp_.size(), tp_.rank(), fsdp * kAlign), par.data);
+  store_ = std::make_unique<ParamStore>(gpt_param_layout(m, chunks_, tp_.size(), tp_.rank(), fsdp), par.data);
 
   // Which units each chunk uses, in the layout's order.
   const ParamLayout& layout = store_->layout();
@@ -58,26 +49,29 @@ GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& p
   if (unit != store_->units()) throw InternalError("the chunks' units do not match the parameter layout");
   for (const ChunkUnits& u : units_)
     if (u.wte >= 0) wte_unit_ = u.wte;
+  for (const ParamInfo& p : layout.params)
+    if (p.name == "ln_f/bias") lnf_bias_offset_ = p.offset - layout.unit_offset[p.unit];
   block_layout_ = BlockLayout(layout, units_.front().blocks.front());
   spare_.resize(chunks_.size());
 
   // Absolute position of every residual row: rows are sequence-major, each
   // sequence holding this cp rank's tokens; with SP this tp rank's slice.
-  const int Tl = cp_layout_.local_len();
+  const CpLayout& cp = attention_.layout();
+  const int Tl = cp.local_len();
   positions_ = TokenView("ndmini::positions", tp_.local_rows());
   auto h = Kokkos::create_mirror_view(positions_);
   for (std::size_t r = 0; r < tp_.local_rows(); ++r)
-    h(r) = cp_layout_.position(static_cast<int>((tp_.first_local_row() + r) % Tl));
+    h(r) = cp.position(static_cast<int>((tp_.first_local_row() + r) % Tl));
   Kokkos::deep_copy(positions_, h);
 
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows(), C = m.channels;
   if (chunks_.back().head) {
-    lnf_ = alloc("ndmini::lnf", N * C);
-    lnf_mean_ = alloc("ndmini::lnf_mean", Nr);
-    lnf_rstd_ = alloc("ndmini::lnf_rstd", Nr);
-    logits_ = alloc("ndmini::logits", N * tp_.local_vocab());
-    losses_ = alloc("ndmini::losses", N);
-    dln_ = alloc("ndmini::head_dln", N * C);
+    lnf_ = uninitialized("ndmini::lnf", N * C);
+    lnf_mean_ = uninitialized("ndmini::lnf_mean", Nr);
+    lnf_rstd_ = uninitialized("ndmini::lnf_rstd", Nr);
+    logits_ = uninitialized("ndmini::logits", N * tp_.local_vocab());
+    losses_ = uninitialized("ndmini::losses", N);
+    dln_ = uninitialized("ndmini::head_dln", N * C);
   }
   if (recompute_ == Recompute::block) recomputed_ = block_.allocate(false);
 }
@@ -103,8 +97,8 @@ GptStage::Record& GptStage::record(int chunk, int micro_batch) {
   } else {
     const bool output_only = recompute_ == Recompute::block;
     const std::size_t n = activation_elements();
-    r.input = alloc("ndmini::chunk_input", n);
-    r.grad = alloc("ndmini::chunk_output_grad", n);
+    r.input = uninitialized("ndmini::chunk_input", n);
+    r.grad = uninitialized("ndmini::chunk_output_grad", n);
     if (chunks_[k].embedding) r.tokens = TokenView("ndmini::tokens", tp_.rows());
     for (int l = 0; l < chunks_[k].layers(); ++l) r.layers.push_back(block_.allocate(output_only));
     r.bytes = (2 * n + (chunks_[k].embedding ? tp_.rows() : 0)) * sizeof(real) +
@@ -181,24 +175,24 @@ double GptStage::head(ConstSlice2D x, ConstTokenView targets, real grad_scale, c
   s.gather(u.ln_f);
   s.gather(u.wte);
   real* lnf = s.params(u.ln_f);
-  const Slice1D lnf_w(lnf, C), lnf_b(lnf + (C + kAlign - 1) / kAlign * kAlign, C);
-  tp_.layernorm_enter(mat(lnf_, N, C), lnf_mean_, lnf_rstd_, x, lnf_w, lnf_b);
+  const Slice1D lnf_w(lnf, C), lnf_b(lnf + lnf_bias_offset_, C);
+  tp_.layernorm_enter(as_matrix(lnf_, N, C), lnf_mean_, lnf_rstd_, x, lnf_w, lnf_b);
   // The LM head is tied to the token embedding: logits = lnf wte^T (this rank's vocabulary).
-  const Slice2D logits = mat(logits_, N, tp_.local_vocab());
-  kernels::linear_forward(logits, mat(lnf_, N, C), wte(s.params(u.wte)), Slice1D());
+  const Slice2D logits = as_matrix(logits_, N, tp_.local_vocab());
+  kernels::linear_forward(logits, as_matrix(lnf_, N, C), wte(s.params(u.wte)), Slice1D());
   const double loss = tp_.cross_entropy(logits, losses_, targets, grad_scale);
   if (backward) {
     // The head's backward runs at once, so the logits are never kept per
     // micro-batch: the record holds only d(x). logits now holds dlogits.
     s.begin_grads(u.ln_f);
     s.begin_grads(u.wte);
-    kernels::linear_backward(mat(dln_, N, C), wte(s.grads(u.wte)), Slice1D(), logits, mat(lnf_, N, C),
+    kernels::linear_backward(as_matrix(dln_, N, C), wte(s.grads(u.wte)), Slice1D(), logits, as_matrix(lnf_, N, C),
                              wte(s.params(u.wte)));
-    ConstSlice2D gin = tp_.reduce_input_grad(mat(dln_, N, C));
+    ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C));
     real* g = s.grads(u.ln_f);
     kernels::fill(Slice1D(dx.data(), Nr * C), 0);
-    kernels::layernorm_backward(dx, Slice1D(g, C), Slice1D(g + (C + kAlign - 1) / kAlign * kAlign, C), gin, x, lnf_w,
-                                lnf_mean_, lnf_rstd_);
+    kernels::layernorm_backward(dx, Slice1D(g, C), Slice1D(g + lnf_bias_offset_, C), gin, x, lnf_w, lnf_mean_,
+                                lnf_rstd_);
     s.end_grads(u.ln_f, last_micro_batch);
     if (!owns_wte) s.end_grads(u.wte, last_micro_batch);
   }
@@ -216,11 +210,12 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
   Record& r = record(chunk, micro_batch);
   const std::size_t Nr = tp_.local_rows(), C = cfg_.channels;
   if (c.embedding) {
+    const ProfileRegion region("ndmini::embedding forward");
     s.gather(u.wte);
     s.gather(u.wpe);
     s.prefetch(u.blocks.front());
     Kokkos::deep_copy(r.tokens, tokens);
-    tp_.embedding_forward(mat(r.input, Nr, C), r.tokens, wte(s.params(u.wte)),
+    tp_.embedding_forward(as_matrix(r.input, Nr, C), r.tokens, wte(s.params(u.wte)),
                           Slice2D(s.params(u.wpe), cfg_.seq_len, C), positions_);
     s.release(u.wpe);
     if (!c.head) s.release(u.wte);
@@ -228,6 +223,7 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
   const View1D* x = &r.input;
   for (std::size_t i = 0; i < u.blocks.size(); ++i) {
     const int unit = u.blocks[i];
+    const ProfileRegion region([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " forward"; });
     s.gather(unit);
     s.prefetch(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);  // the next unit's all-gather overlaps this block
     BlockActivations& a = r.layers[i];
@@ -236,15 +232,16 @@ double GptStage::forward(int chunk, int micro_batch, ConstTokenView tokens, Cons
       // and is computed again in the backward.
       BlockActivations work = recomputed_;
       work.res3 = a.res3;
-      block_.forward(block_params(unit), mat(*x, Nr, C), work);
+      block_.forward(block_params(unit), as_matrix(*x, Nr, C), work);
     } else {
-      block_.forward(block_params(unit), mat(*x, Nr, C), a);
+      block_.forward(block_params(unit), as_matrix(*x, Nr, C), a);
     }
     if (s.reshard_after_forward()) s.release(unit);
     x = &a.res3;
   }
   if (!c.head) return 0;
-  return head(mat(*x, Nr, C), targets, loss_scale, u, mat(r.grad, Nr, C), last_micro_batch, c.embedding);
+  const ProfileRegion region("ndmini::head forward and backward");
+  return head(as_matrix(*x, Nr, C), targets, loss_scale, u, as_matrix(r.grad, Nr, C), last_micro_batch, c.embedding);
 }
 
 const real* GptStage::output(int chunk, int micro_batch) {
@@ -261,9 +258,10 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
   Record& r = find_record(chunk, micro_batch);
   const std::size_t Nr = tp_.local_rows(), C = cfg_.channels;
   // r.grad holds d(output) and becomes, block by block, d(input).
-  const Slice2D dres = mat(r.grad, Nr, C);
+  const Slice2D dres = as_matrix(r.grad, Nr, C);
   for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
     const int unit = u.blocks[i];
+    const ProfileRegion region([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " backward"; });
     s.gather(unit);
     s.prefetch(i > 0 ? u.blocks[i - 1] : -1);  // the block before is next
     s.begin_grads(unit);
@@ -271,15 +269,23 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
     const View1D& x = i > 0 ? r.layers[i - 1].res3 : r.input;
     if (recompute_ == Recompute::block) {
       BlockActivations work = recomputed_;
-      block_.forward(block_params(unit), mat(x, Nr, C), work);
-      block_.backward(block_params(unit), block_grads(unit), mat(x, Nr, C), work, dres);
+      ExecSpace().fence();
+      const auto t0 = Clock::now();
+      {
+        const ProfileRegion again([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " recompute"; });
+        block_.forward(block_params(unit), as_matrix(x, Nr, C), work);
+        ExecSpace().fence();
+      }
+      recompute_ms_ += ms_since(t0);
+      block_.backward(block_params(unit), block_grads(unit), as_matrix(x, Nr, C), work, dres);
     } else {
-      block_.backward(block_params(unit), block_grads(unit), mat(x, Nr, C), r.layers[i], dres);
+      block_.backward(block_params(unit), block_grads(unit), as_matrix(x, Nr, C), r.layers[i], dres);
     }
     s.end_grads(unit, last_micro_batch);
     s.release(unit);
   }
   if (c.embedding) {
+    const ProfileRegion region("ndmini::embedding backward");
     s.begin_grads(u.wte);
     s.begin_grads(u.wpe);
     tp_.embedding_backward(wte(s.grads(u.wte)), Slice2D(s.grads(u.wpe), cfg_.seq_len, C), dres, r.tokens, positions_);

@@ -57,12 +57,13 @@ struct GlobalTensor {
 std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m);
 
 // Parameter layout of the chunks one pipeline stage holds, for tp rank
-// `tp_rank` of `tp`, every unit padded to a multiple of `pad` elements.
+// `tp_rank` of `tp`; every tensor starts on a 64-byte boundary and every
+// unit is padded to split into `shards` equal FSDP shards.
 // Units, per chunk in order: wte (a unit of its own, so the embedding's and
 // the head's copies shard alike), wpe (embedding chunk), one per block,
 // ln_f (head chunk).
 ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp = 1, int tp_rank = 0,
-                             std::size_t pad = 16);
+                             int shards = 1);
 
 // Activation recomputation: "block" keeps only each block's input during the
 // forward and recomputes the block in its backward.
@@ -113,7 +114,7 @@ class GptStage {
   View1D param_buffer() const { return store_->shard_params(); }
   View1D grad_buffer() const { return store_->shard_grads(); }
   // Which tokens of each sequence this rank holds (context parallelism).
-  const CpLayout& cp_layout() const { return cp_layout_; }
+  const CpLayout& cp_layout() const { return attention_.layout(); }
 
   // Deterministic init: global element i of parameter `name` is drawn from
   // the counter-based RNG at (seed, name, i), so every layout builds the
@@ -158,9 +159,11 @@ class GptStage {
   // Forward only: the sum of per-token losses.
   double forward_loss(ConstTokenView tokens, ConstTokenView targets);
 
-  // Bytes of activations held now and at most so far (records in flight).
-  std::size_t activation_bytes() const { return activation_bytes_; }
+  // The most bytes of activations held at once so far (records in flight).
   std::size_t peak_activation_bytes() const { return peak_activation_bytes_; }
+  // With recompute = block: milliseconds spent re-running block forwards
+  // since the last call (fenced, so the figure is the kernels' own time).
+  double take_recompute_ms() { return std::exchange(recompute_ms_, 0.0); }
 
  private:
   // The units of one chunk (-1: not in this chunk).
@@ -193,10 +196,10 @@ class GptStage {
   Recompute recompute_ = Recompute::none;
   std::vector<Chunk> chunks_;
   std::vector<ChunkUnits> units_;
-  CpLayout cp_layout_;
   std::unique_ptr<ParamStore> store_;
-  TiedEmbedding tied_;  // the two copies of wte (pp > 1)
-  int wte_unit_ = -1;   // this stage's wte unit, if it holds one
+  TiedEmbedding tied_;               // the two copies of wte (pp > 1)
+  int wte_unit_ = -1;                // this stage's wte unit, if it holds one
+  std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it)
   TensorParallel tp_;
   kernels::AttentionShape attention_shape_;  // this rank's part: its tokens, its heads
   ContextParallelAttention attention_;
@@ -208,6 +211,7 @@ class GptStage {
   BlockActivations recomputed_;                    // recompute = block: one block's activations
   View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
   std::size_t activation_bytes_ = 0, peak_activation_bytes_ = 0;
+  double recompute_ms_ = 0;
 };
 
 }  // namespace ndmini

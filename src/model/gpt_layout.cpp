@@ -98,8 +98,7 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m) {
   return out;
 }
 
-ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp, int tp_rank,
-                             std::size_t pad) {
+ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp, int tp_rank, int shards) {
   const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len;
   ParamLayout layout;
   layout.tp_rank = tp_rank;
@@ -119,7 +118,7 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
   };
   // Every unit padded so that it splits into equal FSDP shards.
   auto close_unit = [&] {
-    offset = unit_begin + round_up(offset - unit_begin, round_up(pad, kAlign));
+    offset = unit_begin + round_up(offset - unit_begin, shards * kAlign);
     layout.unit_offset.push_back(unit_begin);
     layout.unit_size.push_back(offset - unit_begin);
     unit_begin = offset;

@@ -7,15 +7,17 @@ ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_
   const auto device = device_collectives_backend(world);
   tp_ = std::make_unique<Communicator>(mesh_.axis(Axis::tp), "tp", device);
   cp_ = std::make_unique<Communicator>(mesh_.axis(Axis::cp), "cp", device);
-  // Pipeline sends must not block (parallel/pipeline/pipeline.hpp): MPI,
-  // device buffers go through a CUDA-aware MPI or host memory (comm/device_path.hpp).
+  // Pipeline sends must not block, and NCCL's pairing of a send with its
+  // receive deadlocks interleaved 1F1B (parallel/pipeline/pipeline.hpp): MPI
+  // always; device buffers go through a CUDA-aware MPI or host memory
+  // (comm/device_path.hpp).
   pp_ = std::make_unique<Communicator>(mesh_.axis(Axis::pp), "pp", Communicator::Backend::mpi);
   dp_replicate_ = std::make_unique<Communicator>(mesh_.axis(Axis::dp_replicate), "dp_replicate", device);
-  fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "dp_shard", device);
+  fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "fsdp", device);
   batch_ = std::make_unique<Communicator>(mesh_.batch(), "batch");
   norm_ = std::make_unique<Communicator>(mesh_.norm(), "norm");
-  if (mesh_.tied_embedding() != MPI_COMM_NULL)
-    tied_ = std::make_unique<Communicator>(mesh_.tied_embedding(), "tied_wte", device);
+  if (mesh_.pipeline_ends() != MPI_COMM_NULL)
+    tied_ = std::make_unique<Communicator>(mesh_.pipeline_ends(), "tied_wte", device);
 }
 
 std::vector<ParallelContext::Reported> ParallelContext::reported() {
@@ -26,10 +28,6 @@ std::vector<ParallelContext::Reported> ParallelContext::reported() {
   out.push_back({"batch", batch_.get()});
   out.push_back({"norm", norm_.get()});
   return out;
-}
-
-int ParallelContext::data_parallel_size() const {
-  return mesh_.degree(Axis::dp_replicate) * mesh_.degree(Axis::dp_shard);
 }
 
 int ParallelContext::data_parallel_index() const {

@@ -2,12 +2,13 @@
 #pragma once
 // Every communicator of the mesh, owned in one place: one per axis the
 // model splits over (tp, cp, pp, dp_replicate), the fsdp group (dp_shard x
-// cp, accounted as "dp_shard"), the two scalar reductions (batch: the loss;
+// cp, accounted as "fsdp"), the two scalar reductions (batch: the loss;
 // norm: the gradient norm) and the tied-embedding pair of pipeline ends. The
 // mesh (mesh/mesh.hpp) defines which ranks each one holds.
 //
 // Backends: device buffers go through NCCL where the build has it, host
-// buffers through MPI; the scalar groups always use MPI.
+// buffers through MPI; the scalar groups and the pipeline (whose sends must
+// not block, see parallel/pipeline/pipeline.hpp) always use MPI.
 #include <memory>
 #include <vector>
 
@@ -46,9 +47,8 @@ class ParallelContext {
   };
   std::vector<Reported> reported();
 
-  // Data parallelism: how many ranks take distinct sequences of the global
-  // batch (dp_replicate x dp_shard), and this rank's index among them.
-  int data_parallel_size() const;
+  // Data parallelism: this rank's index among the dp_replicate x dp_shard
+  // ranks that take distinct sequences of the global batch.
   int data_parallel_index() const;
 
  private:

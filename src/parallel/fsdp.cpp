@@ -8,10 +8,6 @@
 namespace ndmini {
 namespace {
 
-View1D alloc(const std::string& label, std::size_t n, bool zero) {
-  return zero ? View1D(label, n) : View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
-}
-
 // y += x over n elements.
 void add_into(real* y, const real* x, std::size_t n) {
   Kokkos::parallel_for(
@@ -57,7 +53,7 @@ real* Fsdp::grads(int u) {
 void Fsdp::prefetch(int u) {
   if (u < 0 || u >= static_cast<int>(full_params_.size()) || full_params_[u].extent(0) > 0) return;
   const std::size_t size = layout_.unit_size[u];
-  full_params_[u] = alloc("ndmini::gathered_params", size, false);
+  full_params_[u] = uninitialized("ndmini::gathered_params", size);
   add_transient(size);
   gathers_[u] =
       group_.iall_gather(shard_params_.data() + shard_offset_[u], full_params_[u].data(), size / group_.size());
@@ -77,14 +73,14 @@ void Fsdp::release(int u) {
 
 void Fsdp::begin_grads(int u) {
   if (full_grads_[u].extent(0) > 0) return;  // still open (the tied wte spans the whole backward)
-  full_grads_[u] = alloc("ndmini::full_grads", layout_.unit_size[u], true);
+  full_grads_[u] = View1D("ndmini::full_grads", layout_.unit_size[u]);
   add_transient(full_grads_[u].extent(0));
 }
 
 void Fsdp::end_grads(int u) {
   const std::size_t part = layout_.unit_size[u] / group_.size();
   // Reduce-scatter instead of all-reduce: each rank only updates its shard.
-  PendingReduction r{u, full_grads_[u], alloc("ndmini::grad_shard_part", part, false), CommRequest()};
+  PendingReduction r{u, full_grads_[u], uninitialized("ndmini::grad_shard_part", part), CommRequest()};
   add_transient(part);
   r.request = group_.ireduce_scatter(r.full_grads.data(), r.shard_part.data(), part);
   full_grads_[u] = View1D();

@@ -5,14 +5,6 @@
 #include "kernels/kernels.hpp"
 
 namespace ndmini {
-namespace {
-
-View1D alloc(const std::string& label, std::size_t n) { return View1D(label, n); }
-
-Slice2D mat(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
-
-}  // namespace
-
 TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab)
     : rows_(rows), channels_(channels), vocab_(vocab) {
   if (tp != nullptr && tp->size() > 1) {
@@ -26,14 +18,14 @@ TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::si
   local_rows_ = sp_ ? rows / size_ : rows;
   const std::size_t N = rows_, C = channels_;
   if (size_ > 1) {
-    partial_ = alloc("ndmini::tp_partial", N * C);
-    xent_max_ = alloc("ndmini::xent_max", N);
-    xent_stats_ = alloc("ndmini::xent_stats", 2 * N);
+    partial_ = View1D("ndmini::tp_partial", N * C);
+    xent_max_ = View1D("ndmini::xent_max", N);
+    xent_stats_ = View1D("ndmini::xent_stats", 2 * N);
   }
   if (sp_) {
-    ln_local_ = alloc("ndmini::sp_ln_local", local_rows_ * C);
-    dres_full_ = alloc("ndmini::sp_dres_full", N * C);
-    dln_local_ = alloc("ndmini::sp_dln_local", local_rows_ * C);
+    ln_local_ = View1D("ndmini::sp_ln_local", local_rows_ * C);
+    dres_full_ = View1D("ndmini::sp_dres_full", N * C);
+    dln_local_ = View1D("ndmini::sp_dln_local", local_rows_ * C);
   }
 }
 
@@ -43,7 +35,7 @@ void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, C
     kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
     return;
   }
-  kernels::layernorm_forward(mat(ln_local_, local_rows_, channels_), mean, rstd, x, weight, bias);
+  kernels::layernorm_forward(as_matrix(ln_local_, local_rows_, channels_), mean, rstd, x, weight, bias);
   tp_->all_gather(ln_local_.data(), full.data(), local_rows_ * channels_);
 }
 
@@ -59,7 +51,7 @@ void TensorParallel::row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice
       kernels::linear_forward(y, in, weight, ConstSlice1D());
     tp_->all_reduce(y.data(), rows_ * channels_);
   } else {
-    kernels::linear_forward(mat(partial_, rows_, channels_), in, weight, ConstSlice1D());
+    kernels::linear_forward(as_matrix(partial_, rows_, channels_), in, weight, ConstSlice1D());
     tp_->reduce_scatter(partial_.data(), y.data(), local_rows_ * channels_);
     kernels::add_residual_bias(y, residual, bias);
   }
@@ -72,13 +64,13 @@ ConstSlice2D TensorParallel::reduce_input_grad(Slice2D partial) {
     return partial;
   }
   tp_->reduce_scatter(partial.data(), dln_local_.data(), local_rows_ * channels_);
-  return mat(dln_local_, local_rows_, channels_);
+  return as_matrix(dln_local_, local_rows_, channels_);
 }
 
 ConstSlice2D TensorParallel::gather_output_grad(ConstSlice2D dres) {
   if (!sp_) return dres;
   tp_->all_gather(dres.data(), dres_full_.data(), local_rows_ * channels_);
-  return mat(dres_full_, rows_, channels_);
+  return as_matrix(dres_full_, rows_, channels_);
 }
 
 void TensorParallel::row_parallel_bias_backward(Slice1D dbias, ConstSlice2D dy_full, ConstSlice2D dres) {
@@ -95,7 +87,7 @@ void TensorParallel::embedding_forward(Slice2D out, ConstTokenView tokens, Const
   // elsewhere; the sum over tp is the embedding (exact: one non-zero term).
   const ConstTokenView none;
   if (sp_) {
-    kernels::embedding_forward(mat(partial_, rows_, channels_), tokens, wte, ConstSlice2D(), none, vocab_start());
+    kernels::embedding_forward(as_matrix(partial_, rows_, channels_), tokens, wte, ConstSlice2D(), none, vocab_start());
     tp_->reduce_scatter(partial_.data(), out.data(), local_rows_ * channels_);
   } else {
     kernels::embedding_forward(out, tokens, wte, ConstSlice2D(), none, vocab_start());

@@ -109,7 +109,6 @@ void check_resume_compatible(const Config& cfg, const io::CheckpointInfo& info, 
   mismatch("model.seq_len", saved.model.seq_len, cfg.model.seq_len);
   mismatch("train.seed", saved.train.seed, cfg.train.seed);
   mismatch("train.global_batch", saved.train.global_batch, cfg.train.global_batch);
-  mismatch("data.source", saved.data.source, cfg.data.source);
 }
 
 }  // namespace ndmini

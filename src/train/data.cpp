@@ -3,16 +3,21 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "io/digest.hpp"
 
 namespace ndmini {
 namespace {
 
 constexpr std::int32_t kTokenFileMagic = 20240520;
 constexpr int kHeaderInts = 256;
+// A file source is identified by its size and a hash of its first MiB
+// (header and opening tokens): cheap, and enough to tell files apart.
+constexpr std::size_t kDigestBytes = std::size_t{1} << 20;
 
 // A task with learnable structure: each sequence walks a fixed random graph
 // over an alphabet of A = min(V, 64) tokens where every token has two
@@ -45,6 +50,8 @@ class SyntheticSource final : public DataSource {
   std::string describe() const override {
     return "synthetic (random walk on a 2-successor graph over " + std::to_string(alphabet_) + " tokens)";
   }
+  // The stream is a function of the deck's seed and shape, which resume checks already.
+  io::DataRecord provenance() const override { return {"synthetic", "", 0, ""}; }
 
  private:
   int seq_len_, global_batch_, alphabet_;
@@ -55,11 +62,12 @@ class SyntheticSource final : public DataSource {
 // ((s * B + b) * T) mod (N - T - 1).
 class StreamSource final : public DataSource {
  public:
-  StreamSource(std::vector<token_t> tokens, const Config& cfg, std::string what)
+  StreamSource(std::vector<token_t> tokens, const Config& cfg, std::string what, io::DataRecord record)
       : tokens_(std::move(tokens)),
         seq_len_(cfg.model.seq_len),
         global_batch_(cfg.train.global_batch),
-        what_(std::move(what)) {}
+        what_(std::move(what)),
+        record_(std::move(record)) {}
 
   void fill(std::int64_t step, int first, int count, token_t* inputs, token_t* targets) const override {
     const std::uint64_t n = tokens_.size();
@@ -71,21 +79,41 @@ class StreamSource final : public DataSource {
     }
   }
   std::string describe() const override { return what_ + " (" + std::to_string(tokens_.size()) + " tokens)"; }
+  io::DataRecord provenance() const override { return record_; }
 
  private:
   std::vector<token_t> tokens_;
   int seq_len_, global_batch_;
   std::string what_;
+  io::DataRecord record_;
 };
 
 std::vector<char> read_file(const std::string& path, const std::string& key_hint) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  require(fs::exists(status), "data.path = \"" + path + "\": cannot open the file (" + key_hint + ")");
+  require(!fs::is_directory(status),
+          "data.path = \"" + path + "\" is a folder, not a file (" + key_hint + "); point it at the file itself");
+  require(fs::is_regular_file(status), "data.path = \"" + path + "\" is not a regular file (" + key_hint + ")");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   require(in.good(), "data.path = \"" + path + "\": cannot open the file (" + key_hint + ")");
   const std::streamsize size = in.tellg();
+  require(size >= 0, "data.path = \"" + path + "\": cannot tell its size (" + key_hint + ")");
   in.seekg(0);
   std::vector<char> bytes(static_cast<std::size_t>(size));
   require(static_cast<bool>(in.read(bytes.data(), size)), "data.path = \"" + path + "\": read failed");
   return bytes;
+}
+
+io::DataRecord record_of(const std::string& kind, const std::string& path, const std::vector<char>& bytes) {
+  const std::size_t n = std::min(bytes.size(), kDigestBytes);
+  return {kind, path, bytes.size(), io::hex64(io::hash_bytes(bytes.data(), n))};
+}
+
+std::string record_text(const io::DataRecord& r) {
+  if (r.kind == "synthetic" || r.kind.empty()) return r.kind.empty() ? "an unrecorded source" : "synthetic data";
+  return r.kind + " '" + r.path + "' (" + std::to_string(r.bytes) + " bytes, first-MiB digest " + r.digest + ")";
 }
 
 void require_long_enough(std::size_t n, const Config& cfg, const std::string& path) {
@@ -95,16 +123,18 @@ void require_long_enough(std::size_t n, const Config& cfg, const std::string& pa
                          " (needs at least " + std::to_string(need) + "); use a longer file or a smaller seq_len");
 }
 
-std::vector<token_t> read_text(const std::string& path, const Config& cfg) {
+std::vector<token_t> read_text(const std::string& path, const Config& cfg, io::DataRecord& record) {
   const auto bytes = read_file(path, "data.source = \"text\" reads it as bytes");
+  record = record_of("text", path, bytes);
   std::vector<token_t> tokens(bytes.size());
   for (std::size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
   require_long_enough(tokens.size(), cfg, path);
   return tokens;
 }
 
-std::vector<token_t> read_tokens(const std::string& path, const Config& cfg) {
+std::vector<token_t> read_tokens(const std::string& path, const Config& cfg, io::DataRecord& record) {
   const auto bytes = read_file(path, "data.source = \"tokens\" expects an llm.c .bin token file");
+  record = record_of("tokens", path, bytes);
   const std::size_t header_bytes = kHeaderInts * sizeof(std::int32_t);
   require(bytes.size() >= header_bytes,
           "data.path = \"" + path + "\": shorter than the 1024-byte llm.c header; not a token file");
@@ -139,9 +169,32 @@ std::vector<token_t> read_tokens(const std::string& path, const Config& cfg) {
 
 std::unique_ptr<DataSource> make_data_source(const Config& cfg) {
   const auto& d = cfg.data;
-  if (d.source == "text") return std::make_unique<StreamSource>(read_text(d.path, cfg), cfg, "text " + d.path);
-  if (d.source == "tokens") return std::make_unique<StreamSource>(read_tokens(d.path, cfg), cfg, "tokens " + d.path);
+  io::DataRecord record;
+  if (d.source == "text") {
+    auto tokens = read_text(d.path, cfg, record);
+    return std::make_unique<StreamSource>(std::move(tokens), cfg, "text " + d.path, record);
+  }
+  if (d.source == "tokens") {
+    auto tokens = read_tokens(d.path, cfg, record);
+    return std::make_unique<StreamSource>(std::move(tokens), cfg, "tokens " + d.path, record);
+  }
   return std::make_unique<SyntheticSource>(cfg);
+}
+
+std::string check_resume_data(const io::DataRecord& saved, const io::DataRecord& current, const DataConfig& deck,
+                              const std::string& where) {
+  const bool same = saved.kind == current.kind && saved.bytes == current.bytes && saved.digest == current.digest;
+  if (same)
+    return saved.path == current.path ? ""
+                                      : "data: " + where + " was trained on '" + saved.path + "'; the deck reads '" +
+                                            current.path + "', with the same size and digest";
+  if (deck.allow_source_change)
+    return "data: continuing " + where + ", trained on " + record_text(saved) + ", on " + record_text(current) +
+           " (data.allow_source_change = true)";
+  throw Error("cannot resume from " + where + ": it was trained on " + record_text(saved) + ", the deck reads " +
+              record_text(current) +
+              "; resume with the data it was trained on, or set data.allow_source_change = true to continue on the "
+              "new data on purpose");
 }
 
 void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Training data (DESIGN section 2): the global batch of step s is a pure
+// Training data (README, "The deck"): the global batch of step s is a pure
 // function of (seed, s, data source), so every layout, and every resumed run,
 // trains on the same tokens in the same order.
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "config/config.hpp"
 #include "core/types.hpp"
+#include "io/checkpoint.hpp"
 
 namespace ndmini {
 
@@ -21,11 +22,22 @@ class DataSource {
   // targets, count * seq_len each, row b * seq_len + t.
   virtual void fill(std::int64_t step, int first, int count, token_t* inputs, token_t* targets) const = 0;
   virtual std::string describe() const = 0;
+  // What a checkpoint records of the source: kind, path, size, digest of the
+  // first MiB (file sources).
+  virtual io::DataRecord provenance() const = 0;
 };
 
 // Builds the source named by [data]; checks the file (exists, long enough,
 // llm.c magic, tokens inside the vocabulary) and throws Error naming it.
 std::unique_ptr<DataSource> make_data_source(const Config& cfg);
+
+// A resumed run must continue on the data its checkpoint was trained on:
+// throws Error naming both sources when `saved` (the checkpoint's record) and
+// `current` differ in kind, size or digest, unless data.allow_source_change
+// says the change is meant. Returns a note to print when the run goes on with
+// a changed source or path, else "". `where` names the checkpoint.
+std::string check_resume_data(const io::DataRecord& saved, const io::DataRecord& current, const DataConfig& deck,
+                              const std::string& where);
 
 // Writes an llm.c token file (256 int32 header, magic 20240520, version 1,
 // token count; then uint16 tokens), e.g. to make a small corpus for a test.

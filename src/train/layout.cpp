@@ -30,19 +30,24 @@ RunLayout resolve_layout(const Config& cfg, int world) {
 
   const ScheduleKind kind = schedule_kind(p.schedule);
   check_schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches, cfg.model.layers);
-  l.schedule = l.split.pp == 1 ? ScheduleKind::none : kind;
+  l.schedule = Schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches).kind();  // none when pp = 1
   return l;
 }
 
-MemoryEstimate estimate_memory(const Config& cfg, const RunLayout& l) {
+std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
   const StagePlan plan(cfg.model.layers, l.split.pp, l.split.virtual_stages);
   const Schedule schedule(l.schedule, l.split.pp, l.split.virtual_stages, l.micro_batches);
+  std::vector<MemoryEstimate> out;
+  for (int stage = 0; stage < l.split.pp; ++stage)
+    out.push_back(gpt_memory_estimate(cfg.model, l.split, cfg.train.micro_batch, l.fsdp, plan.chunks_of(stage),
+                                      schedule.max_in_flight(stage), l.recompute));
+  return out;
+}
+
+MemoryEstimate estimate_memory(const Config& cfg, const RunLayout& l) {
   MemoryEstimate worst;
-  for (int stage = 0; stage < l.split.pp; ++stage) {
-    const MemoryEstimate e = gpt_memory_estimate(cfg.model, l.split, cfg.train.micro_batch, l.fsdp,
-                                                 plan.chunks_of(stage), schedule.max_in_flight(stage), l.recompute);
-    if (stage == 0 || e.total() > worst.total()) worst = e;
-  }
+  for (const MemoryEstimate& e : estimate_memory_per_stage(cfg, l))
+    if (e.total() > worst.total()) worst = e;
   return worst;
 }
 

@@ -3,6 +3,8 @@
 // The layout of a run, resolved and checked once before anything is built:
 // the mesh degrees (mesh/), the model's rules for that split (model/), the
 // pipeline's rules (parallel/pipeline/) and how the global batch divides.
+#include <vector>
+
 #include "config/config.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
@@ -23,7 +25,9 @@ struct RunLayout {
 // Throws Error with one message naming the key and the fix.
 RunLayout resolve_layout(const Config& cfg, int world);
 
-// The memory estimate of the busiest stage of a layout (no allocation).
+// The memory estimate of every pipeline stage of a layout, and of the
+// busiest one (no allocation).
+std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& layout);
 MemoryEstimate estimate_memory(const Config& cfg, const RunLayout& layout);
 
 }  // namespace ndmini

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "train/metrics.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,14 +24,36 @@ std::string progress_line(const StepRecord& r) {
   return buf;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
-  out_.open(path, std::ios::trunc);
-  require(out_.good(), "--metrics " + path + ": cannot open the file for writing");
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  require(fd_ >= 0, "--metrics " + path + ": cannot open the file for writing (" + std::strerror(errno) + ")");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// One write per record, unbuffered: a record is in the file (or its error
+// known) when the call returns, also if the run dies right after.
+void MetricsWriter::write_line(const std::string& line) {
+  if (fd_ < 0 || !error_.empty()) return;
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error_ = "--metrics " + path_ + ": writing the metrics failed (" +
+               std::string(n < 0 ? std::strerror(errno) : "nothing written") +
+               "); free space there or point --metrics at another file";
+      return;
+    }
+    done += static_cast<std::size_t>(n);
+  }
 }
 
 void MetricsWriter::step(const StepRecord& r) {
-  if (!out_.is_open()) return;
+  if (fd_ < 0) return;
   // Times are the slowest rank's; calls and bytes are rank 0's.
   nlohmann::json comm = nlohmann::json::object();
   for (const auto& [name, s] : r.comm)
@@ -40,16 +67,13 @@ void MetricsWriter::step(const StepRecord& r) {
                       {"mfu", r.mfu},
                       {"comm", comm},
                       {"bubble_ms", r.bubble_ms},
+                      {"bubble_ms_per_stage", r.bubble_ms_per_stage},
+                      {"io_ms", r.io_ms},
                       {"mem_bytes", r.mem_bytes}};
-  out_ << j.dump() << '\n';
-  out_.flush();
+  write_line(j.dump() + "\n");
 }
 
-void MetricsWriter::summary(const std::string& json_object) {
-  if (!out_.is_open()) return;
-  out_ << json_object << '\n';
-  out_.flush();
-}
+void MetricsWriter::summary(const std::string& json_object) { write_line(json_object + "\n"); }
 
 std::int64_t peak_rss_bytes() {
   std::FILE* f = std::fopen("/proc/self/status", "r");

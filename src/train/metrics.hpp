@@ -3,7 +3,6 @@
 // What a run reports (docs/output.md): the progress line on stdout and its
 // machine-readable twin, one JSON object per logged step in --metrics FILE.
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,22 +15,38 @@ struct StepRecord {
   std::int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
   double exposed_comm_ms = 0;
-  std::vector<double> bubble_ms;  // per pipeline stage: time it waited for its neighbours
+  // The pipeline bubble: per stage, the time it waited for its neighbours
+  // (a part of pp's exposed time), and the most of any stage.
+  std::vector<double> bubble_ms_per_stage;
+  double bubble_ms = 0;
+  double io_ms = 0;  // checkpoint I/O within this step (not in step_ms)
   std::int64_t mem_bytes = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // per communicator (axis or reduction group)
 };
 
 std::string progress_line(const StepRecord& r);
 
+// Writes on the rank that opened it; a failed write (a full disk, /dev/full)
+// is kept as error() rather than thrown, because only that rank knows: the
+// caller agrees on it over the job (core/error.hpp `agree`) so that every
+// rank stops together.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // empty path: writes nothing
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
   void step(const StepRecord& r);
   // The final summary object: key figures of the whole run, as JSON text.
   void summary(const std::string& json_object);
+  // The first write error ("" while every record reached the file).
+  const std::string& error() const { return error_; }
 
  private:
-  std::ofstream out_;
+  void write_line(const std::string& line);
+  std::string path_;
+  int fd_ = -1;
+  std::string error_;
 };
 
 // Peak resident set size of this process in bytes (VmHWM).

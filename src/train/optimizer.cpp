@@ -22,9 +22,14 @@ double grad_norm_squared(const ParamStore& store, Communicator& norm_group) {
   if (every_piece_counts) {
     local = kernels::sum_squares(store.shard_grads());  // padding is zero
   } else {
-    for (const auto& piece : store.pieces())
-      if (store.counts_in_norm(piece))
-        local += kernels::sum_squares(Slice1D(store.shard_grads().data() + piece.shard_offset, piece.length));
+    double left_out = 0;
+    for (const auto& piece : store.pieces()) {
+      const double s = kernels::sum_squares(Slice1D(store.shard_grads().data() + piece.shard_offset, piece.length));
+      (store.counts_in_norm(piece) ? local : left_out) += s;
+    }
+    // A copy left out of the norm (the last stage's tied wte) is still
+    // applied: a non-finite value there must make the norm non-finite too.
+    if (!std::isfinite(left_out)) local = left_out;
   }
   return norm_group.all_reduce_scalar(local);
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gpt.hpp"
+#include "train/budget.hpp"
 #include "train/metrics.hpp"
 
 namespace ndmini {
@@ -36,30 +37,96 @@ double StepStats::exposed_comm_ms() const {
   return total;
 }
 
-StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms) {
+StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms) {
   const auto groups = ctx.reported();
   const int pp = ctx.degree(Axis::pp);
-  // One reduction for every time: [step, (ms, exposed) per group, bubble per stage].
-  std::vector<double> times(1 + 2 * groups.size() + pp, 0.0);
+  // One reduction for every time: [step, recompute, (ms, exposed) per group, bubble per stage].
+  std::vector<double> times(2 + 2 * groups.size() + pp, 0.0);
   times[0] = step_ms;
+  times[1] = recompute_ms;
   for (std::size_t k = 0; k < groups.size(); ++k)
     if (groups[k].comm != nullptr) {
-      times[1 + 2 * k] = groups[k].comm->stats().ms;
-      times[2 + 2 * k] = groups[k].comm->stats().exposed_ms;
+      times[2 + 2 * k] = groups[k].comm->stats().ms;
+      times[3 + 2 * k] = groups[k].comm->stats().exposed_ms;
     }
-  times[1 + 2 * groups.size() + ctx.coord(Axis::pp)] = bubble_ms;
+  times[2 + 2 * groups.size() + ctx.coord(Axis::pp)] = bubble_ms;
   MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, ctx.mesh().cart());
   StepStats s;
   s.step_ms = times[0];
+  s.recompute_ms = times[1];
   for (std::size_t k = 0; k < groups.size(); ++k) {
     CommStats c = groups[k].comm != nullptr ? groups[k].comm->stats() : CommStats{};
-    c.ms = times[1 + 2 * k];
-    c.exposed_ms = times[2 + 2 * k];
+    c.ms = times[2 + 2 * k];
+    c.exposed_ms = times[3 + 2 * k];
     s.comm.emplace_back(groups[k].name, c);
     if (groups[k].comm != nullptr) groups[k].comm->reset_stats();
   }
   s.bubble_ms.assign(times.end() - pp, times.end());
   return s;
+}
+
+namespace {
+
+// "1f1b schedule, 4 micro-batches | stage 0: layers 0-2 (+embedding) | ..."
+std::string describe_pipeline(const Config& cfg, const RunLayout& l) {
+  return std::string(schedule_name(l.schedule)) + " schedule, " + std::to_string(l.micro_batches) +
+         " micro-batches | " + StagePlan(cfg.model.layers, l.split.pp, l.split.virtual_stages).describe();
+}
+
+// "4 chunks of 16 tokens per sequence; cp rank i holds chunks i and 3-i"
+std::string describe_context(const Config& cfg, const RunLayout& l) {
+  const int cp = l.split.cp;
+  return std::to_string(2 * cp) + " chunks of " + std::to_string(cfg.model.seq_len / (2 * cp)) +
+         " tokens per sequence; cp rank i holds chunks i and " + std::to_string(2 * cp - 1) + "-i";
+}
+
+// Activations one micro-batch keeps in one chunk with recomputation, and without.
+std::string describe_recompute(const Config& cfg, const RunLayout& l) {
+  RunLayout full = l;
+  full.recompute = Recompute::none;
+  const double with = estimate_memory(cfg, l).activation_bytes_per_micro_batch / kMiB;
+  const double without = estimate_memory(cfg, full).activation_bytes_per_micro_batch / kMiB;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "block: %.1f MiB of activations per micro-batch and chunk instead of %.1f MiB", with,
+                without);
+  return buf;
+}
+
+}  // namespace
+
+void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) {
+  const auto& m = cfg.model;
+  std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
+  std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
+              static_cast<long long>(gpt_flops_param_count(m)));
+  std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
+  std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
+              layout.micro_batches, cfg.train.micro_batch, layout.data_parallel);
+  if (layout.split.pp > 1) {
+    const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
+    std::printf("pipeline          %s\n", describe_pipeline(cfg, layout).c_str());
+    std::printf("                  ideal bubble %.1f%% of the step\n", 100 * schedule.ideal_bubble());
+  }
+  if (layout.split.cp > 1) std::printf("context           %s\n", describe_context(cfg, layout).c_str());
+  if (layout.recompute == Recompute::block)
+    std::printf("recompute         %s\n", describe_recompute(cfg, layout).c_str());
+  // Per rank of each stage: the sizes the model allocates.
+  const auto stages = estimate_memory_per_stage(cfg, layout);
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    const MemoryEstimate& e = stages[s];
+    std::printf(
+        "memory estimate   %s%.1f MiB per rank: %.1f MiB model state (params, grads, AdamW) + %lld x %.1f MiB "
+        "activations in flight (micro-batch %d) + %.1f MiB scratch\n",
+        stages.size() > 1 ? ("stage " + std::to_string(s) + ": ").c_str() : "", e.total() / kMiB, e.state_bytes / kMiB,
+        static_cast<long long>(e.in_flight), e.activation_bytes_per_micro_batch / kMiB, cfg.train.micro_batch,
+        e.scratch_bytes / kMiB);
+  }
+  std::string how;
+  const double limit = memory_per_rank(cfg, ranks_on_node, &how);
+  const double data = data_bytes(cfg);
+  if (data > 0) std::printf("data in memory    %s per rank (%s)\n", bytes_text(data).c_str(), cfg.data.path.c_str());
+  std::printf("memory limit      %s per rank (%s)\n", limit > 0 ? bytes_text(limit).c_str() : "unknown", how.c_str());
+  std::printf("deck OK\n");
 }
 
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
@@ -72,20 +139,15 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   std::printf("data: %s | steps %d | global batch %d x %d tokens | %d data-parallel ranks x %d micro-batches of %d\n",
               data.c_str(), t.steps, t.global_batch, cfg.model.seq_len, layout.data_parallel, layout.micro_batches,
               t.micro_batch);
-  if (layout.split.pp > 1)
-    std::printf("pipeline: %s schedule, %d micro-batches | %s\n", schedule_name(layout.schedule), layout.micro_batches,
-                StagePlan(cfg.model.layers, layout.split.pp, layout.split.virtual_stages).describe().c_str());
-  if (layout.split.cp > 1)
-    std::printf("context: each sequence in %d chunks of %d tokens; cp rank i holds chunks i and %d-i\n",
-                2 * layout.split.cp, cfg.model.seq_len / (2 * layout.split.cp), 2 * layout.split.cp - 1);
-  if (layout.recompute == Recompute::block)
-    std::printf("recompute: block (each block's forward again in its backward)\n");
+  if (layout.split.pp > 1) std::printf("pipeline: %s\n", describe_pipeline(cfg, layout).c_str());
+  if (layout.split.cp > 1) std::printf("context: %s\n", describe_context(cfg, layout).c_str());
+  if (layout.recompute == Recompute::block) std::printf("recompute: %s\n", describe_recompute(cfg, layout).c_str());
   std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
   if (show_mesh) std::printf("%s", describe_mesh(layout.mesh, true).c_str());
   std::fflush(stdout);
 }
 
-void print_performance(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s) {
+void print_performance(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s) {
   const int world = layout.mesh.size();
   double exposed = 0;
   std::printf("PERFORMANCE\n");
@@ -103,6 +165,9 @@ void print_performance(const Config& cfg, const RunLayout& layout, const Paralle
                 s.timed.front().comm[k].first.c_str(), all);
   }
   std::printf("    compute          %.1f ms\n", s.median_step_ms - exposed);
+  if (layout.recompute == Recompute::block)
+    std::printf("      recompute      %.1f ms of it: block forwards run again in the backward (slowest rank)\n",
+                median_of(s.timed, [](const StepStats& st) { return st.recompute_ms; }));
   if (layout.split.pp == 1) {
     std::printf("    bubble           0.0 ms (no pipeline)\n");
   } else {
@@ -126,12 +191,11 @@ void print_performance(const Config& cfg, const RunLayout& layout, const Paralle
       "%.1f MiB estimated in all, %.1f MiB peak RSS (rank 0)\n",
       s.state_bytes / kMiB, *std::max_element(s.peak_activation_bytes.begin(), s.peak_activation_bytes.end()) / kMiB,
       s.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
-  (void)cfg;
   std::fflush(stdout);
 }
 
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
-                         double final_loss) {
+                         std::optional<double> final_loss) {
   const int world = layout.mesh.size();
   std::vector<double> bubble;
   for (int stage = 0; stage < layout.split.pp; ++stage)
@@ -151,12 +215,13 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"peak_source", s.peak.source},
                       {"io_ms", s.io_ms},
                       {"bubble_ms_per_stage", bubble},
+                      {"recompute_ms", median_of(s.timed, [](const StepStats& st) { return st.recompute_ms; })},
                       {"ideal_bubble", s.ideal_bubble},
                       {"state_bytes", s.state_bytes},
                       {"peak_activation_bytes_per_stage", s.peak_activation_bytes},
                       {"mem_bytes", s.mem_bytes},
                       {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
-                      {"final_loss", final_loss}};
+                      {"final_loss", final_loss ? nlohmann::json(*final_loss) : nlohmann::json()}};
   return j.dump();
 }
 

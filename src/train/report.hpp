@@ -4,6 +4,7 @@
 // line per logged step (train/metrics.hpp), and the closing PERFORMANCE
 // block, whose machine-readable twin is the metrics file's summary object.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,11 +22,12 @@ struct StepStats {
   double step_ms = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // every reported group, in report order
   std::vector<double> bubble_ms;                        // time each pipeline stage waited for its neighbours
+  double recompute_ms = 0;                              // re-running block forwards (recompute = block)
   double exposed_comm_ms() const;
 };
 
 // Collective over the world: reduces this rank's figures; resets the comm stats.
-StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms);
+StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms);
 
 // Everything the closing report needs, gathered by the training loop.
 struct RunSummary {
@@ -40,11 +42,15 @@ struct RunSummary {
 
 double median(std::vector<double> v);
 
+// `ndmini check`: the resolved deck, the model's sizes, the batch split,
+// the pipeline's stages, the cp chunks, the memory estimate per stage and
+// what one of the `ranks_on_node` ranks of a node may use.
+void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node);
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
                   const PeakFlops& peak, bool show_mesh);
-void print_performance(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
+void print_performance(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
 // The metrics file's last line: {"summary": true, ...}.
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
-                         double final_loss);
+                         std::optional<double> final_loss);
 
 }  // namespace ndmini

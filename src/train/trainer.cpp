@@ -1,17 +1,23 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
-#include <sstream>
+#include <optional>
 
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 #include "core/timer.hpp"
+#include "fault/fault.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
 #include "parallel/context.hpp"
 #include "parallel/pipeline/pipeline.hpp"
+#include "train/budget.hpp"
 #include "train/calibration.hpp"
 #include "train/checkpoint_state.hpp"
 #include "train/data.hpp"
@@ -19,6 +25,7 @@
 #include "train/metrics.hpp"
 #include "train/optimizer.hpp"
 #include "train/report.hpp"
+#include "train/step_check.hpp"
 
 namespace ndmini {
 namespace {
@@ -114,24 +121,31 @@ class TrainingStage final : public PipelineStage {
   std::int64_t step_ = 0;
 };
 
-void throw_non_finite(std::int64_t step, double loss, double grad_norm) {
-  std::ostringstream os;
-  os << "non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss") << " at step " << step << " (loss " << loss
-     << ", grad norm " << grad_norm << "); lower train.lr or set train.grad_clip, then resume from the last checkpoint";
-  throw Error(os.str());
-}
-
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   int world = 1;
   MPI_Comm_size(comm, &world);
   const RunLayout layout = resolve_layout(cfg, world);
+  // Hang detection for every collective of the run (comm.timeout_s); built
+  // before the communicators, so the ledger names their ranks in `comm`.
+  CollectiveWatchdog watchdog(comm, cfg.comm.timeout_s);
   ParallelContext ctx(layout.mesh, comm);
   const int rank = ctx.rank();
   const bool speak = rank == 0 && !opts.quiet;
   const auto& t = cfg.train;
   const double tokens_per_step = static_cast<double>(t.global_batch) * cfg.model.seq_len;
+  // Before anything large is allocated: refuse what cannot fit, hold the
+  // checkpoint folder (one writer; proven usable now, not at the first save).
+  agree_on_errors(comm, [&] { require_memory_fits(cfg, layout, ctx.mesh().ranks_per_node()); });
+  fault::FaultPlan faults;
+  agree_on_errors(comm, [&] { faults = fault::FaultPlan(cfg.fault, rank, world); });
+  std::unique_ptr<io::CheckpointDirLock> dir_lock;
+  const bool saves = cfg.checkpoint.every > 0 || cfg.checkpoint.at_start;
+  if (saves || opts.resume)
+    dir_lock = std::make_unique<io::CheckpointDirLock>(comm, cfg.checkpoint.dir,
+                                                       saves ? io::DirAccess::write : io::DirAccess::read,
+                                                       saves ? checkpoint_bytes(cfg.model) : 0);
 
   // Reading the data is rank-local: agree on the outcome, so one rank's
   // missing file stops every rank with its message instead of a hang.
@@ -145,11 +159,18 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   RunSummary summary;
 
   auto save = [&](std::int64_t step) {
+    const ProfileRegion region("ndmini::checkpoint save");
     const auto t0 = Clock::now();
     ckpt.from_device(store, opt);
-    io::CheckpointInfo info{step, static_cast<std::int64_t>(step * tokens_per_step), t.seed, cfg.toml,
-                            layout.mesh.str()};
-    io::save_checkpoint(comm, cfg.checkpoint.dir, info, ckpt.slabs(), cfg.checkpoint.keep);
+    io::CheckpointInfo info{step,
+                            static_cast<std::int64_t>(step * tokens_per_step),
+                            t.seed,
+                            cfg.toml,
+                            layout.mesh.str(),
+                            data->provenance()};
+    io::SaveOptions save_options;
+    save_options.hook = faults.save_hook();
+    io::save_checkpoint(comm, cfg.checkpoint.dir, info, ckpt.slabs(), cfg.checkpoint.keep, save_options);
     summary.io_ms += ms_since(t0);
     if (speak)
       std::printf("checkpoint: saved step %lld to %s/%s (%.0f ms)\n", static_cast<long long>(step),
@@ -158,9 +179,13 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
 
   std::int64_t start = 0;
   if (opts.resume) {
+    const ProfileRegion region("ndmini::checkpoint load");
     const auto t0 = Clock::now();
     const auto info = io::load_checkpoint(comm, cfg.checkpoint.dir, opts.resume_step, ckpt.slabs());
-    check_resume_compatible(cfg, info, cfg.checkpoint.dir + "/" + io::checkpoint_dirname(info.step));
+    const std::string where = cfg.checkpoint.dir + "/" + io::checkpoint_dirname(info.step);
+    check_resume_compatible(cfg, info, where);
+    const std::string data_note = check_resume_data(info.data, data->provenance(), cfg.data, where);
+    if (speak && !data_note.empty()) std::printf("%s\n", data_note.c_str());
     ckpt.to_device(store, opt);
     start = info.step;
     summary.io_ms += ms_since(t0);
@@ -180,7 +205,12 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   summary.state_bytes = static_cast<std::int64_t>(store.persistent_bytes() + 2 * opt.exp_avg.extent(0) * sizeof(real));
   summary.mem_bytes = memory.total();
   if (speak) print_banner(cfg, layout, ctx, data->describe(), summary.peak, opts.show_mesh);
-  if (cfg.checkpoint.at_start && !opts.resume) save(0);
+  // A due save waits until the state it holds is shown sane (train/step_check.hpp).
+  std::int64_t pending_save = -1;  // the step of the state to save; -1: none
+  if (cfg.checkpoint.at_start && !opts.resume) pending_save = 0;
+  if (speak && start >= t.steps)
+    std::printf("checkpoint: step %lld is train.steps = %d; nothing left to train (raise train.steps to go on)\n",
+                static_cast<long long>(start), t.steps);
 
   const StagePlan plan(cfg.model.layers, layout.split.pp, layout.split.virtual_stages);
   const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
@@ -198,21 +228,38 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     if (g.comm != nullptr) g.comm->reset_stats();
 
   for (std::int64_t step = start; step < t.steps; ++step) {
+    faults.at_step_start(step);
+    // This rank "forgets" the step's loss reduction: the others wait for it.
+    if (faults.skip_collective_at(step, rank)) ctx.batch().skip_next_for_fault_injection();
     MPI_Barrier(comm);  // steps start together, so per-step times compare across ranks
     const auto t0 = Clock::now();
+    const double io_ms_before = summary.io_ms;
+    const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
     stage.set_step(step);
     const double loss_sum = runner.run(stage);
-    model.finish_grads();
+    {
+      const ProfileRegion finish("ndmini::finish gradient reductions");
+      model.finish_grads();
+    }
+    if (faults.nan_at(step)) poison_first_gradient(model);
     const double loss = ctx.batch().all_reduce_scalar(loss_sum) / tokens_per_step;
     const double grad_norm = std::sqrt(grad_norm_squared(store, ctx.norm()));
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) throw_non_finite(step, loss, grad_norm);
+    require_finite_step(comm, step, loss, grad_norm, loss_sum, model, cfg);
+    if (pending_save >= 0) {  // the state before this step's update, now shown sane
+      save(pending_save);
+      pending_save = -1;
+    }
     if (opts.capture != nullptr && step == start)
       opts.capture->first_step_grads = gather_global(cfg.model, store, store.shard_grads(), comm);
     const double clip = (t.grad_clip > 0 && grad_norm > t.grad_clip) ? t.grad_clip / (grad_norm + 1e-6) : 1.0;
     const double lr = learning_rate(t, step);
-    opt.step(store, t, lr, clip, step + 1);
+    {
+      const ProfileRegion region("ndmini::optimizer");
+      opt.step(store, t, lr, clip, step + 1);
+    }
     Kokkos::fence();
-    const StepStats stats = reduce_step(ctx, ms_since(t0), runner.bubble_ms());
+    const StepStats stats =
+        reduce_step(ctx, ms_since(t0) - (summary.io_ms - io_ms_before), runner.bubble_ms(), model.take_recompute_ms());
     steps.push_back(stats);
     result.losses.push_back(loss);
 
@@ -226,14 +273,27 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       r.tokens_per_s = tokens_per_step / (stats.step_ms / 1e3);
       r.mfu = flops_per_token * r.tokens_per_s / (summary.peak.flops_per_rank * world);
       r.exposed_comm_ms = stats.exposed_comm_ms();
-      r.bubble_ms = stats.bubble_ms;
+      r.bubble_ms_per_stage = stats.bubble_ms;
+      r.bubble_ms = *std::max_element(stats.bubble_ms.begin(), stats.bubble_ms.end());
+      r.io_ms = summary.io_ms - io_ms_before;
       r.mem_bytes = summary.mem_bytes;
       r.comm = stats.comm;
       if (!opts.quiet) std::printf("%s\n", progress_line(r).c_str());
       std::fflush(stdout);
       metrics.step(r);
     }
-    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) save(step + 1);
+    agree(comm, metrics.error());  // only rank 0 writes: a full disk there stops every rank
+    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) pending_save = step + 1;
+  }
+  if (pending_save >= 0) {
+    // The final state: the loss of one more batch (forward and backward, no
+    // update) shows it sane before it is saved.
+    stage.set_step(t.steps);
+    double local = runner.run(stage);
+    model.finish_grads();
+    if (faults.nan_at(t.steps)) local = std::numeric_limits<double>::quiet_NaN();
+    require_finite_state(comm, t.steps, ctx.batch().all_reduce_scalar(local), local, cfg);
+    save(pending_save);
   }
   if (opts.capture != nullptr) {
     opts.capture->final_params = gather_global(cfg.model, store, store.shard_params(), comm);
@@ -264,10 +324,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     for (const StepStats& st : summary.timed) b.push_back(st.bubble_ms[s]);
     result.bubble_ms.push_back(median(b));
   }
-  if (speak) print_performance(cfg, layout, ctx, summary);
+  if (speak) print_performance(layout, ctx, summary);
   if (rank == 0)
     metrics.summary(summary_json(layout, ctx, summary, static_cast<std::int64_t>(steps.size()),
-                                 result.losses.empty() ? 0.0 : result.losses.back()));
+                                 result.losses.empty() ? std::nullopt : std::optional(result.losses.back())));
+  agree(comm, metrics.error());
   return result;
 }
 

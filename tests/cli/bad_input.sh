@@ -65,6 +65,89 @@ case "$1" in
     [ "$rc" -ne 0 ] || fail "a layout for 4 ranks must be refused on 2"
     grep -qF "= 4 ranks, but the job has 2" out.txt || fail "missing the layout message"
     ;;
+  metrics_full_disk)
+    # A metrics file that cannot be written (a full disk): every rank stops, not only rank 0.
+    rc=0
+    run_ranks 2 train tiny.toml --set parallel.dp_replicate=2 "${QUICK[@]}" --metrics /dev/full >out.txt 2>&1 || rc=$?
+    cat out.txt
+    [ "$rc" -ne 0 ] || fail "metrics that cannot be written must fail the run"
+    grep -qF -- "--metrics /dev/full: writing the metrics failed (No space left on device)" out.txt || fail "missing the message"
+    every_rank_failed 2 out.txt
+    ;;
+  latest_deleted)
+    run 1 train tiny.toml --set train.steps=4 --set checkpoint.every=2 "${QUICK[@]}" >/dev/null
+    rm ckpt/latest
+    expect_error "no 'latest' marker in 'ckpt', but it holds checkpoints of steps 2, 4 (the marker was deleted or never written); resume one explicitly, e.g. --resume 4" \
+      train tiny.toml --set train.steps=6 "${QUICK[@]}" --resume ;;
+  latest_binary)
+    run 1 train tiny.toml --set train.steps=2 --set checkpoint.every=1 "${QUICK[@]}" >/dev/null
+    printf '\x00\xff\x1b[2J' >ckpt/latest
+    expect_error "does not hold a step number (it holds '\\x00\\xff\\x1b[2J')" train tiny.toml "${QUICK[@]}" --resume
+    if grep -q $'\x1b' out.txt; then fail "the marker's raw bytes reached the terminal"; fi ;;
+  deck_folder)
+    mkdir decks
+    expect_error "cannot read deck 'decks': it is a folder; name a .toml file" train decks ;;
+  data_path_folder)
+    mkdir corpus
+    expect_error 'data.path = "corpus" is a folder, not a file' train tiny.toml --set data.source=text --set data.path=corpus ;;
+  free_space_rounding)
+    # 1.95 MiB free: the message must not round it up to 2.0 (nor claim more than there is).
+    NDMINI_CKPT_FREE_BYTES=2044723 expect_error "MiB, 1.9 MiB are free" train tiny.toml --set checkpoint.every=1 "${QUICK[@]}"
+    grep -q "^step " out.txt && fail "trained before checking checkpoint.dir" || true ;;
+  unusable_checkpoint_dir)
+    # Found at start-up, before any training time is spent.
+    touch a_file
+    expect_error "checkpoint.dir = 'a_file' is not a folder" train tiny.toml --set checkpoint.every=1 \
+      --set checkpoint.dir=a_file "${QUICK[@]}"
+    grep -q "^step " out.txt && fail "trained before checking checkpoint.dir" || true
+    expect_error "checkpoint.dir = 'a_file/sub': the folder cannot be created" train tiny.toml --set checkpoint.every=1 \
+      --set checkpoint.dir=a_file/sub "${QUICK[@]}" ;;
+  data_changed_on_resume)
+    head -c 20000 /dev/urandom | base64 >a.txt
+    head -c 20000 /dev/urandom | base64 >b.txt
+    cp a.txt moved.txt
+    text=(--set data.source=text --set train.steps=4 --set checkpoint.every=2 "${QUICK[@]}")
+    run 1 train tiny.toml "${text[@]}" --set data.path=a.txt --set train.steps=2 >/dev/null
+    expect_error "cannot resume from ckpt/step_00000002: it was trained on text 'a.txt' (" train tiny.toml "${text[@]}" \
+      --set data.path=b.txt --resume
+    grep -qF "the deck reads text 'b.txt' (" out.txt || fail "the message does not name the new source"
+    grep -qF "set data.allow_source_change = true" out.txt || fail "the message does not name the switch"
+    run 1 train tiny.toml "${text[@]}" --set data.path=moved.txt --resume >moved.out || fail "a moved, identical file was refused"
+    grep -qF "was trained on 'a.txt'; the deck reads 'moved.txt', with the same size and digest" moved.out ||
+      fail "no note on the moved file"
+    rm -rf ckpt/step_00000004
+    echo 2 >ckpt/latest
+    run 1 train tiny.toml "${text[@]}" --set data.path=b.txt --set data.allow_source_change=true --resume >changed.out ||
+      fail "data.allow_source_change = true did not allow the change"
+    grep -qF "(data.allow_source_change = true)" changed.out || fail "no note on the changed source" ;;
+  weight_decay_range)
+    expect_error "train.weight_decay = 1e+30 is out of range: must be in [0, 1]" train tiny.toml --set train.weight_decay=1e30 ;;
+  resume_at_final_step)
+    run 1 train tiny.toml --set train.steps=4 --set checkpoint.every=2 "${QUICK[@]}" >/dev/null
+    rc=0
+    run 1 train tiny.toml --set train.steps=4 --set checkpoint.every=2 "${QUICK[@]}" --resume --metrics m.jsonl >out.txt 2>&1 || rc=$?
+    cat out.txt m.jsonl
+    [ "$rc" -eq 0 ] || fail "a resume of a finished run must exit 0"
+    grep -qF "checkpoint: step 4 is train.steps = 4; nothing left to train (raise train.steps to go on)" out.txt ||
+      fail "missing the message"
+    grep -q '"summary":true' m.jsonl || fail "no summary"
+    grep -q '"final_loss":null' m.jsonl || fail "the summary invents a final loss"
+    grep -q '"steps":0' m.jsonl || fail "the summary does not say that no step ran" ;;
+  huge_layers | huge_channels | huge_seq_len)
+    # check refuses, naming the key, without allocating the model: under a
+    # 1.5 GB address-space limit an attempt would fail with bad_alloc instead.
+    case "$1" in
+      huge_layers) key=model.layers value=1000000000 ;;
+      huge_channels) key=model.channels value=1048576 ;;
+      huge_seq_len) key=model.seq_len value=1000000000 ;;
+    esac
+    (ulimit -v 1500000 && expect_error "$key = $value" check tiny.toml --set "$key=$value")
+    grep -q "more than the .* one rank may use" out.txt || fail "the message does not compare with the memory available"
+    expect_error "$key = $value" train tiny.toml --set "$key=$value" "${QUICK[@]}"
+    grep -q "^step " out.txt && fail "trained although the deck cannot fit" || true ;;
+  memory_limit)
+    # A deck limit below the estimate refuses a deck that would fit the node.
+    expect_error "(perf.memory_per_rank_gib = 0.001)" check tiny.toml --set perf.memory_per_rank_gib=0.001 ;;
   *)
     fail "unknown case $1" ;;
 esac

@@ -27,9 +27,11 @@ echo "ok: check --world 8 printed the mesh"
 run 1 check tiny.toml --set model.layers=3 --set parallel.pp=2 --set parallel.cp=2 --set parallel.tp=2 \
   --set train.micro_batch=2 --world 8 >out.txt 2>&1
 cat out.txt
-expect_line "pipeline          1f1b, 2 chunks: stage 0: layers 0-1 (+embedding) | stage 1: layers 2-2 (+head)"
+expect_line "pipeline          1f1b schedule, 4 micro-batches | stage 0: layers 0-1 (+embedding) | stage 1: layers 2-2 (+head)"
 expect_line "context           4 chunks of 16 tokens per sequence; cp rank i holds chunks i and 3-i"
-grep -qE '^memory estimate   [0-9.]+ MiB per rank: ' out.txt || fail "expected a memory estimate"
-expect_line "tied wte (first and last stage): [0 4] [1 5] [2 6] [3 7]"
+for stage in 0 1; do
+  grep -qE "^memory estimate   stage $stage: [0-9.]+ MiB per rank: " out.txt || fail "expected stage $stage's memory estimate"
+done
+expect_line "pipeline ends (first and last stage): [0 4] [1 5] [2 6] [3 7]"
 expect_line "cp groups: [0 2] [1 3] [4 6] [5 7]"
 echo "ok: check --world 8 printed stages, chunks and memory for pp x cp x tp"

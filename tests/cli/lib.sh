@@ -40,3 +40,45 @@ losses() {
 
 # The tiny deck, copied so tests can edit it.
 cp "$SOURCE_DIR/inputs/tiny.toml" tiny.toml
+
+# run_ranks NP ARGS...: like run, but every rank reports its own exit status
+# on stderr ("rank R exited with S"), so a test can assert that each rank
+# stopped, not only that mpiexec did.
+run_ranks() {
+  local np=$1
+  shift
+  "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" "$np" bash -c \
+    '"$0" "$@"; s=$?; echo "rank ${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-?}} exited with $s" >&2; exit $s' "$NDMINI" "$@"
+}
+
+# every_rank_failed NP FILE: each of NP ranks reported status 1 in FILE: the
+# agreed error, not a crash (a signal shows as 128 + its number).
+every_rank_failed() {
+  local np=$1 file=$2 r
+  for ((r = 0; r < np; r++)); do
+    grep -Eq "^rank $r exited with 1$" "$file" || fail "rank $r did not exit with the error status 1"
+  done
+}
+
+# now: seconds since the epoch, with nanoseconds.
+now() { date +%s.%N; }
+
+# seconds_since T0: elapsed seconds (float).
+seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+
+# less_than A B: true when the number A < B.
+less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+# step_losses FILE: "step loss" pairs of a metrics file, exactly as written.
+step_losses() {
+  grep '"step"' "$1" | sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/'
+}
+
+# No debris: a checkpoint folder holds no .step_*.tmp or .step_*.old.
+no_debris() {
+  local dir=$1
+  if ls -a "$dir" | grep -Eq '^\.step_.*\.(tmp|old)$'; then fail "debris left in $dir: $(ls -a "$dir" | tr '\n' ' ')"; fi
+}
+
+# Fast settings for runs that only exercise checkpoints: no GEMM calibration.
+QUICK=(--set perf.peak_gflops=100)

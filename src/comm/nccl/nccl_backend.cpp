@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/backend.hpp"
+#include "comm/ledger.hpp"
 #include "core/error.hpp"
 
 namespace ndmini::detail {
@@ -29,7 +30,8 @@ void cuda_check(cudaError_t rc, const char* call, const std::string& name) {
   throw Error("Communicator '" + name + "': " + call + " failed: " + cudaGetErrorString(rc));
 }
 
-// Seconds a wait may take before the watchdog aborts; 0 waits forever.
+// Seconds a wait may take before the watchdog aborts, when no
+// CollectiveWatchdog is alive (comm.timeout_s governs otherwise); 0 waits forever.
 double timeout_from_env() {
   const char* s = std::getenv("NDMINI_NCCL_TIMEOUT_S");
   if (s == nullptr || *s == '\0') return 600.0;
@@ -54,6 +56,8 @@ class NcclRequest final : public CommRequest::Impl {
  protected:
   void wait_backend() override;
   bool test_backend() override;
+  void abort_backend() override;
+  bool yield_while_polling() const override { return true; }  // the GPU moves the data
 
  private:
   NcclBackend* backend_;
@@ -133,8 +137,9 @@ class NcclBackend final : public Communicator::BackendImpl {
   void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
     complete(ireduce_scatter(send, recv, count_per_rank));
   }
-  void broadcast(real* buf, std::size_t count, int root) override {
-    complete(issue("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, ncclFloat, root, comm_, stream_); }));
+  void broadcast(real* buf, std::size_t count, int root) override { complete(ibroadcast(buf, count, root)); }
+  std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) override {
+    return issue("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, ncclFloat, root, comm_, stream_); });
   }
   // NCCL has no tags: messages between a pair match in the order issued. A
   // blocking send completes only once the peer receives, so an exchange must
@@ -176,15 +181,19 @@ class NcclBackend final : public Communicator::BackendImpl {
     });
   }
 
-  // Polls the event under the watchdog (see nccl_backend.hpp).
+  // Polls the event under the watchdog (see nccl_backend.hpp). With a
+  // CollectiveWatchdog alive, a deadline wait never gets here (the comm
+  // layer polls test_backend under comm.timeout_s), and comm.timeout_s = 0
+  // means no deadline at all.
   void wait_event(cudaEvent_t event) {
+    const double timeout_s = watch_alive() ? 0.0 : timeout_s_;
     auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     while (!query_event(event)) {
-      if (timeout_s_ > 0 && Clock::now() > deadline) {
+      if (timeout_s > 0 && Clock::now() > deadline) {
         abort_comm();
         char seconds[32];
-        std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
+        std::snprintf(seconds, sizeof seconds, "%g", timeout_s);
         throw Error("Communicator '" + name_ + "': an NCCL collective did not complete within " + seconds +
                     " s; the NCCL communicator was aborted. A peer rank probably died or the ranks issued "
                     "collectives in different orders (raise NDMINI_NCCL_TIMEOUT_S if the step is just slow)");
@@ -238,12 +247,14 @@ class NcclBackend final : public Communicator::BackendImpl {
                 (detail.empty() ? std::string() : " (" + detail + ")"));
   }
 
+ public:
   void abort_comm() {
     if (comm_ == nullptr) return;
     ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
+ private:
   std::string name_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
@@ -254,6 +265,7 @@ class NcclBackend final : public Communicator::BackendImpl {
 
 void NcclRequest::wait_backend() { backend_->wait_event(event_); }
 bool NcclRequest::test_backend() { return backend_->query_event(event_); }
+void NcclRequest::abort_backend() { backend_->abort_comm(); }
 
 }  // namespace
 
@@ -292,6 +304,15 @@ std::string nccl_device_problem(MPI_Comm world) {
   if (problem == 1) return "a rank has no CUDA device";
   if (problem == 2) return "ranks of a node share a GPU (NCCL needs one GPU per rank)";
   return {};
+}
+
+std::string nccl_library_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
 }
 
 }  // namespace ndmini::detail

@@ -21,11 +21,14 @@
 // Kokkos's stream) and before MPI_Finalize.
 //
 // Watchdog: every wait polls the completion event and ncclCommGetAsyncError;
-// an asynchronous NCCL error, or no completion within NDMINI_NCCL_TIMEOUT_S
-// seconds (default 600; 0 waits forever), aborts the NCCL communicator
-// (ncclCommAbort) and throws Error, so a dead peer or mismatched collective
-// order fails the job instead of hanging it. The communicator is unusable
-// afterwards.
+// an asynchronous NCCL error aborts the NCCL communicator (ncclCommAbort) and
+// throws Error. The deadline is comm.timeout_s while a CollectiveWatchdog is
+// alive: past it the communicator is aborted and the comm layer's diagnosis
+// ends the job (communicator.hpp). Without a CollectiveWatchdog (tests,
+// benchmarks) the deadline is NDMINI_NCCL_TIMEOUT_S seconds (default 600; 0
+// waits forever), past which the communicator is aborted and Error thrown.
+// Either way a dead peer or mismatched collective order fails the job
+// instead of hanging it; the communicator is unusable afterwards.
 #include <mpi.h>
 
 #include <memory>
@@ -44,5 +47,8 @@ std::unique_ptr<Communicator::BackendImpl> make_nccl_backend(MPI_Comm comm, cons
 // own (NCCL refuses two ranks on one GPU), else why not (the same text on
 // every rank).
 std::string nccl_device_problem(MPI_Comm world);
+
+// ncclGetVersion as "major.minor.patch" (no GPU needed).
+std::string nccl_library_version();
 
 }  // namespace ndmini::detail

@@ -2,6 +2,7 @@
 #include "parallel/pipeline/pipeline.hpp"
 
 #include "core/error.hpp"
+#include "core/profiling.hpp"
 #include "core/timer.hpp"
 
 namespace ndmini {
@@ -74,6 +75,8 @@ double PipelineRunner::run(PipelineStage& stage) {
     // record before the next forward's record is made.
     const Transfer in = incoming(stage, a);
     if (in.needed) {
+      const ProfileRegion region(a.kind == Kind::forward ? "ndmini::pipeline wait for the previous stage"
+                                                         : "ndmini::pipeline wait for the next stage");
       const auto t0 = Clock::now();
       pp_.irecv(in.buffer, n, in.peer, in.tag).wait();
       bubble_ms_ += ms_since(t0);
@@ -102,7 +105,10 @@ double PipelineRunner::run(PipelineStage& stage) {
     }
     reap(false);
   }
-  reap(true);
+  {
+    const ProfileRegion region("ndmini::pipeline wait for the last sends");
+    reap(true);
+  }
   return loss;
 }
 

@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""Strong and weak scaling studies of ndmini, from one command.
+
+Runs `ndmini train DECK --metrics` at each point (a rank count and a mesh
+layout), drops warm-up steps, repeats, and writes results.csv, results.md and
+scaling.png (with matplotlib) into the study directory. Locally the points
+run under mpiexec; inside a Slurm allocation under srun; with --emit-sbatch
+nothing runs: one batch script per point is written, with submit_all.sh and
+collect.sh (which builds the table once the jobs are done).
+
+  # weak scaling of pure data parallelism on 1, 2 and 4 ranks
+  bench/scaling/scaling.py inputs/small.toml --mode weak --ranks 1,2,4 --layout dp --out runs/dp-weak
+  # strong scaling with tp=2 and the rest FSDP, 3 runs per point
+  bench/scaling/scaling.py inputs/small.toml --mode strong --ranks 2,4,8 --layout tp=2,rest=dp_shard --repeats 3
+  # explicit degrees per point
+  bench/scaling/scaling.py inputs/small.toml --mode weak --point 1:tp=1 --point 2:dp_shard=2 --point 4:dp_shard=2,tp=2
+  # a cluster: one batch script per point, 4 ranks and 4 GPUs per node
+  bench/scaling/scaling.py inputs/gpt2-124m.toml --mode weak --ranks 4,8,16,32 --layout fsdp \\
+      --ranks-per-node 4 --gpus-per-task 1 --emit-sbatch runs/fsdp-weak --partition gpu --time 00:30:00
+  runs/fsdp-weak/submit_all.sh ; (later) runs/fsdp-weak/collect.sh
+
+Layouts (--layout): dp (all ranks on dp_replicate), fsdp (all on dp_shard), or
+fixed degrees AXIS=D,... with the rest of the ranks on dp_replicate or on the
+axis named by rest=AXIS (tp=2; pp=2,tp=2; tp=2,rest=dp_shard). Weak scaling
+multiplies the deck's global batch by ranks / (smallest ranks); strong scaling
+keeps it.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import study as st  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_WARMUP = 2
+DEFAULT_TIME = "00:30:00"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("deck", help="input deck (TOML), e.g. inputs/small.toml")
+    p.add_argument("--mode", choices=("weak", "strong"), required=True,
+                   help="weak: fixed batch per rank (the global batch grows with the ranks); strong: fixed global batch")
+    p.add_argument("--ranks", help="rank counts, e.g. 1,2,4,8 (with --layout)")
+    p.add_argument("--layout", help="layout rule: dp, fsdp, or AXIS=D,...[,rest=AXIS] (see above)")
+    p.add_argument("--point", action="append", default=[], metavar="N:AXIS=D,...",
+                   help="an explicit point, repeatable (instead of --ranks/--layout): 4:tp=2,dp_shard=2")
+    p.add_argument("--steps", type=int, help="steps per run (default: the deck's train.steps)")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="leading steps dropped from each run")
+    p.add_argument("--repeats", type=int, default=1, help="runs per point (median and min-max over them)")
+    p.add_argument("--global-batch", type=int, help="global batch of the smallest point (default: the deck's)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="deck override passed to every run (repeatable)")
+    p.add_argument("--out", help="study directory (default: runs/<name>)")
+    p.add_argument("--name", help="study name (default: <deck>-<mode>-<layout>)")
+    p.add_argument("--exe", default=os.environ.get("NDMINI_EXE", os.path.join(REPO, "build", "miniapp", "ndmini")),
+                   help="the ndmini executable (default: $NDMINI_EXE or build/miniapp/ndmini)")
+    p.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto",
+                   help="auto: srun inside a Slurm allocation (SLURM_JOB_ID set), mpiexec otherwise")
+    p.add_argument("--launcher-args", default="", help="extra arguments for the launcher, one string")
+    p.add_argument("--ranks-per-node", type=int, help="placement (default: $SLURM_NTASKS_PER_NODE, else all on one)")
+    p.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per rank (srun and batch scripts)")
+    p.add_argument("--cpus-per-task", type=int, help="cores per rank (srun and batch scripts)")
+    p.add_argument("--cpu-bind", default="cores", help="srun --cpu-bind (default cores)")
+    p.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and marked failed")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip `ndmini check --world N` of each point before running or emitting")
+    g = p.add_argument_group("batch scripts")
+    g.add_argument("--emit-sbatch", metavar="DIR", help="write batch scripts into DIR (the study directory) and stop")
+    g.add_argument("--partition", help="#SBATCH --partition")
+    g.add_argument("--account", help="#SBATCH --account")
+    g.add_argument("--time", default=DEFAULT_TIME, help=f"#SBATCH --time per point (default {DEFAULT_TIME})")
+    g.add_argument("--sbatch-line", action="append", default=[], help="extra '#SBATCH ...' option, repeatable")
+    return p.parse_args(argv)
+
+
+def plan_points(args):
+    """[(ranks, degrees)] from --ranks/--layout or --point."""
+    if args.point:
+        if args.ranks or args.layout:
+            raise st.StudyError("give either --point (repeatable) or --ranks with --layout, not both")
+        return [st.explicit_point(p) for p in args.point]
+    if not (args.ranks and args.layout):
+        raise st.StudyError("give --ranks (e.g. 1,2,4) and --layout (dp, fsdp, tp=2, ...), or --point")
+    try:
+        ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
+    except ValueError:
+        raise st.StudyError(f"--ranks {args.ranks}: expected comma-separated integers, e.g. 1,2,4") from None
+    if not ranks or min(ranks) < 1:
+        raise st.StudyError(f"--ranks {args.ranks}: rank counts must be at least 1")
+    return [(n, st.layout_degrees(args.layout, n)) for n in sorted(set(ranks))]
+
+
+def detect_launcher(choice):
+    if choice != "auto":
+        return choice
+    return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpiexec"
+
+
+def launch_prefix(launcher, point, args):
+    """The launcher part of a run's command line."""
+    extra = args.launcher_args.split() if args.launcher_args else []
+    if launcher == "mpiexec":
+        return ["mpiexec", "-n", str(point["ranks"])] + extra
+    cmd = ["srun", f"--ntasks={point['ranks']}", f"--nodes={point['nodes']}",
+           f"--ntasks-per-node={point['tasks_per_node']}"]
+    if point["gpus_per_task"]:
+        cmd.append(f"--gpus-per-task={point['gpus_per_task']}")
+    if args.cpus_per_task:
+        cmd.append(f"--cpus-per-task={args.cpus_per_task}")
+    cmd.append(f"--cpu-bind={args.cpu_bind}")
+    return cmd + extra
+
+
+def train_args(exe, deck, overrides, metrics):
+    args = [exe, "train", deck]
+    for o in overrides:
+        args += ["--set", o]
+    return args + ["--metrics", metrics]
+
+
+def check_point(exe, deck, overrides, ranks):
+    """`ndmini check --world N`: ndmini's message when it refuses the point, else ''.
+
+    Only ndmini's own refusal counts: where the check cannot run at all (a
+    login node whose MPI will not start outside the launcher), the point is
+    left to its run, and a warning says so.
+    """
+    cmd = [exe, "check", deck, "--world", str(ranks)]
+    for o in overrides:
+        cmd += ["--set", o]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"scaling.py: warning: could not run '{exe} check' ({e}); points are not checked", file=sys.stderr)
+        return ""
+    if out.returncode == 0:
+        return ""
+    refusals = [line.strip() for line in (out.stderr + out.stdout).splitlines() if "ndmini: error:" in line]
+    if refusals:
+        return refusals[-1]
+    print(f"scaling.py: warning: '{exe} check' exited {out.returncode} without a message from ndmini; "
+          f"points are not checked", file=sys.stderr)
+    return ""
+
+
+def build_study(args):
+    deck_path = os.path.abspath(args.deck)
+    if not os.path.exists(deck_path):
+        raise st.StudyError(f"deck {args.deck}: no such file")
+    with open(deck_path) as f:
+        deck_text = f.read()
+    points = plan_points(args)
+    deck_name = os.path.splitext(os.path.basename(deck_path))[0]
+    layout_name = args.layout.replace("=", "").replace(",", "-") if args.layout else "explicit"
+    name = args.name or f"{deck_name}-{args.mode}-{layout_name}"
+    study_dir = os.path.abspath(args.emit_sbatch or args.out or os.path.join("runs", name))
+    launcher = "srun" if args.emit_sbatch else detect_launcher(args.launcher)
+
+    def deck_int(section, key):
+        v = st.overridden(args.overrides, section, key)
+        v = v if v is not None else st.deck_value(deck_text, section, key)
+        return int(v) if v is not None else None
+
+    base_batch = args.global_batch or deck_int("train", "global_batch") or 8
+    micro = deck_int("train", "micro_batch") or 4
+    seq_len = deck_int("model", "seq_len")
+    steps = args.steps or deck_int("train", "steps") or 20
+    if steps <= args.warmup:
+        raise st.StudyError(f"--steps {steps} leaves nothing after --warmup {args.warmup}; raise --steps")
+    n_min = min(n for n, _ in points)
+    rpn_default = args.ranks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or None
+
+    plan = []
+    for ranks, degrees in points:
+        if args.mode == "weak" and (base_batch * ranks) % n_min:
+            raise st.StudyError(f"weak scaling: {ranks} ranks get a global batch of {base_batch} x {ranks} / {n_min}, "
+                                f"not an integer; use rank counts that are multiples of {n_min}")
+        batch = base_batch * ranks // n_min if args.mode == "weak" else base_batch
+        rpn = rpn_default or ranks
+        nodes = math.ceil(ranks / rpn)
+        label = st.point_label(ranks, degrees)
+        pdir = os.path.join(study_dir, "points", label)
+        overrides = list(args.overrides) + [f"parallel.{a}={degrees[a]}" for a in st.AXES] + [
+            f"train.global_batch={batch}", f"train.steps={steps}", "train.log_every=1"]
+        plan.append({"label": label, "ranks": ranks, "degrees": degrees, "global_batch": batch,
+                     "micro_batch": micro, "nodes": nodes, "ranks_per_node": min(rpn, ranks),
+                     "tasks_per_node": min(rpn, ranks), "gpus_per_task": args.gpus_per_task, "dir": pdir,
+                     "overrides": overrides})
+    labels = [p["label"] for p in plan]
+    if len(set(labels)) != len(labels):
+        raise st.StudyError("two points have the same rank count and layout; give each point once")
+
+    sha, dirty = st.git_state(REPO)
+    provenance = {"deck_sha256": st.sha256_file(deck_path), "deck_path": deck_path,
+                  "source_git_sha": sha + ("-dirty" if dirty else ""), **st.environment_provenance()}
+    study = {"name": name, "mode": args.mode, "deck_name": deck_name, "deck": os.path.join(study_dir, "deck.toml"),
+             "overrides": args.overrides, "steps": steps, "warmup": args.warmup, "repeats": args.repeats,
+             "seq_len": seq_len, "exe": os.path.abspath(args.exe), "launcher": launcher,
+             "layout_rule": args.layout or "explicit", "points": plan, "provenance": provenance}
+    return study, study_dir, deck_path
+
+
+def write_plan(study, study_dir, deck_path):
+    os.makedirs(study_dir, exist_ok=True)
+    shutil.copyfile(deck_path, study["deck"])
+    for p in study["points"]:
+        os.makedirs(p["dir"], exist_ok=True)
+        with open(os.path.join(p["dir"], "point.json"), "w") as f:
+            json.dump(p, f, indent=2)
+    with open(os.path.join(study_dir, "study.json"), "w") as f:
+        json.dump(study, f, indent=2)
+
+
+def precheck(study, args):
+    """Marks points that ndmini refuses (layout, batch) as failed before any run."""
+    if args.no_check:
+        return
+    if not os.path.exists(study["exe"]):
+        raise st.StudyError(f"{study['exe']}: no ndmini executable; build it, pass --exe, or --no-check")
+    for p in study["points"]:
+        message = check_point(study["exe"], study["deck"], p["overrides"], p["ranks"])
+        if message:
+            p["precheck_error"] = message
+
+
+def record_failure(run_dir, message):
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "stderr.log"), "a") as f:
+        f.write(f"ndmini: error: {message}\n")
+    with open(os.path.join(run_dir, "exit_code"), "w") as f:
+        f.write("1\n")
+
+
+def run_points(study, args):
+    launcher = study["launcher"]
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core per rank, as the MFU peak assumes
+    info = st.build_info(study["exe"], ["mpiexec", "-n", "1"] if launcher == "mpiexec" else ["srun", "-n", "1"])
+    study["provenance"]["build_info"] = info
+    hosts = os.environ.get("SLURM_JOB_NODELIST", "") if launcher == "srun" else st.socket.gethostname()
+    for p in study["points"]:
+        for k in range(1, study["repeats"] + 1):
+            run_dir = os.path.join(p["dir"], f"rep{k}")
+            os.makedirs(run_dir, exist_ok=True)
+            with open(os.path.join(run_dir, "hosts"), "w") as f:
+                f.write(hosts + "\n")
+            with open(os.path.join(run_dir, "build_info.json"), "w") as f:
+                json.dump(info, f)
+            if os.environ.get("SLURM_JOB_ID"):
+                with open(os.path.join(run_dir, "slurm_job_id"), "w") as f:
+                    f.write(os.environ["SLURM_JOB_ID"] + "\n")
+            if p.get("precheck_error"):
+                record_failure(run_dir, p["precheck_error"])
+                continue
+            cmd = launch_prefix(launcher, p, args) + train_args(study["exe"], study["deck"], p["overrides"] + [
+                f"checkpoint.dir={os.path.join(run_dir, 'ckpt')}"], os.path.join(run_dir, "metrics.jsonl"))
+            with open(os.path.join(run_dir, "command.txt"), "w") as f:
+                f.write(st.quote(cmd) + "\n")
+            print(f"[{p['label']} run {k}/{study['repeats']}] {p['ranks']} ranks, "
+                  f"{st.short_layout(p['degrees'])}, global batch {p['global_batch']}", file=sys.stderr, flush=True)
+            t0 = time.time()
+            with open(os.path.join(run_dir, "stdout.log"), "w") as out, \
+                    open(os.path.join(run_dir, "stderr.log"), "w") as err:
+                try:
+                    code = subprocess.run(cmd, stdout=out, stderr=err, env=env, timeout=args.timeout).returncode
+                except subprocess.TimeoutExpired:
+                    err.write(f"ndmini: error: the run took more than --timeout {args.timeout:g} s and was killed\n")
+                    code = 124
+                except OSError as e:
+                    err.write(f"ndmini: error: could not launch {cmd[0]}: {e}\n")
+                    code = 127
+            with open(os.path.join(run_dir, "exit_code"), "w") as f:
+                f.write(f"{code}\n")
+            print(f"    exit {code} after {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+
+
+# --- Batch scripts -----------------------------------------------------------------
+
+
+def sbatch_script(study, p, args):
+    q = st.quote
+    lines = ["#!/bin/bash",
+             f"# ndmini scaling study {study['name']}: point {p['label']} ({p['ranks']} ranks, "
+             f"{st.mesh_text(p['degrees'])}, global batch {p['global_batch']}), {study['repeats']} run(s).",
+             "# Written by bench/scaling/scaling.py --emit-sbatch: submit_all.sh submits every point, "
+             "collect.sh builds the table.",
+             f"#SBATCH --job-name=ndmini-{study['name']}-{p['label']}",
+             f"#SBATCH --nodes={p['nodes']}",
+             f"#SBATCH --ntasks={p['ranks']}",
+             f"#SBATCH --ntasks-per-node={p['tasks_per_node']}"]
+    if p["gpus_per_task"]:
+        lines.append(f"#SBATCH --gpus-per-task={p['gpus_per_task']}")
+    if args.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={args.cpus_per_task}")
+    lines.append(f"#SBATCH --time={args.time}")
+    if args.partition:
+        lines.append(f"#SBATCH --partition={args.partition}")
+    if args.account:
+        lines.append(f"#SBATCH --account={args.account}")
+    lines.append(f"#SBATCH --output={os.path.join(p['dir'], 'slurm-%j.out')}")
+    lines += [f"#SBATCH {extra}" for extra in args.sbatch_line]
+    srun = launch_prefix("srun", p, args)
+    lines += ["set -uo pipefail",
+              f"point={q([p['dir']])}",
+              "export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}",
+              f"for rep in {' '.join(str(k) for k in range(1, study['repeats'] + 1))}; do",
+              '  run="$point/rep$rep"',
+              '  mkdir -p "$run"',
+              '  echo "$SLURM_JOB_ID" > "$run/slurm_job_id"',
+              '  scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd" " > "$run/hosts"',
+              f"  srun --ntasks=1 --nodes=1 {q([study['exe']])} --build-info > \"$run/build_info.json\" || true",
+              "  " + q(srun + train_args(study["exe"], study["deck"], p["overrides"], "")[:-1]) +
+              ' "$run/metrics.jsonl" --set "checkpoint.dir=$run/ckpt" > "$run/stdout.log" 2> "$run/stderr.log"',
+              '  echo $? > "$run/exit_code"',
+              "done",
+              ""]
+    return "\n".join(lines)
+
+
+def emit_sbatch(study, study_dir, args):
+    scripts = []
+    for p in study["points"]:
+        if p.get("precheck_error"):
+            for k in range(1, study["repeats"] + 1):
+                record_failure(os.path.join(p["dir"], f"rep{k}"), p["precheck_error"])
+            print(f"{p['label']}: not emitted: {p['precheck_error']}", file=sys.stderr)
+            continue
+        path = os.path.join(p["dir"], "job.sbatch")
+        with open(path, "w") as f:
+            f.write(sbatch_script(study, p, args))
+        os.chmod(path, 0o755)
+        scripts.append(path)
+    submit = os.path.join(study_dir, "submit_all.sh")
+    with open(submit, "w") as f:
+        f.write("#!/bin/bash\n# Submits every point of the study; collect.sh builds the table when they are done.\n"
+                "set -euo pipefail\n")
+        for s in scripts:
+            f.write(f"sbatch {st.quote([s])}\n")
+    collect = os.path.join(study_dir, "collect.sh")
+    with open(collect, "w") as f:
+        f.write("#!/bin/bash\n# Builds results.csv, results.md and scaling.png from the finished runs.\n"
+                f"exec python3 {st.quote([os.path.join(HERE, 'collect.py')])} {st.quote([study_dir])} \"$@\"\n")
+    for path in (submit, collect):
+        os.chmod(path, 0o755)
+    return scripts
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.repeats < 1 or args.warmup < 0:
+            raise st.StudyError("--repeats must be >= 1 and --warmup >= 0")
+        study, study_dir, deck_path = build_study(args)
+        write_plan(study, study_dir, deck_path)
+        precheck(study, args)
+        if args.emit_sbatch:
+            scripts = emit_sbatch(study, study_dir, args)
+            write_plan(study, study_dir, deck_path)
+            print(f"{len(scripts)} batch scripts in {study_dir}/points/*/job.sbatch; submit with "
+                  f"{study_dir}/submit_all.sh, then build the table with {study_dir}/collect.sh")
+            return 0
+        run_points(study, args)
+        write_plan(study, study_dir, deck_path)
+        rows, paths = st.write_outputs(study_dir)
+    except st.StudyError as e:
+        print(f"scaling.py: error: {e}", file=sys.stderr)
+        return 2
+    with open(paths[1]) as f:
+        print(f.read())
+    if not any(p.endswith(".png") for p in paths):
+        print("(no scaling.png: matplotlib is not installed; apt-get install python3-matplotlib)", file=sys.stderr)
+    print("wrote " + ", ".join(paths), file=sys.stderr)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,582 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""A scaling study of ndmini: its points, their runs, and the table they make.
+
+Shared by scaling.py (plan, run, or emit Slurm batch scripts) and collect.py
+(build the table from a study directory afterwards). Python 3 standard
+library only; the figure needs matplotlib and is skipped without it.
+
+A study directory holds:
+  study.json                 the plan: deck, mode, points, steps, warm-up, repeats, provenance
+  deck.toml                  the deck as given (its SHA-256 is in the provenance)
+  points/<label>/point.json  one point: ranks, degrees, overrides, command, placement
+  points/<label>/repK/       one run: stdout.log, stderr.log, metrics.jsonl, exit_code,
+                             hosts, build_info.json, slurm_job_id (under Slurm)
+  results.csv, results.md, scaling.png   written by the collector
+"""
+
+import csv
+import datetime
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import statistics
+import subprocess
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # mesh order, outermost first
+FIXED_RULES = {"dp": "dp_replicate", "fsdp": "dp_shard"}
+
+
+class StudyError(Exception):
+    """A bad argument or study directory: one message that says what to fix."""
+
+
+# --- Layout rules ------------------------------------------------------------------
+
+
+def parse_degrees(text):
+    """'tp=2,dp_shard=-1' -> {'tp': 2, 'dp_shard': -1}."""
+    degrees = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        axis, _, value = item.partition("=")
+        if axis not in AXES and axis != "rest":
+            raise StudyError(f"layout '{text}': unknown axis '{axis}' (axes: {', '.join(AXES)}; or rest=AXIS)")
+        if axis == "rest":
+            if value not in AXES:
+                raise StudyError(f"layout '{text}': rest={value} must name an axis ({', '.join(AXES)})")
+            degrees["rest"] = value
+            continue
+        try:
+            degrees[axis] = int(value)
+        except ValueError:
+            raise StudyError(f"layout '{text}': {axis}={value} is not an integer degree") from None
+        if degrees[axis] < 1:
+            raise StudyError(f"layout '{text}': {axis}={value} must be at least 1")
+    return degrees
+
+
+def layout_degrees(rule, ranks):
+    """The five degrees of a point of `ranks` ranks under a layout rule.
+
+    dp          all ranks on dp_replicate (pure data parallelism)
+    fsdp        all ranks on dp_shard (fully sharded)
+    AXIS=D,...  fixed degrees (e.g. tp=2, or pp=2,tp=2); the rest of the ranks
+                on dp_replicate, or on the axis named by rest=AXIS (tp=2,rest=dp_shard)
+    """
+    degrees = {a: 1 for a in AXES}
+    if rule in FIXED_RULES:
+        degrees[FIXED_RULES[rule]] = ranks
+        return degrees
+    fixed = parse_degrees(rule)
+    rest = fixed.pop("rest", "dp_replicate")
+    if rest in fixed:
+        raise StudyError(f"layout '{rule}': rest={rest} is also given a fixed degree")
+    product = math.prod(fixed.values()) if fixed else 1
+    if ranks % product:
+        raise StudyError(f"layout '{rule}' on {ranks} ranks: the fixed degrees multiply to {product}, "
+                         f"which does not divide {ranks}; choose rank counts that are multiples of {product}")
+    degrees.update(fixed)
+    degrees[rest] = ranks // product
+    return degrees
+
+
+def explicit_point(text):
+    """'4:tp=2,dp_shard=2' -> (4, degrees); the degrees must multiply to the ranks."""
+    ranks, sep, spec = text.partition(":")
+    try:
+        ranks = int(ranks)
+    except ValueError:
+        raise StudyError(f"--point '{text}': expected RANKS:AXIS=D,... e.g. 4:tp=2,dp_shard=2") from None
+    if not sep or ranks < 1:
+        raise StudyError(f"--point '{text}': expected RANKS:AXIS=D,... e.g. 4:tp=2,dp_shard=2")
+    given = parse_degrees(spec)
+    if "rest" in given:
+        raise StudyError(f"--point '{text}': give every degree explicitly (no rest=)")
+    degrees = {a: 1 for a in AXES}
+    degrees.update(given)
+    if math.prod(degrees.values()) != ranks:
+        raise StudyError(f"--point '{text}': the degrees multiply to {math.prod(degrees.values())}, not {ranks}")
+    return ranks, degrees
+
+
+def mesh_text(degrees):
+    """The mesh as ndmini prints it: 'pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=1'."""
+    return " ".join(f"{a}={degrees[a]}" for a in AXES)
+
+
+def short_layout(degrees):
+    """'dp_replicate=2' or 'dp_shard=2,tp=2'; '1 rank' for the trivial mesh."""
+    parts = [f"{a}={degrees[a]}" for a in AXES if degrees[a] > 1]
+    return ",".join(parts) if parts else "single"
+
+
+def point_label(ranks, degrees):
+    return f"n{ranks:04d}_" + ("_".join(f"{a}{degrees[a]}" for a in AXES if degrees[a] > 1) or "single")
+
+
+# --- Decks -------------------------------------------------------------------------
+
+
+def deck_value(text, section, key):
+    """A scalar of a TOML deck (enough TOML for the keys the study needs), or None."""
+    current = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"\[([A-Za-z0-9_.]+)\]", line)
+        if m:
+            current = m.group(1)
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_]+)\s*=\s*(.+)", line)
+        if m and current == section and m.group(1) == key:
+            value = m.group(2).strip()
+            try:
+                return int(value)
+            except ValueError:
+                try:
+                    return float(value)
+                except ValueError:
+                    return value.strip('"')
+    return None
+
+
+def overridden(overrides, section, key):
+    """The value a list of 'section.key=value' overrides gives, or None."""
+    value = None
+    for o in overrides:
+        name, _, v = o.partition("=")
+        if name == f"{section}.{key}":
+            value = v
+    return value
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- Provenance --------------------------------------------------------------------
+
+
+def git_state(repo):
+    """(sha, dirty) of a source checkout, or ('unknown', None)."""
+    try:
+        sha = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip() != ""
+        return sha, dirty
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", None
+
+
+def build_info(exe, launcher_prefix=()):
+    """`ndmini --build-info` as a dict; {} when the binary cannot say (missing, or too old)."""
+    for prefix in ((), tuple(launcher_prefix)):
+        try:
+            out = subprocess.run(list(prefix) + [exe, "--build-info"], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        for line in out.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    pass
+    return {}
+
+
+def environment_provenance():
+    """What the harness itself can see: host, Slurm, time, threads."""
+    env = os.environ
+    return {
+        "harness_host": socket.gethostname(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "slurm_job_id": env.get("SLURM_JOB_ID", ""),
+        "slurm_nodelist": env.get("SLURM_JOB_NODELIST", ""),
+        "openblas_num_threads": env.get("OPENBLAS_NUM_THREADS", ""),
+        "omp_num_threads": env.get("OMP_NUM_THREADS", ""),
+    }
+
+
+# --- Metrics of one run ------------------------------------------------------------
+
+
+def read_metrics(path):
+    """(step records, summary or None) of an `ndmini train --metrics` file."""
+    steps, summary = [], None
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            if rec.get("summary"):
+                summary = rec
+            elif "step" in rec:
+                steps.append(rec)
+    return steps, summary
+
+
+BANNER = re.compile(r"ranks/node (\d+)")
+
+
+def ranks_per_node_from_log(path):
+    """The banner's 'ranks/node N' (rank 0's node), or None."""
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = BANNER.search(line)
+                if m:
+                    return int(m.group(1))
+    except OSError:
+        pass
+    return None
+
+
+def error_message(run_dir, exit_code):
+    """The reason a run failed: ndmini's own error line, else the end of its output."""
+    lines = []
+    for name in ("stderr.log", "stdout.log"):
+        try:
+            with open(os.path.join(run_dir, name), errors="replace") as f:
+                lines += [line.rstrip() for line in f]
+        except OSError:
+            pass
+    for line in lines:
+        if "ndmini: error:" in line or "ndmini: collective timeout" in line or "first divergence" in line:
+            return line.strip()
+    tail = [line for line in lines if line.strip()][-3:]
+    what = f"exit code {exit_code}" if exit_code is not None else "no exit code recorded (the job did not finish)"
+    return what + (": " + " | ".join(tail) if tail else "")
+
+
+def summarize_run(run_dir, warmup):
+    """One run's figures over its steps after the warm-up, or a failure.
+
+    Per kept step: step_ms, tokens_per_s, exposed comm per communicator, and
+    (when the trainer writes them) bubble_ms and io_ms. The compute time is
+    what is left: step - exposed comm. The bubble is a part of the pp
+    group's exposed time, and step_ms leaves the checkpoint I/O out, so
+    neither is subtracted again.
+    """
+    run = {"dir": run_dir, "ok": False}
+    code_file = os.path.join(run_dir, "exit_code")
+    exit_code = None
+    if os.path.exists(code_file):
+        with open(code_file) as f:
+            text = f.read().strip()
+            exit_code = int(text) if text.lstrip("-").isdigit() else None
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if exit_code != 0 or not os.path.exists(metrics):
+        run["message"] = error_message(run_dir, exit_code)
+        return run
+    steps, summary = read_metrics(metrics)
+    kept = steps[warmup:]
+    if not kept or summary is None:
+        run["message"] = (f"{len(steps)} step records and {'a' if summary else 'no'} summary in {metrics}: "
+                          f"nothing left after dropping {warmup} warm-up steps; raise --steps")
+        return run
+    comm_names = sorted({name for s in kept for name in s.get("comm", {})})
+    per_step = {"step_ms": [], "tokens_per_s": [], "exposed_ms": [], "bubble_ms": [], "io_ms": [], "compute_ms": [],
+                "exposed_min_ms": []}
+    exposed_axis = {name: [] for name in comm_names}
+    for s in kept:
+        exposed = exposed_min = 0.0
+        for name in comm_names:
+            c = s.get("comm", {}).get(name, {})
+            e = c.get("exposed_ms", 0.0)
+            exposed_axis[name].append(e)
+            exposed += e
+            # The least-blocked rank's time, where the trainer reports it: the
+            # communication itself, without waiting for slower ranks.
+            exposed_min += c.get("exposed_min_ms", float("nan"))
+        bubble = s.get("bubble_ms", 0.0)
+        io = s.get("io_ms", 0.0)
+        per_step["step_ms"].append(s["step_ms"])
+        per_step["tokens_per_s"].append(s["tokens_per_s"])
+        per_step["exposed_ms"].append(exposed)
+        per_step["exposed_min_ms"].append(exposed_min)
+        per_step["bubble_ms"].append(bubble)
+        per_step["io_ms"].append(io)
+        per_step["compute_ms"].append(s["step_ms"] - exposed)
+    run.update({
+        "ok": True,
+        "steps_kept": len(kept),
+        "median": {k: statistics.median(v) for k, v in per_step.items()},
+        "exposed_axis": {k: statistics.median(v) for k, v in exposed_axis.items()},
+        "step_ms_all": per_step["step_ms"],
+        "mfu": statistics.median(s.get("mfu", 0.0) for s in kept),
+        "mem_bytes": kept[-1].get("mem_bytes"),
+        "peak_rss_bytes": summary.get("peak_rss_bytes"),
+        "state_bytes": summary.get("state_bytes"),
+        "io_total_ms": summary.get("io_ms"),
+        "has_bubble": any("bubble_ms" in s for s in kept),
+        "has_step_io": any("io_ms" in s for s in kept),
+        "ranks_per_node": summary.get("ranks_per_node") or ranks_per_node_from_log(os.path.join(run_dir,
+                                                                                                "stdout.log")),
+    })
+    return run
+
+
+def read_text(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+# --- The study ---------------------------------------------------------------------
+
+
+def load_study(study_dir):
+    path = os.path.join(study_dir, "study.json")
+    if not os.path.exists(path):
+        raise StudyError(f"{study_dir}: no study.json; give the directory a study was planned in (--out or "
+                         f"--emit-sbatch)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def min_max(values):
+    """(min, max) of a list; (nan, nan) for none."""
+    return (min(values), max(values)) if values else (float("nan"), float("nan"))
+
+
+def collect(study_dir):
+    """Rows of the table, one per point (failed points included), in rank order."""
+    study = load_study(study_dir)
+    rows = []
+    for point in study["points"]:
+        pdir = os.path.join(study_dir, "points", point["label"])
+        runs = [summarize_run(os.path.join(pdir, f"rep{k}"), study["warmup"]) for k in range(1, study["repeats"] + 1)]
+        good = [r for r in runs if r["ok"]]
+        row = {
+            "study": study["name"], "mode": study["mode"], "deck": study["deck_name"],
+            "deck_sha256": study["provenance"].get("deck_sha256", ""),
+            "label": point["label"], "ranks": point["ranks"], "nodes": point["nodes"],
+            "ranks_per_node": point["ranks_per_node"], "gpus_per_task": point.get("gpus_per_task", 0),
+            "layout": short_layout(point["degrees"]), "mesh": mesh_text(point["degrees"]),
+            **{a: point["degrees"][a] for a in AXES},
+            "global_batch": point["global_batch"], "micro_batch": point["micro_batch"],
+            "seq_len": study["seq_len"], "steps": study["steps"], "warmup": study["warmup"],
+            "repeats": study["repeats"], "repeats_ok": len(good),
+        }
+        if not good:
+            row["status"] = "failed"
+            row["message"] = "; ".join(sorted({r.get("message", "") for r in runs}))
+        else:
+            row["status"] = "ok" if len(good) == len(runs) else "partial"
+            row["message"] = "; ".join(sorted({r.get("message", "") for r in runs if not r["ok"]}))
+            tps = [r["median"]["tokens_per_s"] for r in good]
+            ms = [r["median"]["step_ms"] for r in good]
+            row["tokens_per_s"] = statistics.median(tps)
+            row["tokens_per_s_min"], row["tokens_per_s_max"] = min_max(tps)
+            row["tokens_per_s_per_rank"] = row["tokens_per_s"] / point["ranks"]
+            row["step_ms"] = statistics.median(ms)
+            row["step_ms_min"], row["step_ms_max"] = min_max(ms)
+            pooled = sorted(v for r in good for v in r["step_ms_all"])
+            row["step_ms_p25"] = pooled[len(pooled) // 4]
+            row["step_ms_p75"] = pooled[(3 * len(pooled)) // 4]
+            for part in ("compute_ms", "exposed_ms", "bubble_ms", "io_ms", "exposed_min_ms"):
+                row[part.replace("exposed", "exposed_comm")] = statistics.median(r["median"][part] for r in good)
+            names = sorted({n for r in good for n in r["exposed_axis"]})
+            for n in names:
+                row[f"exposed_{n}_ms"] = statistics.median(r["exposed_axis"].get(n, 0.0) for r in good)
+            row["exposed_comm_share"] = row["exposed_comm_ms"] / row["step_ms"] if row["step_ms"] else 0.0
+            row["bubble_measured"] = any(r["has_bubble"] for r in good)
+            row["io_per_step_measured"] = any(r["has_step_io"] for r in good)
+            row["io_total_ms"] = statistics.median(r["io_total_ms"] or 0.0 for r in good)
+            row["mfu"] = statistics.median(r["mfu"] for r in good)
+            row["mem_estimate_bytes"] = good[0]["mem_bytes"]
+            row["state_bytes"] = good[0]["state_bytes"]
+            row["peak_rss_bytes_rank0"] = max(r["peak_rss_bytes"] or 0 for r in good)
+            rpn = [r["ranks_per_node"] for r in good if r["ranks_per_node"]]
+            if rpn:
+                row["ranks_per_node_measured"] = rpn[0]
+        # Provenance of the runs themselves (the compute nodes' view under Slurm).
+        rep = os.path.join(pdir, "rep1")
+        info = {}
+        try:
+            with open(os.path.join(rep, "build_info.json")) as f:
+                info = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            info = study["provenance"].get("build_info", {})
+        row["git_sha"] = info.get("git_sha") or study["provenance"].get("source_git_sha", "unknown")
+        row["compiler"] = info.get("compiler", "")
+        row["kokkos"] = f"{info.get('kokkos_version', '')} {info.get('kokkos_backend', '')}".strip()
+        row["mpi"] = info.get("mpi_library", "")
+        row["nccl"] = info.get("nccl") or ""
+        row["hosts"] = " ".join(read_text(os.path.join(pdir, f"rep{k}", "hosts")) for k in range(1, 2)).strip()
+        row["slurm_job_id"] = read_text(os.path.join(rep, "slurm_job_id"))
+        row["launcher"] = study.get("launcher", "")
+        rows.append(row)
+    rows.sort(key=lambda r: (r["ranks"], r["label"]))
+    add_scaling(rows)
+    return study, rows
+
+
+def add_scaling(rows):
+    """Speed-up and parallel efficiency against the smallest successful point.
+
+    Strong scaling (fixed global batch): speed-up = tokens/s(n) / tokens/s(n0),
+    the inverse ratio of step times. Weak scaling (fixed batch per rank): the
+    same ratio is the scaled speed-up. Ideal = n / n0 either way; efficiency
+    = speed-up / ideal (for weak scaling, the per-rank throughput kept).
+    """
+    ok = [r for r in rows if r["status"] != "failed"]
+    if not ok:
+        return
+    base = min(ok, key=lambda r: r["ranks"])
+    for r in ok:
+        r["baseline_ranks"] = base["ranks"]
+        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r["ideal_speedup"] = r["ranks"] / base["ranks"]
+        r["efficiency"] = r["speedup"] / r["ideal_speedup"]
+
+
+CSV_FIRST = ["study", "mode", "deck", "label", "status", "ranks", "nodes", "ranks_per_node", "gpus_per_task",
+             "layout", "mesh", *AXES, "global_batch", "micro_batch", "seq_len", "steps", "warmup", "repeats",
+             "repeats_ok", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "tokens_per_s_per_rank",
+             "speedup", "ideal_speedup", "efficiency", "baseline_ranks", "step_ms", "step_ms_min", "step_ms_max",
+             "step_ms_p25", "step_ms_p75", "compute_ms", "exposed_comm_ms", "exposed_comm_min_ms",
+             "exposed_comm_share", "bubble_ms",
+             "bubble_measured", "io_ms", "io_per_step_measured", "io_total_ms", "mfu", "mem_estimate_bytes",
+             "state_bytes", "peak_rss_bytes_rank0", "ranks_per_node_measured"]
+CSV_LAST = ["git_sha", "compiler", "kokkos", "mpi", "nccl", "hosts", "slurm_job_id", "launcher", "deck_sha256",
+            "message"]
+
+
+def csv_columns(rows):
+    axis_cols = sorted({k for r in rows for k in r if k.startswith("exposed_") and k.endswith("_ms")
+                        and k not in ("exposed_comm_ms", "exposed_comm_min_ms")})
+    return CSV_FIRST[:CSV_FIRST.index("exposed_comm_share")] + axis_cols + CSV_FIRST[
+        CSV_FIRST.index("exposed_comm_share"):] + CSV_LAST
+
+
+def write_csv(path, rows):
+    cols = csv_columns(rows)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else "-"
+
+
+def markdown(study, rows):
+    mode = {"weak": "weak scaling (fixed batch per rank)", "strong": "strong scaling (fixed global batch)"}
+    lines = [f"# {study['name']}: {mode[study['mode']]} of {study['deck_name']}", ""]
+    lines += ["| ranks | layout | tokens/s (min-max) | tokens/s/rank | speed-up | efficiency | exposed comm share "
+              "| step ms: compute / comm (of it bubble) / I/O |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if r["status"] == "failed":
+            lines.append(f"| {r['ranks']} | {r['layout']} | failed | | | | | {r['message']} |")
+            continue
+        bubble = fmt(r["bubble_ms"], ".1f") if r["bubble_measured"] else "n/a"
+        io = fmt(r["io_ms"], ".1f") if r["io_per_step_measured"] else "n/a"
+        lines.append(
+            f"| {r['ranks']} | {r['layout']} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-"
+            f"{r['tokens_per_s_max']:.0f}) | {r['tokens_per_s_per_rank']:.0f} | {r['speedup']:.2f} | "
+            f"{r['efficiency']:.3f} | {100 * r['exposed_comm_share']:.1f}% | {r['compute_ms']:.1f} / "
+            f"{r['exposed_comm_ms']:.1f} ({bubble}) / {io} |")
+    p = study["provenance"]
+    ok = [r for r in rows if r["status"] != "failed"]
+    first = ok[0] if ok else (rows[0] if rows else {})
+    lines += ["", f"Medians over {study['repeats']} run(s) per point of the steps after {study['warmup']} warm-up "
+              f"step(s) ({study['steps']} steps per run; min-max over runs). Speed-up and efficiency against the "
+              f"{first.get('baseline_ranks', '-')}-rank point; ideal speed-up = ranks / baseline ranks. Times are the "
+              "slowest rank's; comm is the exposed (not overlapped) time summed over communicators.", ""]
+    lines += ["Provenance:", "",
+              f"- ndmini {first.get('git_sha', 'unknown')}, {first.get('compiler', '')}, Kokkos "
+              f"{first.get('kokkos', '')}, {first.get('mpi', '')}" + (f", NCCL {first['nccl']}" if first.get("nccl")
+                                                                       else ""),
+              f"- deck {study['deck_name']} (sha256 {p.get('deck_sha256', '')[:16]}), overrides: "
+              f"{' '.join(study['overrides']) or 'none'}",
+              f"- launcher {study.get('launcher', '')}, hosts {first.get('hosts', '')}, date {p.get('date_utc', '')}"
+              + (f", Slurm job {first['slurm_job_id']}" if first.get("slurm_job_id") else "")]
+    missing = []
+    if ok and all(math.isnan(r.get("exposed_comm_min_ms", float("nan"))) for r in ok):
+        missing.append("the least-blocked rank's exposed comm (no per-axis exposed_min_ms: the comm times are the "
+                       "slowest rank's, which include waiting for slower ranks)")
+    if ok and not any(r["bubble_measured"] for r in ok):
+        missing.append("bubble (no per-step bubble_ms in the metrics)")
+    if ok and not any(r["io_per_step_measured"] for r in ok):
+        missing.append("I/O per step (no per-step io_ms; io_total_ms in the CSV is the run's checkpoint time)")
+    if missing:
+        lines += [f"- not measured by this ndmini: {'; '.join(missing)}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(study, rows, path):
+    """Speed-up and efficiency against the ideal; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [r for r in rows if r["status"] != "failed"]
+    if not ok:
+        return False
+    # One line per layout family (the axes above 1); the single-rank point starts each.
+    def family(r):
+        return ",".join(a for a in AXES if r[a] > 1) or "single"
+    families = sorted({family(r) for r in ok} - {"single"}) or ["single"]
+    ranks = sorted({r["ranks"] for r in ok})
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    base = ok[0]["baseline_ranks"]
+    a.plot(ranks, [n / base for n in ranks], "k--", label="ideal")
+    b.plot(ranks, [1.0] * len(ranks), "k--", label="ideal")
+    for fam in families:
+        series = sorted((r for r in ok if family(r) in (fam, "single")), key=lambda r: r["ranks"])
+        a.plot([r["ranks"] for r in series], [r["speedup"] for r in series], "o-", label=fam)
+        b.plot([r["ranks"] for r in series], [r["efficiency"] for r in series], "o-", label=fam)
+    layouts = families
+    a.set_xlabel("ranks")
+    a.set_ylabel("speed-up" if study["mode"] == "strong" else "scaled speed-up")
+    b.set_xlabel("ranks")
+    b.set_ylabel("parallel efficiency")
+    b.set_ylim(0, 1.1)
+    for ax in (a, b):
+        if len(ranks) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks)
+        ax.set_xticklabels([str(n) for n in ranks])
+        ax.minorticks_off()
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{study['name']}: {study['mode']} scaling of {study['deck_name']} ({', '.join(layouts)})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(study_dir):
+    """results.csv, results.md and (with matplotlib) scaling.png; returns (rows, paths)."""
+    study, rows = collect(study_dir)
+    paths = [os.path.join(study_dir, "results.csv"), os.path.join(study_dir, "results.md")]
+    write_csv(paths[0], rows)
+    with open(paths[1], "w") as f:
+        f.write(markdown(study, rows))
+    png = os.path.join(study_dir, "scaling.png")
+    if plot(study, rows, png):
+        paths.append(png)
+    return rows, paths
+
+
+def quote(args):
+    return " ".join(shlex.quote(str(a)) for a in args)

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Fault injection: the deck's [fault] section (config/config.hpp) as a plan
+// that the training loop, the checkpoint writer and the comm layer consult at
+// their fault points. Every fault that fires says so on stderr first:
+//   fault: enospc at phase 'write' fired on rank 1 at step 4
+// so a test can tell a handled fault from one that never happened.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "config/config.hpp"
+#include "io/checkpoint.hpp"
+
+namespace ndmini::fault {
+
+class FaultPlan {
+ public:
+  FaultPlan() = default;  // injects nothing
+  // The deck's plan for this rank of a job of world_size ranks. Throws Error
+  // when fault.rank is not a rank of the job (the caller agrees on it).
+  FaultPlan(const FaultConfig& cfg, int world_rank, int world_size);
+
+  bool none() const { return kind_ == Kind::none; }
+
+  // kind "kill" without a phase: called at the start of every training step;
+  // at the plan's step, on the plan's rank, the process SIGKILLs itself.
+  void at_step_start(std::int64_t step) const;
+  // kind "nan": true at the plan's step on the plan's rank (reported as
+  // fired); the caller then poisons a gradient, or at step train.steps the
+  // forward loss that shows the final state sane.
+  bool nan_at(std::int64_t step) const;
+  // kind "skip_collective": whether `rank` is to skip one collective at
+  // `step`. The comm layer's hang detection fires it (and calls
+  // report_fired); this plan only parses and validates it.
+  bool skip_collective_at(std::int64_t step, int rank) const;
+  // For io::SaveOptions::hook: kind "enospc" fails, kind "kill" SIGKILLs,
+  // the plan's phase of the save of the plan's step on the plan's rank.
+  std::function<void(io::SavePhase, std::int64_t, const std::string&)> save_hook() const;
+
+  // Writes "fault: KIND[ at phase 'P'] fired on rank R at step S" to stderr.
+  void report_fired() const;
+
+ private:
+  enum class Kind { none, kill, nan, enospc, skip_collective };
+  Kind kind_ = Kind::none;
+  std::string kind_name_, phase_;
+  int rank_ = 0, my_rank_ = 0;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace ndmini::fault
