@@ -29,7 +29,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -331,9 +330,8 @@ void register_all() {
   if (const char* env = std::getenv("NDMINI_BENCH_TIMEOUT_S"); env != nullptr && *env != '\0')
     f.watchdog = std::make_unique<CollectiveWatchdog>(MPI_COMM_WORLD, std::atof(env));
   f.mesh = std::make_unique<Mesh>(shape, MPI_COMM_WORLD);
-  // Device buffers go through NCCL where this build has it, as in training.
-  const auto backend = nccl_available() && !std::is_same_v<MemSpace, HostSpace> ? Communicator::Backend::nccl
-                                                                                : Communicator::Backend::mpi;
+  // The backend training picks: NCCL where it can run on device buffers, else MPI.
+  const auto backend = device_collectives_backend(MPI_COMM_WORLD);
   for (Axis a : kAxes)
     if (shape.degree_of(a) > 1 || (world == 1 && a == Axis::dp_replicate))
       f.axes.push_back(std::make_unique<Communicator>(f.mesh->axis(a), axis_name(a), backend));

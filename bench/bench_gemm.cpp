@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // GEMM rates at the exact shapes the model runs (one micro-batch of 1024
-// rows), through ndmini::kernels::gemm (KokkosBlas::gemm underneath). Each
+// rows), through ndmini::kernels::gemm (KokkosBlas::gemm on the host, cuBLAS on CUDA). Each
 // Linear weight W [out, in] is used three ways:
 //   fwd  y  = x W^T    "N","T"  [rows, in] x [out, in]^T
 //   dW  dW += dy^T x   "T","N"  [rows, out]^T x [rows, in]

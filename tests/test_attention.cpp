@@ -37,6 +37,21 @@ namespace {
 constexpr double kBlockTol = 2e-5;
 const double kNegInf = -std::numeric_limits<double>::infinity();
 
+// Both forms of the kernels run on a CPU: the host form, and the GPU's
+// (coalesced row kernels, every head in one batched product, 128-row tiles),
+// so the form a GPU runs is checked here too.
+const kn::AttentionKernelForm kForms[] = {kn::AttentionKernelForm::host, kn::AttentionKernelForm::device};
+const char* form_name(kn::AttentionKernelForm f) {
+  return f == kn::AttentionKernelForm::device ? "device form" : "host form";
+}
+// Selects a form for one scope (scratch sizes follow the form: make them inside).
+struct FormScope {
+  explicit FormScope(kn::AttentionKernelForm f) { kn::set_attention_kernel_form(f); }
+  ~FormScope() { kn::set_attention_kernel_form(kn::AttentionKernelForm::automatic); }
+  FormScope(const FormScope&) = delete;
+  FormScope& operator=(const FormScope&) = delete;
+};
+
 // Host vectors of uniform values, head-major [heads, rows, width].
 std::vector<double> uniform(std::size_t n, std::uint64_t seed, double lo = -1.5, double hi = 1.5) {
   std::vector<double> v(n);
@@ -161,7 +176,7 @@ struct Kernel {
       dv.push_back(View1D("dv", b.v.size()));
       max_rows = std::max(max_rows, b.rows);
     }
-    scratch = View1D("scratch", kn::attention_block_scratch_size(g.nq, max_rows));
+    scratch = View1D("scratch", kn::attention_block_scratch_size(g.nq, max_rows, g.heads));
   }
   kn::HeadRows rows(const View1D& x, int n, int width) const {
     return {x.data(), static_cast<std::size_t>(n) * width, n};
@@ -216,12 +231,20 @@ void expect_lse(const std::vector<double>& ref, const std::vector<double>& got) 
   if (!r.empty()) expect_close("block lse", r, o, kBlockTol);
 }
 
-// Forward and backward of q against `blocks`, merged in `order`, against the reference.
-void check_blocks(const Geometry& g, const std::vector<KvBlock>& blocks, const std::vector<int>& order, int tile_rows) {
+// Forward and backward of q against `blocks`, merged in `order`, against the
+// reference. scratch_heads > 0: a scratch for that many heads only (the
+// device form then batches that many at a time).
+void check_blocks(const Geometry& g, const std::vector<KvBlock>& blocks, const std::vector<int>& order, int tile_rows,
+                  int scratch_heads = 0) {
   const std::size_t nq_elems = static_cast<std::size_t>(g.heads) * g.nq * g.hs;
   const auto hq = as_float(uniform(nq_elems, 11)), hdout = as_float(uniform(nq_elems, 12, -1, 1));
   const Reference ref = reference(g, hq, blocks, hdout);
   Kernel kern(g, hq, blocks, hdout, tile_rows);
+  if (scratch_heads > 0) {
+    int max_rows = 0;
+    for (const auto& b : blocks) max_rows = std::max(max_rows, b.rows);
+    kern.scratch = View1D("scratch", kn::attention_block_scratch_size(g.nq, max_rows, scratch_heads));
+  }
   kern.reset();
   for (int b : order) kern.forward(blocks, b);
   expect_close("block forward O", ref.o, host(kern.o), kBlockTol);
@@ -265,15 +288,31 @@ TEST(BlockAttention, OneBlockMatchesReference) {
   struct Case {
     int nq, q_pos0, nk, k_pos0;
   };
-  for (const Case c : {Case{150, 100, 150, 100}, Case{150, 50, 140, 20}, Case{150, 0, 140, 40}, Case{70, 500, 140, 0},
-                       Case{7, 0, 11, 0}, Case{9, 3, 11, 10}})
-    for (bool causal : {true, false})
-      for (int tile_rows : {0, 7}) {
-        const Geometry g{3, 5, c.nq, c.q_pos0, causal};
-        const auto blocks = make_blocks(g, {{c.nk, c.k_pos0}}, 100);
-        SCOPED_TRACE(describe(g, blocks, tile_rows));
-        check_blocks(g, blocks, {0}, tile_rows);
-      }
+  for (const auto form : kForms) {
+    const FormScope scope(form);
+    for (const Case c : {Case{150, 100, 150, 100}, Case{150, 50, 140, 20}, Case{150, 0, 140, 40}, Case{70, 500, 140, 0},
+                         Case{7, 0, 11, 0}, Case{9, 3, 11, 10}})
+      for (bool causal : {true, false})
+        for (int tile_rows : {0, 7}) {
+          const Geometry g{3, 5, c.nq, c.q_pos0, causal};
+          const auto blocks = make_blocks(g, {{c.nk, c.k_pos0}}, 100);
+          SCOPED_TRACE(describe(g, blocks, tile_rows) + ", " + form_name(form));
+          check_blocks(g, blocks, {0}, tile_rows);
+        }
+  }
+}
+
+TEST(BlockAttention, DeviceFormBatchesAsManyHeadsAsTheScratchHolds) {
+  // Five heads with scratch for two: batches of 2, 2 and 1 heads; and for
+  // one head: the per-head loop. Each must match the reference.
+  const FormScope scope(kn::AttentionKernelForm::device);
+  for (int scratch_heads : {1, 2, 5})
+    for (bool causal : {true, false}) {
+      const Geometry g{5, 3, 40, 30, causal};
+      const auto blocks = make_blocks(g, {{50, 0}, {20, 50}}, 500);
+      SCOPED_TRACE(describe(g, blocks, 0) + ", scratch for " + std::to_string(scratch_heads) + " heads");
+      check_blocks(g, blocks, {1, 0}, 0, scratch_heads);
+    }
 }
 
 TEST(BlockAttention, FullyMaskedPairTouchesNothing) {
@@ -307,15 +346,18 @@ TEST(BlockAttention, FullyMaskedPairTouchesNothing) {
 TEST(BlockAttention, MergeInAnyOrderMatchesReference) {
   // Three K/V blocks around a q block at positions 50..109: the first fully
   // visible, the second a staircase, the third visible only to the last rows.
-  for (bool causal : {true, false}) {
-    const Geometry g{3, 5, 60, 50, causal};
-    const auto blocks = make_blocks(g, {{40, 0}, {33, 40}, {50, 73}}, 300);
-    for (const std::vector<int>& order : {std::vector<int>{0, 1, 2}, {2, 1, 0}, {1, 2, 0}})
-      for (int tile_rows : {0, 7}) {
-        SCOPED_TRACE(describe(g, blocks, tile_rows) + " order " + std::to_string(order[0]) + std::to_string(order[1]) +
-                     std::to_string(order[2]));
-        check_blocks(g, blocks, order, tile_rows);
-      }
+  for (const auto form : kForms) {
+    const FormScope scope(form);
+    for (bool causal : {true, false}) {
+      const Geometry g{3, 5, 60, 50, causal};
+      const auto blocks = make_blocks(g, {{40, 0}, {33, 40}, {50, 73}}, 300);
+      for (const std::vector<int>& order : {std::vector<int>{0, 1, 2}, {2, 1, 0}, {1, 2, 0}})
+        for (int tile_rows : {0, 7}) {
+          SCOPED_TRACE(describe(g, blocks, tile_rows) + " order " + std::to_string(order[0]) +
+                       std::to_string(order[1]) + std::to_string(order[2]) + ", " + form_name(form));
+          check_blocks(g, blocks, order, tile_rows);
+        }
+    }
   }
 }
 
@@ -341,7 +383,7 @@ TEST(BlockAttention, RefusesTooSmallScratch) {
   const auto blocks = make_blocks(g, {{13, 0}}, 400);
   const std::size_t n = static_cast<std::size_t>(g.heads) * g.nq * g.hs;
   Kernel kern(g, uniform(n, 1), blocks, uniform(n, 2), 0);
-  kern.scratch = View1D("small", kn::attention_block_scratch_size(g.nq, 13) - 1);
+  kern.scratch = View1D("small", kn::attention_block_scratch_size(g.nq, 13) - 1);  // one head's share, less one
   kern.reset();
   EXPECT_THROW(kern.backward(blocks, 0), Error);
 }
@@ -399,14 +441,20 @@ std::vector<double> reference_tokens(const std::vector<double>& qkv, const kn::A
 }  // namespace
 
 TEST(ContextParallelAttention, OneRankForwardMatchesReference) {
-  // B = 2 checks the batch offsets; T = 37 crosses the 32-row tiles.
-  for (bool causal : {true, false}) {
-    OneRank a({2, 37, 15, 3}, causal);
-    fill_uniform(a.qkv, 41, -1.5, 1.5);
-    Kokkos::deep_copy(a.out, real(7.5));  // overwritten
-    a.forward();
-    SCOPED_TRACE(causal ? "causal" : "full");
-    expect_close("one-rank attention out", reference_tokens(host(a.qkv), a.s, causal), host(a.out));
+  // B = 2 checks the batch offsets; T = 37 crosses the 32-row tiles (and
+  // T = 150 the device form's 128-row tiles).
+  for (const auto form : kForms) {
+    const FormScope scope(form);
+    for (const kn::AttentionShape shape : {kn::AttentionShape{2, 37, 15, 3}, kn::AttentionShape{1, 150, 8, 2}})
+      for (bool causal : {true, false}) {
+        OneRank a(shape, causal);
+        fill_uniform(a.qkv, 41, -1.5, 1.5);
+        Kokkos::deep_copy(a.out, real(7.5));  // overwritten
+        a.forward();
+        SCOPED_TRACE(std::string(causal ? "causal" : "full") + " T " + std::to_string(shape.seq_len) + ", " +
+                     form_name(form));
+        expect_close("one-rank attention out", reference_tokens(host(a.qkv), a.s, causal), host(a.out));
+      }
   }
 }
 
@@ -434,40 +482,42 @@ TEST(ContextParallelAttention, OneRankIsCausal) {
 
 TEST(ContextParallelAttention, OneRankBackwardMatchesFiniteDifferences) {
   // T = 70 crosses the backward's key tiles (32) and the forward's query tiles.
-  for (const kn::AttentionShape shape :
-       {kn::AttentionShape{2, 5, 15, 3}, kn::AttentionShape{1, 7, 12, 4}, kn::AttentionShape{1, 70, 6, 2}})
-    for (bool causal : {true, false}) {
-      OneRank a(shape, causal);
-      SCOPED_TRACE("B " + std::to_string(shape.batch) + " T " + std::to_string(shape.seq_len) + " C " +
-                   std::to_string(shape.channels) + " H " + std::to_string(shape.heads) +
-                   (causal ? " causal" : " full"));
-      fill_uniform(a.qkv, 43, -1.5, 1.5);
-      fill_uniform(a.R, 44, -1, 1);
-      const auto hR = host(a.R);
-      auto L = [&] {
-        a.forward();
-        return dot(host(a.out), hR);
-      };
-      L();
-      Kokkos::deep_copy(a.dqkv, real(7.5));  // dqkv is overwritten, not accumulated
-      a.backward();
-      const auto an = host(a.dqkv);
-      const std::size_t C = shape.channels;
-      const auto idx = indices(a.qkv.size(), 1200);
-      const auto fd = central_diff(a.qkv, idx, L);
-      // Separately for q, k and v columns, so an error in one cannot hide in the others.
-      const char* names[3] = {"attention dq", "attention dk", "attention dv"};
-      for (std::size_t which = 0; which < 3; ++which) {
-        std::vector<double> f, g;
-        for (std::size_t n = 0; n < idx.size(); ++n)
-          if ((idx[n] % (3 * C)) / C == which) {
-            f.push_back(fd[n]);
-            g.push_back(an[idx[n]]);
-          }
-        ASSERT_FALSE(f.empty());
-        expect_grad(names[which], f, g);
+  for (const auto form : kForms)
+    for (const kn::AttentionShape shape :
+         {kn::AttentionShape{2, 5, 15, 3}, kn::AttentionShape{1, 7, 12, 4}, kn::AttentionShape{1, 70, 6, 2}})
+      for (bool causal : {true, false}) {
+        const FormScope scope(form);
+        OneRank a(shape, causal);
+        SCOPED_TRACE("B " + std::to_string(shape.batch) + " T " + std::to_string(shape.seq_len) + " C " +
+                     std::to_string(shape.channels) + " H " + std::to_string(shape.heads) +
+                     (causal ? " causal" : " full") + ", " + form_name(form));
+        fill_uniform(a.qkv, 43, -1.5, 1.5);
+        fill_uniform(a.R, 44, -1, 1);
+        const auto hR = host(a.R);
+        auto L = [&] {
+          a.forward();
+          return dot(host(a.out), hR);
+        };
+        L();
+        Kokkos::deep_copy(a.dqkv, real(7.5));  // dqkv is overwritten, not accumulated
+        a.backward();
+        const auto an = host(a.dqkv);
+        const std::size_t C = shape.channels;
+        const auto idx = indices(a.qkv.size(), 1200);
+        const auto fd = central_diff(a.qkv, idx, L);
+        // Separately for q, k and v columns, so an error in one cannot hide in the others.
+        const char* names[3] = {"attention dq", "attention dk", "attention dv"};
+        for (std::size_t which = 0; which < 3; ++which) {
+          std::vector<double> f, g;
+          for (std::size_t n = 0; n < idx.size(); ++n)
+            if ((idx[n] % (3 * C)) / C == which) {
+              f.push_back(fd[n]);
+              g.push_back(an[idx[n]]);
+            }
+          ASSERT_FALSE(f.empty());
+          expect_grad(names[which], f, g);
+        }
       }
-    }
 }
 
 TEST(ContextParallelAttention, RefusesWrongBuffers) {

@@ -6,10 +6,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/device_path.hpp"
 #include "core/error.hpp"
 #include "core/types.hpp"
 
@@ -414,6 +416,24 @@ TEST_P(CommTest, SkippedCollectiveLeavesNoTrace) {
 
 INSTANTIATE_TEST_SUITE_P(Groups, CommTest, ::testing::Values("world", "split", "world_watched", "split_watched"),
                          [](const auto& info) { return info.param; });
+
+// The MPI backend's path to MemSpace buffers. Host memory goes to MPI as it
+// is, unless NDMINI_MPI_CUDA_AWARE=0 asks for the staged path (the way a GPU
+// build without a CUDA-aware MPI runs): test_comm_staged_* run this whole
+// suite so, which checks every staged call against the same values.
+TEST(CommDevicePath, StagesExactlyWhenAsked) {
+  const std::string line = detail::mpi_device_path_description();
+  const bool staged = line.find("staged through") != std::string::npos;
+  const char* env = std::getenv("NDMINI_MPI_CUDA_AWARE");
+  if (env != nullptr && std::string(env) == "0") EXPECT_TRUE(staged) << line;
+  if (env == nullptr && !kDeviceMemory) EXPECT_TRUE(line.empty()) << "host memory needs no path: " << line;
+  Communicator c(MPI_COMM_WORLD, "world");
+  auto buf = device_from(rank_values(c.rank(), 100));
+  const std::size_t before = detail::staged_buffers();
+  c.all_reduce(buf.data(), 100);
+  c.iall_reduce(buf.data(), 100).wait();
+  EXPECT_EQ(detail::staged_buffers() - before, staged ? 2u : 0u);
+}
 
 TEST(CommStats, Adds) {
   CommStats a{1, 10, 1.5, 0.5}, b{2, 20, 2.0, 1.0};

@@ -174,6 +174,15 @@ TEST(Config, OutOfRangeNamesTheKey) {
   expect_error("[model]\nlayers = 0\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n", {"model.layers"});
 }
 
+TEST(Config, PrecisionIsFp32AndBf16IsRefusedUntilBuilt) {
+  EXPECT_EQ(parse_config(kModel, "deck.toml").train.precision, "fp32");
+  EXPECT_EQ(parse_config(with_model("[train]\nprecision = \"fp32\"\n"), "deck.toml").train.precision, "fp32");
+  // bf16 must not run as a silent fp32: refused by name, from the deck or --set.
+  expect_error(with_model("[train]\nprecision = \"bf16\"\n"), {"train.precision", "bf16", "not built yet", "fp32"});
+  expect_error(kModel, {"train.precision", "not built yet"}, {"train.precision=bf16"});
+  expect_error(with_model("[train]\nprecision = \"fp16\"\n"), {"train.precision", "\"fp16\"", "fp32"});
+}
+
 TEST(Config, IntegerTooLargeForItsKeyIsRefused) {
   // 2^32 + 10 must not wrap to 10 steps (or 2^32 + 2 layers to 2).
   expect_error(with_model("[train]\nsteps = 4294967306\n"), {"train.steps"});

@@ -9,11 +9,13 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/nccl/nccl_backend.hpp"
 #include "core/error.hpp"
 
 namespace ndmini {
@@ -98,6 +100,79 @@ TEST_P(NcclTest, AllReduce) {
     req.wait();
     expect_all_reduce(*comm_, buf.download(), op);
   }
+}
+
+// The stream the model's kernels run on: Kokkos' in a CUDA Kokkos build,
+// else the legacy default stream (which the backend also orders after).
+cudaStream_t compute_stream() {
+#ifdef KOKKOS_ENABLE_CUDA
+  return Kokkos::Cuda().cuda_stream();
+#else
+  return nullptr;
+#endif
+}
+
+// Page-locked host memory, so cudaMemcpyAsync is truly asynchronous.
+class PinnedValues {
+ public:
+  explicit PinnedValues(const std::vector<real>& v) : n_(v.size()) {
+    if (cudaMallocHost(reinterpret_cast<void**>(&p_), n_ * sizeof(real)) != cudaSuccess)
+      throw Error("cudaMallocHost failed");
+    std::copy(v.begin(), v.end(), p_);
+  }
+  ~PinnedValues() { cudaFreeHost(p_); }
+  PinnedValues(const PinnedValues&) = delete;
+  PinnedValues& operator=(const PinnedValues&) = delete;
+  // Enqueues the upload on the compute stream and returns at once.
+  void upload_async(real* device) const {
+    if (cudaMemcpyAsync(device, p_, n_ * sizeof(real), cudaMemcpyHostToDevice, compute_stream()) != cudaSuccess)
+      throw Error("cudaMemcpyAsync failed");
+  }
+
+ private:
+  real* p_ = nullptr;
+  std::size_t n_;
+};
+
+TEST_P(NcclTest, CollectivesWaitForTheComputeStream) {
+  // The inputs are still being written on the compute stream when each
+  // collective is issued (no host synchronisation in between): the
+  // communication stream must wait for them on the device. 64 MiB take a
+  // few milliseconds to upload, so a collective that did not wait would
+  // read stale values.
+  const std::size_t n = 1 << 24;
+  const PinnedValues values(rank_values(comm_->rank(), n));
+  DeviceBuffer buf(n);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(cudaMemset(buf.data(), 0, n * sizeof(real)), cudaSuccess);
+    values.upload_async(buf.data());
+    if (round < 2)
+      comm_->all_reduce(buf.data(), n);
+    else
+      comm_->iall_reduce(buf.data(), n).wait();
+    expect_all_reduce(*comm_, buf.download(), ReduceOp::sum);
+  }
+  // A ring exchange: what each rank receives was uploaded just before.
+  const int next = (comm_->rank() + 1) % comm_->size(), prev = (comm_->rank() + comm_->size() - 1) % comm_->size();
+  DeviceBuffer out(n), in(n);
+  values.upload_async(out.data());
+  comm_->batch_p2p({{P2POp::Kind::send, out.data(), n, next, 0}, {P2POp::Kind::recv, in.data(), n, prev, 0}}).wait();
+  EXPECT_EQ(in.download(), rank_values(prev, n));
+}
+
+TEST(NcclChoice, EveryRankHasItsOwnGpu) {
+  // This program runs only with a GPU per rank (see main): NCCL can run,
+  // and the mesh axes get it exactly where MemSpace is device memory.
+  EXPECT_EQ(detail::nccl_device_problem(MPI_COMM_WORLD), "");
+  EXPECT_EQ(device_collectives_backend(MPI_COMM_WORLD),
+            kDeviceMemory ? Communicator::Backend::nccl : Communicator::Backend::mpi);
+  setenv("NDMINI_COMM_BACKEND", "mpi", 1);
+  EXPECT_EQ(device_collectives_backend(MPI_COMM_WORLD), Communicator::Backend::mpi);
+  setenv("NDMINI_COMM_BACKEND", "nccl", 1);
+  EXPECT_EQ(device_collectives_backend(MPI_COMM_WORLD), Communicator::Backend::nccl);
+  setenv("NDMINI_COMM_BACKEND", "gloo", 1);
+  EXPECT_THROW(device_collectives_backend(MPI_COMM_WORLD), Error);
+  unsetenv("NDMINI_COMM_BACKEND");
 }
 
 void expect_all_gather(const Communicator& c, const std::vector<real>& got, std::size_t per_rank) {

@@ -52,9 +52,14 @@ struct CommRequest::Impl {
 };
 
 // Pure data movement on the communicator's group; buffers are in MemSpace.
-// The Communicator fences compute, times, and counts around these calls.
+// The Communicator fences compute (unless the backend orders its transfers
+// after the compute on the device itself), times, and counts around these calls.
 struct Communicator::BackendImpl {
   virtual ~BackendImpl() = default;
+
+  // True when a transfer waits on the device for the compute enqueued before
+  // its issue (NCCL: an event on the compute stream), so no host fence is needed.
+  virtual bool orders_with_compute() const { return false; }
 
   virtual void all_reduce(real* buf, std::size_t count, ReduceOp op) = 0;
   virtual void all_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;

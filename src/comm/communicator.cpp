@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The Communicator: accounting and dispatch around a backend, and the MPI
-// backend (host or device buffers; device buffers need a CUDA-aware MPI).
+// backend (host or device buffers; device buffers go to a CUDA-aware MPI
+// directly, else through host memory: comm/device_path.hpp).
 #include "comm/communicator.hpp"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #endif
 
 #include "comm/backend.hpp"
+#include "comm/device_path.hpp"
 #include "comm/ledger.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
@@ -351,9 +353,10 @@ class MpiBackend final : public Communicator::BackendImpl {
   int rank_;
 };
 
-// Data a kernel wrote must be in memory before MPI or NCCL reads it: MPI
-// reads device memory directly and the NCCL stream may not be Kokkos's. The
-// fence also keeps the compute before the collective out of its timing.
+// Data a kernel wrote must be in memory before MPI reads it (directly, or
+// to stage it through host memory). NCCL orders itself on the device instead
+// (orders_with_compute). The fence also keeps the compute before the
+// collective out of its timing.
 void fence_compute() {
   if (Kokkos::is_initialized()) ExecSpace().fence();
 }
@@ -370,7 +373,8 @@ Communicator::Communicator(MPI_Comm comm, std::string name, Backend backend)
   detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   ledger_id_ = detail::register_comm(comm_, name_);
   if (backend == Backend::mpi) {
-    impl_ = std::make_unique<detail::MpiBackend>(comm_, rank_);
+    // Device buffers reach MPI directly (CUDA-aware) or through host memory.
+    impl_ = detail::with_device_path(std::make_unique<detail::MpiBackend>(comm_, rank_), comm_, name_);
     return;
   }
 #ifdef NDMINI_HAVE_NCCL
@@ -389,11 +393,14 @@ namespace {
 
 std::int64_t real_bytes(std::size_t count) { return static_cast<std::int64_t>(count * sizeof(real)); }
 
-// Where a collective is issued: the communicator's accounting and its place in the ledger.
+// Where a collective is issued: the communicator's accounting, its place in
+// the ledger, and whether compute must be fenced first (not where the backend
+// orders its transfers after the compute on the device: NCCL).
 struct Site {
   CommStats& stats;
   int comm;
   std::uint64_t& seq;
+  bool fence = true;
 };
 
 // Issues a non-blocking call whose ledger entry is `index`: calls and bytes
@@ -416,9 +423,9 @@ CommRequest start(Site site, std::uint64_t index, std::int64_t bytes, Issue&& is
 // Under a watchdog's deadline the call is issued non-blocking and waited for
 // (CommRequest::Impl::wait), since a blocking MPI call cannot be timed out.
 template <class Call, class Issue>
-void blocking(Site site, CollOp op, std::int64_t bytes, Call&& call, Issue&& issue, bool fence = true) {
+void blocking(Site site, CollOp op, std::int64_t bytes, Call&& call, Issue&& issue) {
   const ProfileRegion region([&] { return "ndmini::comm " + comm_name(site.comm) + " " + coll_op_name(op); });
-  if (fence) fence_compute();
+  if (site.fence) fence_compute();
   const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, true);
   if (watch_timeout_s() > 0) {
     CommStats own;  // the whole call is exposed, issue to completion, as below
@@ -439,7 +446,7 @@ void blocking(Site site, CollOp op, std::int64_t bytes, Call&& call, Issue&& iss
 
 template <class Issue>
 CommRequest nonblocking(Site site, CollOp op, std::int64_t bytes, Issue&& issue) {
-  fence_compute();
+  if (site.fence) fence_compute();
   const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, false);
   return start(site, index, bytes, issue);
 }
@@ -461,14 +468,14 @@ bool Communicator::skip(const char* op) {
 void Communicator::all_reduce(real* buf, std::size_t count, ReduceOp op) {
   if (skip("all_reduce")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::all_reduce, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::real_bytes(count),
       [&] { impl_->all_reduce(buf, count, op); }, [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
 void Communicator::all_gather(const real* send, real* recv, std::size_t count_per_rank) {
   if (skip("all_gather")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::all_gather,
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_gather,
       detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
       [&] { impl_->all_gather(send, recv, count_per_rank); },
       [&] { return impl_->iall_gather(send, recv, count_per_rank); });
@@ -477,7 +484,7 @@ void Communicator::all_gather(const real* send, real* recv, std::size_t count_pe
 void Communicator::reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
   if (skip("reduce_scatter")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::reduce_scatter,
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
       detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
       [&] { impl_->reduce_scatter(send, recv, count_per_rank); },
       [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
@@ -488,14 +495,14 @@ void Communicator::broadcast(real* buf, std::size_t count, int root) {
                                          " is not a rank of a group of " + std::to_string(size_));
   if (skip("broadcast")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::broadcast, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::broadcast, detail::real_bytes(count),
       [&] { impl_->broadcast(buf, count, root); }, [&] { return impl_->ibroadcast(buf, count, root); });
 }
 
 void Communicator::send(const real* buf, std::size_t count, int peer, int tag) {
   if (skip("send")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::send, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::send, detail::real_bytes(count),
       [&] { impl_->send(buf, count, peer, tag); },
       [&] {
         return impl_->batch_p2p({{P2POp::Kind::send, const_cast<real*>(buf), count, peer, tag}});
@@ -505,7 +512,7 @@ void Communicator::send(const real* buf, std::size_t count, int peer, int tag) {
 void Communicator::recv(real* buf, std::size_t count, int peer, int tag) {
   if (skip("recv")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::recv, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::recv, detail::real_bytes(count),
       [&] { impl_->recv(buf, count, peer, tag); },
       [&] {
         return impl_->batch_p2p({{P2POp::Kind::recv, buf, count, peer, tag}});
@@ -514,20 +521,20 @@ void Communicator::recv(real* buf, std::size_t count, int peer, int tag) {
 
 CommRequest Communicator::iall_reduce(real* buf, std::size_t count, ReduceOp op) {
   if (skip("all_reduce")) return CommRequest();
-  return detail::nonblocking({stats_, ledger_id_, seq_}, detail::CollOp::all_reduce, detail::real_bytes(count),
-                             [&] { return impl_->iall_reduce(buf, count, op); });
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
+                             detail::real_bytes(count), [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
 CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t count_per_rank) {
   if (skip("all_gather")) return CommRequest();
-  return detail::nonblocking({stats_, ledger_id_, seq_}, detail::CollOp::all_gather,
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_gather,
                              detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
   if (skip("reduce_scatter")) return CommRequest();
-  return detail::nonblocking({stats_, ledger_id_, seq_}, detail::CollOp::reduce_scatter,
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
                              detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
 }
@@ -541,8 +548,8 @@ CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
     count += op.count;
   }
   if (skip("p2p")) return CommRequest();
-  return detail::nonblocking({stats_, ledger_id_, seq_}, detail::CollOp::p2p, detail::real_bytes(count),
-                             [&] { return impl_->batch_p2p(ops); });
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::p2p,
+                             detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
 }
 
 CommRequest Communicator::isend(const real* buf, std::size_t count, int peer, int tag) {
@@ -559,7 +566,8 @@ double Communicator::all_reduce_scalar(double value, ReduceOp op) {
   if (skip("all_reduce_scalar")) return value;
   double out = 0;
   detail::blocking(
-      {stats_, ledger_id_, seq_}, detail::CollOp::all_reduce_scalar, sizeof(double),
+      // host values: nothing on the device to wait for
+      {stats_, ledger_id_, seq_, /*fence=*/false}, detail::CollOp::all_reduce_scalar, sizeof(double),
       [&] {
         detail::mpi_check(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, detail::mpi_op(op), comm_), "MPI_Allreduce");
       },
@@ -568,8 +576,7 @@ double Communicator::all_reduce_scalar(double value, ReduceOp op) {
         detail::mpi_check(MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, detail::mpi_op(op), comm_, &r->request),
                           "MPI_Iallreduce");
         return r;
-      },
-      /*fence=*/false);  // host values: nothing on the device to wait for
+      });
   return out;
 }
 

@@ -5,8 +5,9 @@
 // Every collective the model issues goes through the Communicator of the
 // axis that owns it. Buffers are float32 in ndmini::MemSpace (host memory on
 // the host backends, device memory on CUDA). The MPI backend works on either
-// (it needs a CUDA-aware MPI for device memory); the NCCL backend (comm/nccl,
-// built with NDMINI_ENABLE_NCCL) runs on the Kokkos execution space's stream.
+// (device memory directly with a CUDA-aware MPI, else staged through host
+// memory: comm/device_path.hpp); the NCCL backend (comm/nccl, built with
+// NDMINI_ENABLE_NCCL) runs on its own stream, ordered with Kokkos' by events.
 //
 // Accounting, per communicator, reset by the caller each step:
 //   calls, bytes (this rank's payload: the full buffer for all-reduce and
@@ -194,5 +195,11 @@ class Communicator {
 bool nccl_available();
 // The NCCL library's version ("2.28.9"), empty without the NCCL backend.
 std::string nccl_version();
+
+// The backend for the mesh axes' collectives on MemSpace buffers: NCCL where
+// this build has it, MemSpace is a GPU's memory and every rank has a GPU of
+// its own; MPI otherwise (and always on host memory). NDMINI_COMM_BACKEND=mpi
+// or nccl overrides. Collective over `world`; the same answer on every rank.
+Communicator::Backend device_collectives_backend(MPI_Comm world);
 
 }  // namespace ndmini

@@ -37,6 +37,7 @@ struct TrainConfig {
   double grad_clip = 1.0;  // 0 disables clipping
   int log_every = 1;
   std::string recompute = "none";  // "none" or "block": recompute each block's forward in its backward
+  std::string precision = "fp32";  // "fp32"; "bf16" (GPU mixed precision) is refused until it is built
 };
 
 struct ParallelConfig {

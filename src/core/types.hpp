@@ -12,6 +12,11 @@ using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
 using HostSpace = Kokkos::HostSpace;
 
+// True when MemSpace is a GPU's memory the host cannot read (a CUDA build):
+// kernels then pick their coalesced device variants, and the MPI backend
+// needs a CUDA-aware MPI or a copy through host memory.
+inline constexpr bool kDeviceMemory = !Kokkos::SpaceAccessibility<HostSpace, MemSpace>::accessible;
+
 // Master weights, gradients, optimizer state and activations are fp32.
 using real = float;
 

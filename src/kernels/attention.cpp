@@ -1,27 +1,49 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "kernels/attention.hpp"
 
-#include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/compat.hpp"
 #include "core/error.hpp"
+#include "kernels/kernels.hpp"
 
 namespace ndmini::kernels {
 namespace {
 
 using Range = Kokkos::RangePolicy<ExecSpace>;
+using TeamPolicy = Kokkos::TeamPolicy<ExecSpace>;
+using Member = TeamPolicy::member_type;
 
 // Rows (forward: query rows; backward: key rows) per tile of the causal
 // staircase. Smaller tiles compute less of the masked triangle but make
 // smaller, less efficient GEMMs; on one core at hs = 64, T = 256
 // (bench/bench_attention.cpp) 32 was faster than 64 and no slower than 16.
-constexpr int kTileRows = 32;
+// On a GPU a tile's batched product must fill the device: 128 rows, where a
+// tile wastes under 7% of a T = 1024 diagonal block on masked products.
+constexpr int kHostTileRows = 32;
+constexpr int kDeviceTileRows = 128;
 // Tile width where every key is visible (no staircase): bounds the scratch
 // of the full blocks of the ring and of non-causal attention.
 constexpr int kMaxTileRows = 128;
+
+// The device form of the row kernels: each team thread takes one row, whose
+// kLanes vector lanes (a warp on a GPU) walk it, so neighbouring lanes touch
+// neighbouring floats; kTeamRows rows per team. On a CPU the same code runs
+// with one-thread, one-lane teams (the Serial backend allows no more).
+constexpr int kTeamRows = kDeviceMemory ? 8 : 1;
+constexpr int kLanes = kDeviceMemory ? 32 : 1;
+
+TeamPolicy row_teams(std::size_t rows) {
+  return TeamPolicy(static_cast<int>((rows + kTeamRows - 1) / kTeamRows), kTeamRows, kLanes);
+}
+
+AttentionKernelForm g_form = AttentionKernelForm::automatic;
+
+bool device_form() {
+  return g_form == AttentionKernelForm::device || (g_form == AttentionKernelForm::automatic && kDeviceMemory);
+}
 
 // One tile: query rows [row0, row0 + rows) against keys [col0, col0 + cols).
 struct Tile {
@@ -98,7 +120,17 @@ bool fully_masked(int nq, int nk, int delta, bool causal) {
 }
 
 int tile_rows_of(const AttentionBlock& blk) {
-  return blk.tile_rows > 0 ? std::min(blk.tile_rows, kMaxTileRows) : kTileRows;
+  if (blk.tile_rows > 0) return std::min(blk.tile_rows, kMaxTileRows);
+  return device_form() ? kDeviceTileRows : kHostTileRows;
+}
+
+// Heads whose products go in one batch: on a GPU all of them (one launch per
+// product of a tile, whatever B x H), as many as the scratch holds; on a CPU
+// core one, so a head's S tile stays in cache between its products.
+int batch_cap(int heads) { return device_form() ? std::max(heads, 1) : 1; }
+int heads_per_batch(int heads, std::size_t scratch, std::size_t per_head) {
+  const std::size_t fit = per_head > 0 ? scratch / per_head : static_cast<std::size_t>(heads);
+  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(batch_cap(heads), fit)));
 }
 
 ConstSlice2D rows_of(const ConstHeadRows& x, int head, int row0, int rows, int width) {
@@ -107,6 +139,11 @@ ConstSlice2D rows_of(const ConstHeadRows& x, int head, int row0, int rows, int w
 Slice2D rows_of(const HeadRows& x, int head, int row0, int rows, int width) {
   return Slice2D(x.data + head * x.head_stride + static_cast<std::size_t>(row0) * width, rows, width);
 }
+// The same heads from `head` on: the operand of a batch.
+ConstHeadRows from_head(const ConstHeadRows& x, int head) {
+  return {x.data + head * x.head_stride, x.head_stride, x.rows};
+}
+HeadRows from_head(const HeadRows& x, int head) { return {x.data + head * x.head_stride, x.head_stride, x.rows}; }
 
 // Floats of scratch: the forward's one query tile, the backward's S and dP
 // of one key tile.
@@ -121,7 +158,7 @@ void check_block(const AttentionBlock& blk, Slice1D scratch, int nq, int nk, boo
   if (blk.heads <= 0 || blk.head_size <= 0) throw Error("attention block: heads and head_size must be positive");
   const std::size_t need = backward ? backward_scratch(nq, nk) : forward_scratch(nq, nk);
   if (scratch.extent(0) < need)  // the message is built only on failure: this runs per block pair
-    throw Error("attention block: scratch holds " + std::to_string(scratch.extent(0)) + " floats, the block needs " +
+    throw Error("attention block: scratch holds " + std::to_string(scratch.extent(0)) + " floats, one head needs " +
                 std::to_string(need) + " (attention_block_scratch_size)");
 }
 
@@ -129,6 +166,24 @@ void check_block(const AttentionBlock& blk, Slice1D scratch, int nq, int nk, boo
 void regroup_heads(real* token_major, real* head_major, int n, const AttentionShape& s, bool to_heads) {
   const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
   const std::size_t rows = static_cast<std::size_t>(n) * B * H * T;
+  if (device_form()) {
+    // One float per thread: a head row's hs floats are neighbours on both sides.
+    Kokkos::parallel_for(
+        "ndmini::attention_regroup", Range(0, rows * hs), KOKKOS_LAMBDA(const std::size_t e) {
+          const std::size_t r = e / hs;
+          const int d = e % hs;
+          const int t = r % T;
+          const int h = (r / T) % H;
+          const int b = (r / (static_cast<std::size_t>(T) * H)) % B;
+          const int which = r / (static_cast<std::size_t>(T) * H * B);
+          real* tm = token_major + (static_cast<std::size_t>(b) * T + t) * (n * C) + which * C + h * hs + d;
+          if (to_heads)
+            head_major[e] = *tm;
+          else
+            *tm = head_major[e];
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "ndmini::attention_regroup", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
         const int t = r % T;
@@ -150,19 +205,82 @@ KOKKOS_INLINE_FUNCTION int visible_keys(int row, int delta, int col0, int cols, 
   return causal ? compat::min(compat::max(row + delta + 1 - col0, 0), cols) : cols;
 }
 
-// Forward, per query row of a tile: the block's softmax merged into (O, LSE)
-// of one head (oh: [rows, hs], lh: one float per row). P is left in S
-// already scaled by exp(-LSE') and O by exp(LSE - LSE'), so the GEMM that
-// follows (O += P V, beta = 1) completes the merge with no further pass.
-void softmax_merge_rows(Slice2D S, real* oh, real* lh, const Tile& t, int delta, bool causal, int hs) {
-  real* s = S.data();
-  const int row0 = t.row0, keys = t.cols;  // the forward's tiles start at key 0
-  const real neg_inf = -std::numeric_limits<real>::infinity();
+// The merge of one row's block softmax into (O, LSE), given the block's
+// max m and exp-sum: returns LSE', the factor keep = exp(LSE - LSE') for the
+// old O (unless this is the row's first block: O is then set, not scaled) and
+// the factor exp(m - LSE') for P.
+struct Merge {
+  real lse_new, keep, p_scale;
+  bool first;
+};
+// LSE is -inf exactly while a row has seen no key; a finite LSE is far above
+// this (a literal, as device code cannot call std::numeric_limits).
+constexpr real kNoKeyYet = -3.0e38f;
+KOKKOS_INLINE_FUNCTION Merge merge_row(real lse_old, real m, real sum) {
+  const real lse_blk = m + compat::log(sum);
+  Merge r{lse_blk, 0, 0, lse_old <= kNoKeyYet};
+  if (!r.first) {
+    const real hi = compat::max(lse_old, lse_blk), lo = compat::min(lse_old, lse_blk);
+    r.lse_new = hi + compat::log(1 + compat::exp(lo - hi));
+    r.keep = compat::exp(lse_old - r.lse_new);
+  }
+  r.p_scale = compat::exp(m - r.lse_new);
+  return r;
+}
+
+// Forward, per query row of a tile, for `n` heads of a batch: the block's
+// softmax merged into (O, LSE) of each head (o: [rows, hs] per head, lse: one
+// float per row). The S tiles of the heads follow each other in `s`. P is
+// left in S already scaled by exp(-LSE') and O by exp(LSE - LSE'), so the
+// product that follows (O += P V, beta = 1) completes the merge.
+void softmax_merge_rows(real* s, HeadRows o, HeadRows lse, int n, const Tile& t, int delta, bool causal, int hs) {
+  const int row0 = t.row0, rows = t.rows, keys = t.cols;  // the forward's tiles start at key 0
+  const std::size_t total = static_cast<std::size_t>(n) * rows;
+  real* op = o.data;
+  real* lp = lse.data;
+  const std::size_t o_stride = o.head_stride, l_stride = lse.head_stride;
+  if (device_form()) {
+    Kokkos::parallel_for(
+        "ndmini::attention_block_softmax", row_teams(total), KOKKOS_LAMBDA(const Member& team) {
+          const std::size_t idx = static_cast<std::size_t>(team.league_rank()) * kTeamRows + team.team_rank();
+          if (idx >= total) return;
+          const int g = idx / rows, row = row0 + static_cast<int>(idx % rows);
+          const int visible = visible_keys(row, delta, 0, keys, causal);
+          real* srow = s + idx * keys;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, visible, keys), [&](const int j) { srow[j] = 0; });
+          if (visible == 0) return;  // the row sees no key of this block: O and LSE stay
+          real* lh = lp + g * l_stride + row;
+          const real lse_old = *lh;  // read before the reductions, which order the lanes
+          real m = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(team, visible),
+              [&](const int j, real& mx) {
+                if (srow[j] > mx) mx = srow[j];
+              },
+              Kokkos::Max<real>(m));
+          real sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(team, visible),
+              [&](const int j, real& acc) {
+                const real e = compat::fast_exp(srow[j] - m);
+                srow[j] = e;
+                acc += e;
+              },
+              sum);
+          const Merge mg = merge_row(lse_old, m, sum);
+          real* orow = op + g * o_stride + static_cast<std::size_t>(row) * hs;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hs),
+                               [&](const int d) { orow[d] = mg.first ? real(0) : orow[d] * mg.keep; });
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, visible), [&](const int j) { srow[j] *= mg.p_scale; });
+          Kokkos::single(Kokkos::PerThread(team), [&] { *lh = mg.lse_new; });
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ndmini::attention_block_softmax", Range(0, t.rows), KOKKOS_LAMBDA(const int i) {
-        const int row = row0 + i;
+      "ndmini::attention_block_softmax", Range(0, total), KOKKOS_LAMBDA(const std::size_t idx) {
+        const int g = idx / rows, row = row0 + static_cast<int>(idx % rows);
         const int visible = visible_keys(row, delta, 0, keys, causal);
-        real* srow = s + static_cast<std::size_t>(i) * keys;
+        real* srow = s + idx * keys;
         for (int j = visible; j < keys; ++j) srow[j] = 0;
         if (visible == 0) return;  // the row sees no key of this block: O and LSE stay
         real m = srow[0];
@@ -174,43 +292,57 @@ void softmax_merge_rows(Slice2D S, real* oh, real* lh, const Tile& t, int delta,
           srow[j] = compat::fast_exp(srow[j] - m);
           sum += srow[j];
         }
-        const real lse_blk = m + compat::log(sum);
-        const real lse_old = lh[row];
-        real* orow = oh + static_cast<std::size_t>(row) * hs;
-        real lse_new = lse_blk;
-        if (lse_old == neg_inf) {
+        real* lh = lp + g * l_stride + row;
+        const Merge mg = merge_row(*lh, m, sum);
+        real* orow = op + g * o_stride + static_cast<std::size_t>(row) * hs;
+        if (mg.first) {
           for (int d = 0; d < hs; ++d) orow[d] = 0;  // the first block: nothing to keep
         } else {
-          const real hi = compat::max(lse_old, lse_blk), lo = compat::min(lse_old, lse_blk);
-          lse_new = hi + compat::log(1 + compat::exp(lo - hi));
-          const real keep = compat::exp(lse_old - lse_new);
-          for (int d = 0; d < hs; ++d) orow[d] *= keep;
+          for (int d = 0; d < hs; ++d) orow[d] *= mg.keep;
         }
-        const real f = compat::exp(m - lse_new);
-        for (int j = 0; j < visible; ++j) srow[j] *= f;
-        lh[row] = lse_new;
+        for (int j = 0; j < visible; ++j) srow[j] *= mg.p_scale;
+        *lh = mg.lse_new;
       });
 }
 
-// Backward, per query row of a tile: P = exp(S - LSE) into S and
-// dS = P (dP - D) / sqrt(hs) into dP in one pass; masked entries become
-// exact zeros so the products that follow need no mask.
-void softmax_backward_rows(Slice2D S, Slice2D dP, const real* lh, const real* dh, const Tile& t, int delta, bool causal,
-                           real scale) {
-  real* s = S.data();
-  real* dp = dP.data();
-  const int row0 = t.row0, col0 = t.col0, keys = t.cols;
+// Backward, per query row of a tile, for `n` heads of a batch: P = exp(S -
+// LSE) into S and dS = P (dP - D) / sqrt(hs) into dP in one pass; masked
+// entries become exact zeros so the products that follow need no mask.
+void softmax_backward_rows(real* s, real* dp, ConstHeadRows lse, ConstHeadRows delta, int n, const Tile& t, int dpos,
+                           bool causal, real scale) {
+  const int row0 = t.row0, rows = t.rows, col0 = t.col0, keys = t.cols;
+  const std::size_t total = static_cast<std::size_t>(n) * rows;
+  const real* lp = lse.data;
+  const real* dd = delta.data;
+  const std::size_t l_stride = lse.head_stride, d_stride = delta.head_stride;
+  if (device_form()) {
+    // Elementwise: one float of S and dP per thread.
+    Kokkos::parallel_for(
+        "ndmini::attention_block_softmax_bwd", Range(0, total * keys), KOKKOS_LAMBDA(const std::size_t e) {
+          const std::size_t idx = e / keys;
+          const int j = e % keys;
+          const int g = idx / rows, row = row0 + static_cast<int>(idx % rows);
+          if (j < visible_keys(row, dpos, col0, keys, causal)) {
+            const real p = compat::fast_exp(s[e] - lp[g * l_stride + row]);
+            s[e] = p;
+            dp[e] = p * (dp[e] - dd[g * d_stride + row]) * scale;
+          } else {
+            s[e] = dp[e] = 0;
+          }
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ndmini::attention_block_softmax_bwd", Range(0, t.rows), KOKKOS_LAMBDA(const int i) {
-        const int row = row0 + i;
-        const int visible = visible_keys(row, delta, col0, keys, causal);
-        real* srow = s + static_cast<std::size_t>(i) * keys;
-        real* drow = dp + static_cast<std::size_t>(i) * keys;
-        const real l = lh[row], dd = dh[row];
+      "ndmini::attention_block_softmax_bwd", Range(0, total), KOKKOS_LAMBDA(const std::size_t idx) {
+        const int g = idx / rows, row = row0 + static_cast<int>(idx % rows);
+        const int visible = visible_keys(row, dpos, col0, keys, causal);
+        real* srow = s + idx * keys;
+        real* drow = dp + idx * keys;
+        const real l = lp[g * l_stride + row], dv = dd[g * d_stride + row];
         for (int j = 0; j < visible; ++j) {
           const real p = compat::fast_exp(srow[j] - l);
           srow[j] = p;
-          drow[j] = p * (drow[j] - dd) * scale;
+          drow[j] = p * (drow[j] - dv) * scale;
         }
         for (int j = visible; j < keys; ++j) srow[j] = drow[j] = 0;
       });
@@ -220,16 +352,44 @@ void softmax_backward_rows(Slice2D S, Slice2D dP, const real* lh, const real* dh
 void backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
                        const real* o, bool o_head_major, const AttentionShape& s) {
   const int T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
-  const std::size_t part = s.part_size();
-  if (!(dout_heads.extent(0) >= part && delta.extent(0) >= s.rows_size() &&
+  const std::size_t part = s.part_size(), rows = s.rows_size();
+  if (!(dout_heads.extent(0) >= part && delta.extent(0) >= rows &&
         dqkvh.extent(0) >= static_cast<std::size_t>(zero_parts) * part))
     throw Error("attention_backward_prologue: a buffer is smaller than the shape needs");
   const real* dy = dout.data();
   real* doh = dout_heads.data();
   real* dd = delta.data();
   real* dq = dqkvh.data();
+  if (device_form()) {
+    Kokkos::parallel_for(
+        "ndmini::attention_bwd_prologue", row_teams(rows), KOKKOS_LAMBDA(const Member& team) {
+          const std::size_t r = static_cast<std::size_t>(team.league_rank()) * kTeamRows + team.team_rank();
+          if (r >= rows) return;
+          const int t = r % T;
+          const int h = (r / T) % H;
+          const int b = r / (static_cast<std::size_t>(T) * H);
+          const std::size_t tm = (static_cast<std::size_t>(b) * T + t) * C + h * hs;
+          const real* dyr = dy + tm;
+          const real* orow = o + (o_head_major ? r * hs : tm);
+          real* dor = doh + r * hs;
+          real sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(team, hs),
+              [&](const int d, real& acc) {
+                dor[d] = dyr[d];
+                acc += dyr[d] * orow[d];
+              },
+              sum);
+          Kokkos::single(Kokkos::PerThread(team), [&] { dd[r] = sum; });
+          for (int p = 0; p < zero_parts; ++p) {
+            real* z = dq + p * part + r * hs;
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hs), [&](const int d) { z[d] = 0; });
+          }
+        });
+    return;
+  }
   Kokkos::parallel_for(
-      "ndmini::attention_bwd_prologue", Range(0, s.rows_size()), KOKKOS_LAMBDA(const std::size_t r) {
+      "ndmini::attention_bwd_prologue", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
         const int t = r % T;
         const int h = (r / T) % H;
         const int b = r / (static_cast<std::size_t>(T) * H);
@@ -253,8 +413,11 @@ void backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zer
 
 }  // namespace
 
-std::size_t attention_block_scratch_size(int q_rows, int k_rows) {
-  return std::max(forward_scratch(q_rows, k_rows), backward_scratch(q_rows, k_rows));
+void set_attention_kernel_form(AttentionKernelForm form) { g_form = form; }
+
+std::size_t attention_block_scratch_size(int q_rows, int k_rows, int heads) {
+  return static_cast<std::size_t>(batch_cap(heads)) *
+         std::max(forward_scratch(q_rows, k_rows), backward_scratch(q_rows, k_rows));
 }
 
 bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
@@ -263,15 +426,21 @@ bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHea
   if (fully_masked(nq, nk, delta, blk.causal)) return false;
   check_block(blk, scratch, nq, nk, false);
   const real scale = static_cast<real>(1 / std::sqrt(static_cast<double>(hs)));
-  for (int h = 0; h < blk.heads; ++h) {
+  const int group = heads_per_batch(blk.heads, scratch.extent(0), forward_scratch(nq, nk));
+  real* s = scratch.data();
+  for (int h0 = 0; h0 < blk.heads; h0 += group) {
+    const int n = std::min(group, blk.heads - h0);
     Tile t;
     for (QueryTiles tiles(nq, nk, delta, blk.causal, tile_rows_of(blk)); tiles.next(t);) {
-      const Slice2D S(scratch.data(), t.rows, t.cols);
+      // One S tile per head, one after another.
+      const std::size_t tile = static_cast<std::size_t>(t.rows) * t.cols;
+      const Slice2D S(s, t.rows, t.cols);
       // S = Q K^T / sqrt(hs) over the visible key prefix only.
-      KokkosBlas::gemm("N", "T", scale, rows_of(q, h, t.row0, t.rows, hs), rows_of(k, h, 0, t.cols, hs), real(0), S);
-      softmax_merge_rows(S, o.data + h * o.head_stride, lse.data + h * lse.head_stride, t, delta, blk.causal, hs);
-      KokkosBlas::gemm("N", "N", real(1), ConstSlice2D(S), rows_of(v, h, 0, t.cols, hs), real(1),
-                       rows_of(o, h, t.row0, t.rows, hs));
+      gemm_strided_batched("N", "T", scale, rows_of(q, h0, t.row0, t.rows, hs), q.head_stride,
+                           rows_of(k, h0, 0, t.cols, hs), k.head_stride, real(0), S, tile, n);
+      softmax_merge_rows(s, from_head(o, h0), from_head(lse, h0), n, t, delta, blk.causal, hs);
+      gemm_strided_batched("N", "N", real(1), ConstSlice2D(S), tile, rows_of(v, h0, 0, t.cols, hs), v.head_stride,
+                           real(1), rows_of(o, h0, t.row0, t.rows, hs), o.head_stride, n);
     }
   }
   return true;
@@ -284,20 +453,29 @@ bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRo
   if (fully_masked(nq, nk, dpos, blk.causal)) return false;
   check_block(blk, scratch, nq, nk, true);
   const real scale = static_cast<real>(1 / std::sqrt(static_cast<double>(hs)));
-  real* dp = scratch.data() + scratch.extent(0) / 2;
-  for (int h = 0; h < blk.heads; ++h) {
+  const std::size_t per_head = backward_scratch(nq, nk);
+  const int group = heads_per_batch(blk.heads, scratch.extent(0), per_head);
+  // The S tiles of a batch's heads, then their dP tiles.
+  real* s = scratch.data();
+  real* dp = s + static_cast<std::size_t>(group) * (per_head / 2);
+  for (int h0 = 0; h0 < blk.heads; h0 += group) {
+    const int n = std::min(group, blk.heads - h0);
     Tile t;
     for (KeyTiles tiles(nq, nk, dpos, blk.causal, tile_rows_of(blk)); tiles.next(t);) {
-      const Slice2D S(scratch.data(), t.rows, t.cols), dP(dp, t.rows, t.cols);
-      const ConstSlice2D Qs = rows_of(q, h, t.row0, t.rows, hs), dOs = rows_of(dout, h, t.row0, t.rows, hs);
-      const ConstSlice2D Kt = rows_of(k, h, t.col0, t.cols, hs);
-      KokkosBlas::gemm("N", "T", scale, Qs, Kt, real(0), S);
-      KokkosBlas::gemm("N", "T", real(1), dOs, rows_of(v, h, t.col0, t.cols, hs), real(0), dP);
-      softmax_backward_rows(S, dP, lse.data + h * lse.head_stride, delta.data + h * delta.head_stride, t, dpos,
-                            blk.causal, scale);
-      KokkosBlas::gemm("T", "N", real(1), ConstSlice2D(S), dOs, real(1), rows_of(dv, h, t.col0, t.cols, hs));
-      KokkosBlas::gemm("T", "N", real(1), ConstSlice2D(dP), Qs, real(1), rows_of(dk, h, t.col0, t.cols, hs));
-      KokkosBlas::gemm("N", "N", real(1), ConstSlice2D(dP), Kt, real(1), rows_of(dq, h, t.row0, t.rows, hs));
+      const std::size_t tile = static_cast<std::size_t>(t.rows) * t.cols;
+      const Slice2D S(s, t.rows, t.cols), dP(dp, t.rows, t.cols);
+      const ConstSlice2D Qs = rows_of(q, h0, t.row0, t.rows, hs), dOs = rows_of(dout, h0, t.row0, t.rows, hs);
+      const ConstSlice2D Kt = rows_of(k, h0, t.col0, t.cols, hs);
+      gemm_strided_batched("N", "T", scale, Qs, q.head_stride, Kt, k.head_stride, real(0), S, tile, n);
+      gemm_strided_batched("N", "T", real(1), dOs, dout.head_stride, rows_of(v, h0, t.col0, t.cols, hs), v.head_stride,
+                           real(0), dP, tile, n);
+      softmax_backward_rows(s, dp, from_head(lse, h0), from_head(delta, h0), n, t, dpos, blk.causal, scale);
+      gemm_strided_batched("T", "N", real(1), ConstSlice2D(S), tile, dOs, dout.head_stride, real(1),
+                           rows_of(dv, h0, t.col0, t.cols, hs), dv.head_stride, n);
+      gemm_strided_batched("T", "N", real(1), ConstSlice2D(dP), tile, Qs, q.head_stride, real(1),
+                           rows_of(dk, h0, t.col0, t.cols, hs), dk.head_stride, n);
+      gemm_strided_batched("N", "N", real(1), ConstSlice2D(dP), tile, Kt, k.head_stride, real(1),
+                           rows_of(dq, h0, t.row0, t.rows, hs), dq.head_stride, n);
     }
   }
   return true;
@@ -307,8 +485,8 @@ bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRo
 
 void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
   const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
-  const std::size_t part = s.part_size();
-  if (!(qkvh.extent(0) >= 3 * part && o.extent(0) >= part && lse.extent(0) >= s.rows_size() &&
+  const std::size_t part = s.part_size(), rows = s.rows_size();
+  if (!(qkvh.extent(0) >= 3 * part && o.extent(0) >= part && lse.extent(0) >= rows &&
         qkv.extent(0) == static_cast<std::size_t>(B) * T && qkv.extent(1) == static_cast<std::size_t>(3) * C))
     throw Error("attention_split_qkv: a buffer does not match the shape");
   const real* in = qkv.data();
@@ -316,10 +494,26 @@ void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv,
   real* op = o.data();
   real* lp = lse.data();
   const real neg_inf = -std::numeric_limits<real>::infinity();
+  if (device_form()) {
+    // One float of each of q, k and v per thread (coalesced on both sides).
+    Kokkos::parallel_for(
+        "ndmini::attention_split_qkv", Range(0, rows * hs), KOKKOS_LAMBDA(const std::size_t e) {
+          const std::size_t r = e / hs;
+          const int d = e % hs;
+          const int t = r % T;
+          const int h = (r / T) % H;
+          const int b = r / (static_cast<std::size_t>(T) * H);
+          const real* tm = in + (static_cast<std::size_t>(b) * T + t) * (3 * C) + h * hs + d;
+          for (int which = 0; which < 3; ++which) qh[which * part + e] = tm[which * C];
+          op[e] = 0;
+          if (d == 0) lp[r] = neg_inf;
+        });
+    return;
+  }
   // One pass per head row of q: its q, k and v rows move together, and the
   // merge identity of that row is written on the way.
   Kokkos::parallel_for(
-      "ndmini::attention_split_qkv", Range(0, s.rows_size()), KOKKOS_LAMBDA(const std::size_t r) {
+      "ndmini::attention_split_qkv", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
         const int t = r % T;
         const int h = (r / T) % H;
         const int b = r / (static_cast<std::size_t>(T) * H);

@@ -28,9 +28,12 @@
 // Work the causal mask removes is skipped: a fully masked pair returns at
 // once; otherwise the query rows are cut into tiles and each tile multiplies
 // only the key prefix visible to its last row (on a diagonal block about
-// half the products of a full square). Matrix products go through
-// KokkosBlas::gemm (BLAS on the host, cuBLAS on CUDA) on a per-head scratch
-// tile; the softmax steps are Kokkos kernels. Everything runs in a fixed
+// half the products of a full square). The heads share every tile's shape,
+// so each product of a tile is one strided-batched GEMM over the heads
+// (gemm_strided_batched: cublasGemmStridedBatchedEx on CUDA; on a CPU core
+// one head at a time, so its tile stays in cache) on a scratch tile per
+// head; the softmax steps are Kokkos kernels, in their coalesced form on a
+// GPU (a row per warp, lanes along the row). Everything runs in a fixed
 // order without atomics, so results are deterministic.
 #include <cstddef>
 
@@ -77,8 +80,18 @@ struct AttentionBlock {
   int tile_rows = 0;  // query rows per tile of the causal staircase; 0: the tuned default
 };
 
-// Floats of scratch the block kernels need for up to q_rows x k_rows.
-std::size_t attention_block_scratch_size(int q_rows, int k_rows);
+// Floats of scratch the block kernels need for up to q_rows x k_rows, for
+// `heads` heads batched together (a GPU batches them all; a CPU one at a time,
+// so there the size does not grow with heads). A smaller scratch, of at least
+// one head's share, batches fewer heads at once.
+std::size_t attention_block_scratch_size(int q_rows, int k_rows, int heads = 1);
+
+// Which form the block kernels take. automatic: the build's (device where
+// MemSpace is a GPU's memory). Tests on a CPU select `device` to check the
+// GPU form there: coalesced row kernels (teams of rows, vector lanes along a
+// row), every head in one batched product and the GPU's tile height.
+enum class AttentionKernelForm { automatic, host, device };
+void set_attention_kernel_form(AttentionKernelForm form);
 
 // Merges q against (k, v) into (o, lse) as above. o: [rows of q, hs];
 // lse: one float per query row. Returns false, touching nothing, when the

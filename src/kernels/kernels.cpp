@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "kernels/kernels.hpp"
 
-#include <KokkosBlas3_gemm.hpp>
-
 #include "core/compat.hpp"
 #include "core/rng.hpp"
 
@@ -14,45 +12,7 @@ constexpr real kLayerNormEps = 1e-5f;
 
 }  // namespace
 
-// ---- dense layers ---------------------------------------------------------
-
-void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c) {
-  KokkosBlas::gemm(transa, transb, alpha, a, b, beta, c);
-}
-
-void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
-  const int out = y.extent(1);
-  const bool has_bias = bias.extent(0) > 0, has_residual = residual.extent(0) > 0;
-  real beta = 0;
-  if (has_bias || has_residual) {
-    // Seed y with residual + bias, then let GEMM add x W^T on top (beta = 1):
-    // no separate pass over the output for either.
-    real* yp = y.data();
-    const real* rp = residual.data();
-    const real* bp = bias.data();
-    Kokkos::parallel_for(
-        "ndmini::linear_seed", Range(0, y.extent(0)), KOKKOS_LAMBDA(const std::size_t row) {
-          real* yr = yp + row * out;
-          const real* rr = has_residual ? rp + row * out : nullptr;
-          if (has_residual && has_bias) {
-            for (int j = 0; j < out; ++j) yr[j] = rr[j] + bp[j];
-          } else if (has_residual) {
-            for (int j = 0; j < out; ++j) yr[j] = rr[j];
-          } else {
-            for (int j = 0; j < out; ++j) yr[j] = bp[j];
-          }
-        });
-    beta = 1;
-  }
-  KokkosBlas::gemm("N", "T", real(1), x, weight, beta, y);
-}
-
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
-                     real dx_beta) {
-  KokkosBlas::gemm("T", "N", real(1), dy, x, real(1), dweight);
-  if (dbias.extent(0) > 0) bias_backward(dbias, dy);
-  if (dx.extent(0) > 0) KokkosBlas::gemm("N", "N", real(1), dy, weight, dx_beta, dx);
-}
+// The dense layers (gemm, linear_forward, linear_backward, bias_backward) are in gemm.cpp.
 
 // ---- embeddings -----------------------------------------------------------
 
@@ -116,14 +76,6 @@ void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias) {
         for (int c = 0; c < C; ++c)
           y(row, c) += (has_residual ? residual(row, c) : real(0)) + (has_bias ? bias(c) : real(0));
       });
-}
-
-void bias_backward(Slice1D dbias, ConstSlice2D dy) {
-  // Column sums of dy as a [1, N] x [N, out] GEMM with a ones row: BLAS
-  // streams dy once (KokkosBlas' own GEMV would be used for a LayoutRight gemv).
-  View2D ones(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::ones"), 1, dy.extent(0));
-  Kokkos::deep_copy(ones, real(1));
-  KokkosBlas::gemm("N", "N", real(1), ones, dy, real(1), Slice2D(dbias.data(), 1, dbias.extent(0)));
 }
 
 // ---- layer norm -------------------------------------------------------------

@@ -6,8 +6,9 @@
 // (sequence-major within a micro-batch). Weights follow PyTorch Linear:
 // [out, in]. Every backward ACCUMULATES into parameter gradients (so
 // micro-batches add up) and, where noted, into input gradients (so residual
-// branches add up). Matrix products go through KokkosBlas::gemm (BLAS on the
-// host, cuBLAS on CUDA); the rest are fused Kokkos kernels.
+// branches add up). Matrix products go through gemm() below (gemm.cpp:
+// cuBLAS in a CUDA build, KokkosBlas::gemm on the host); the rest are fused
+// Kokkos kernels.
 #include "core/types.hpp"
 
 namespace ndmini::kernels {
@@ -19,8 +20,15 @@ void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D
 // dW += dy^T x, db += column sums of dy, dx = dx_beta * dx + dy W (dx may be empty).
 void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
                      real dx_beta = 0);
-// C = alpha * op(A) op(B) + beta * C, op = "N" or "T".
+// C = alpha * op(A) op(B) + beta * C, op = "N" or "T". Asynchronous on
+// ExecSpace (in order with the kernels around it).
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);
+// `count` products of one shape at once: C_i = alpha op(A_i) op(B_i) + beta C_i,
+// where a, b and c are the first matrices and matrix i of an operand starts
+// `stride` floats after matrix i - 1 (e.g. one attention head after another).
+// One cublasGemmStridedBatchedEx on CUDA; a loop of gemm on the host.
+void gemm_strided_batched(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a,
+                          ConstSlice2D b, std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count);
 
 // ---- embeddings -----------------------------------------------------------
 // Positions: one per row, the absolute position of that row's token in its

@@ -1,17 +1,16 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "parallel/context.hpp"
 
-#include <type_traits>
-
 namespace ndmini {
 
 ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_(shape, world) {
-  const auto device = nccl_available() && !std::is_same_v<MemSpace, HostSpace> ? Communicator::Backend::nccl
-                                                                               : Communicator::Backend::mpi;
+  const auto device = device_collectives_backend(world);
   tp_ = std::make_unique<Communicator>(mesh_.axis(Axis::tp), "tp", device);
   cp_ = std::make_unique<Communicator>(mesh_.axis(Axis::cp), "cp", device);
-  // Pipeline sends must not block (parallel/pipeline/pipeline.hpp): MPI,
-  // which needs a CUDA-aware MPI for device memory.
+  // Pipeline sends must not block, and NCCL's pairing of a send with its
+  // receive deadlocks interleaved 1F1B (parallel/pipeline/pipeline.hpp): MPI
+  // always; device buffers go through a CUDA-aware MPI or host memory
+  // (comm/device_path.hpp).
   pp_ = std::make_unique<Communicator>(mesh_.axis(Axis::pp), "pp", Communicator::Backend::mpi);
   dp_replicate_ = std::make_unique<Communicator>(mesh_.axis(Axis::dp_replicate), "dp_replicate", device);
   fsdp_ = std::make_unique<Communicator>(mesh_.fsdp(), "fsdp", device);

@@ -51,7 +51,8 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
   heads_ = View1D("cp_attention_heads", part);
   delta_ = View1D("cp_attention_delta", shape_.rows_size());
   dqkvh_ = View1D("cp_attention_dqkvh", 3 * part);
-  scratch_ = View1D("cp_attention_scratch", kernels::attention_block_scratch_size(block_rows, block_rows));
+  scratch_ = View1D("cp_attention_scratch",
+                    kernels::attention_block_scratch_size(block_rows, block_rows, shape_.batch * shape_.heads));
   if (comm_) {
     for (int i = 0; i < 2; ++i) {
       kv_[i] = View1D("cp_attention_kv", 2 * part);

@@ -7,12 +7,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "comm/backend.hpp"
 #include "comm/ledger.hpp"
@@ -97,13 +99,21 @@ class NcclBackend final : public Communicator::BackendImpl {
     check(ncclCommInitRank(&comm_, size, boot.id, rank), "ncclCommInitRank");
 
 #ifdef KOKKOS_ENABLE_CUDA
-    // Kokkos's stream: collectives are ordered with the kernels around them.
-    stream_ = Kokkos::Cuda().cuda_stream();
+    // Kokkos's stream: the kernels and cuBLAS products a collective must follow.
+    compute_ = Kokkos::Cuda().cuda_stream();
 #else
-    // Host Kokkos: nothing to order with; a stream of our own.
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", name_);
-    own_stream_ = true;
+    // Host Kokkos: callers fill device buffers with synchronous copies or on
+    // the legacy default stream (nullptr), which the comm stream then follows.
+    compute_ = nullptr;
 #endif
+    // The communication stream, at the highest priority, so a collective's
+    // kernels start as soon as their inputs are ready instead of queueing
+    // behind compute.
+    int least = 0, greatest = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange", name_);
+    cuda_check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest), "cudaStreamCreateWithPriority",
+               name_);
+    cuda_check(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags", name_);
   }
 
   ~NcclBackend() override {
@@ -112,8 +122,13 @@ class NcclBackend final : public Communicator::BackendImpl {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(comm_);
     }
-    if (own_stream_) cudaStreamDestroy(stream_);
+    if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
+
+  // Ordered on the device (an event from the compute stream), so the
+  // Communicator need not fence the host before a collective.
+  bool orders_with_compute() const override { return true; }
 
   void all_reduce(real* buf, std::size_t count, ReduceOp op) override { complete(iall_reduce(buf, count, op)); }
   void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
@@ -205,10 +220,15 @@ class NcclBackend final : public Communicator::BackendImpl {
   }
 
  private:
-  // Enqueues one NCCL call on the stream and records its completion event.
+  // Enqueues one NCCL call on the communication stream, after everything
+  // already enqueued on the compute stream (the kernels that wrote its
+  // inputs: an event, not a host fence, so compute enqueued later overlaps
+  // the transfer), and records its completion event.
   template <class Call>
   std::unique_ptr<CommRequest::Impl> issue(const char* what, Call&& call) {
     require(comm_ != nullptr, "Communicator '" + name_ + "': the NCCL communicator was aborted");
+    cuda_check(cudaEventRecord(inputs_ready_, compute_), "cudaEventRecord", name_);
+    cuda_check(cudaStreamWaitEvent(stream_, inputs_ready_, 0), "cudaStreamWaitEvent", name_);
     check(call(), what);
     cudaEvent_t event = nullptr;
     cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags", name_);
@@ -238,8 +258,9 @@ class NcclBackend final : public Communicator::BackendImpl {
   std::string name_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  bool own_stream_ = false;
+  cudaStream_t compute_ = nullptr;      // Kokkos' stream (CUDA build) or the legacy default stream
+  cudaStream_t stream_ = nullptr;       // the communication stream, owned
+  cudaEvent_t inputs_ready_ = nullptr;  // recorded on compute_ at each issue; reused (a wait copies its state)
 };
 
 void NcclRequest::wait_backend() { backend_->wait_event(event_); }
@@ -250,6 +271,39 @@ void NcclRequest::abort_backend() { backend_->abort_comm(); }
 
 std::unique_ptr<Communicator::BackendImpl> make_nccl_backend(MPI_Comm comm, const std::string& name) {
   return std::make_unique<NcclBackend>(comm, name);
+}
+
+std::string nccl_device_problem(MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_size = 1;
+  MPI_Comm_size(node, &local_size);
+  // The PCI bus id of each rank's current device ("" when it has none).
+  constexpr int kBusIdChars = 32;
+  char bus[kBusIdChars] = {};
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetPCIBusId(bus, kBusIdChars, device) != cudaSuccess) {
+    cudaGetLastError();  // clear the error so later CUDA calls do not report it
+    bus[0] = '\0';
+  }
+  std::vector<char> all(static_cast<std::size_t>(local_size) * kBusIdChars);
+  MPI_Allgather(bus, kBusIdChars, MPI_CHAR, all.data(), kBusIdChars, MPI_CHAR, node);
+  MPI_Comm_free(&node);
+  // 1: a rank without a device; 2: two ranks of a node on one device.
+  int problem = 0;
+  std::vector<std::string> ids;
+  for (int r = 0; r < local_size; ++r) ids.emplace_back(all.data() + static_cast<std::size_t>(r) * kBusIdChars);
+  for (int r = 0; r < local_size; ++r) {
+    if (ids[r].empty()) problem = std::max(problem, 1);
+    for (int q = 0; q < r; ++q)
+      if (!ids[r].empty() && ids[r] == ids[q]) problem = std::max(problem, 2);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &problem, 1, MPI_INT, MPI_MAX, world);
+  if (problem == 1) return "a rank has no CUDA device";
+  if (problem == 2) return "ranks of a node share a GPU (NCCL needs one GPU per rank)";
+  return {};
 }
 
 std::string nccl_library_version() {

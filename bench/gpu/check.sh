@@ -1,0 +1,363 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The GPU check: one script for a machine with one NVIDIA GPU, about 10 minutes with a prebuilt tree.
+#   1. takes a built `cuda` tree, or builds it (bench/gpu/build.sh's steps);
+#   2. runs `ctest -L gpu` and the unit tests (`ctest -L unit -LE large`) on the GPU;
+#   3. trains inputs/tiny.toml on the GPU and on the CPU (a host build) and compares every step's
+#      loss: fp32, at most 1e-5 relative;
+#   4. trains inputs/gpt2-124m.toml at T = 1024 for a few steps in fp32 (train.precision = "bf16"
+#      is not built yet) and reports tokens/s, step time, GPU memory and MFU against the measured
+#      fp32 GEMM peak and against the GPU's dense bf16 peak.
+# Every figure goes to OUTDIR: summary.md (for people), figures.env (KEY=value, for scripts),
+# the metrics files of each run and logs/ (one log per stage).
+#
+# Usage: bench/gpu/check.sh OUTDIR [options]
+#   --build-dir DIR       the `cuda` build tree (default: build-cuda in this checkout); used as it is
+#                         when it holds miniapp/ndmini, else configured and built from --kokkos-prefix
+#   --kokkos-prefix DIR   where Kokkos and Kokkos Kernels for CUDA are installed (DIR/kokkos,
+#                         DIR/kokkos-kernels, as bench/gpu/build.sh lays them out)
+#   --kokkos-src DIR --kernels-src DIR
+#                         build those first (bench/gpu/build.sh) into --kokkos-prefix
+#   --cpu-build DIR       a host build for the CPU run of the tiny deck (default: build, the
+#                         `release` preset; configured and built when missing, alongside the GPU stages)
+#   --steps N             gpt2-124m steps (default 8; the first is left out of the figures)
+#   --budget SECONDS      for the whole check (default 600); each stage gets at most what is left
+#   --bf16-peak-tflops X  the GPU's dense bf16 peak (default: 989.4 for H100/H200 SXM, by name)
+#   --dry-run             print the plan and every command; run nothing
+#   --compare-losses GPU.jsonl CPU.jsonl [TOL]
+#                         only compare two metrics files, step by step (exit 0 within TOL, default 1e-5)
+# Exit status: 0 every check passed; 1 a check failed; 2 bad usage; 77 no NVIDIA GPU on this
+# machine (nothing checked; NDMINI_CHECK_NO_GPU=1 takes this path anywhere).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+readonly kSkip=77
+readonly kLossTol=1e-5
+readonly kGpt2SeqLen=1024
+
+die_usage() {
+  echo "check.sh: $*" >&2
+  echo "usage: bench/gpu/check.sh OUTDIR [--build-dir DIR] [--kokkos-prefix DIR] [--kokkos-src DIR --kernels-src DIR]" >&2
+  echo "       [--cpu-build DIR] [--steps N] [--budget SECONDS] [--bf16-peak-tflops X] [--dry-run]" >&2
+  echo "       bench/gpu/check.sh --compare-losses GPU.jsonl CPU.jsonl [TOL]" >&2
+  exit 2
+}
+
+# losses FILE: "step loss" for every step record of a metrics file.
+losses() {
+  grep '"step"' "$1" | grep -v '"summary"' | sed -E 's/.*"step":([0-9]+).*"loss":([^,}]*).*/\1 \2/;t;s/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/'
+}
+
+# compare_losses GPU CPU TOL: prints the worst relative difference; exit 0 when every step is within TOL.
+compare_losses() {
+  local gpu=$1 cpu=$2 tol=$3
+  [ -s "$gpu" ] || { echo "no GPU metrics file: $gpu" >&2; return 1; }
+  [ -s "$cpu" ] || { echo "no CPU metrics file: $cpu" >&2; return 1; }
+  join <(losses "$gpu" | sort -k1,1) <(losses "$cpu" | sort -k1,1) | sort -n -k1,1 |
+    awk -v tol="$tol" -v ng="$(losses "$gpu" | wc -l)" -v nc="$(losses "$cpu" | wc -l)" '
+      { d = $2 - $3; if (d < 0) d = -d; c = $3; if (c < 0) c = -c; r = (c > 0) ? d / c : d;
+        if (r > worst) { worst = r; at = $1 } n++;
+        if (r > tol) printf "step %d: GPU %s CPU %s relative %.3e > %s\n", $1, $2, $3, r, tol }
+      END { printf "steps compared %d (GPU %d, CPU %d); worst relative difference %.3e at step %d (bound %s)\n",
+                   n, ng, nc, worst, at, tol;
+            exit (n == 0 || n != ng || n != nc || worst > tol) ? 1 : 0 }'
+}
+
+if [ "${1:-}" = "--compare-losses" ]; then
+  [ $# -ge 3 ] || die_usage "--compare-losses needs GPU.jsonl CPU.jsonl [TOL]"
+  compare_losses "$2" "$3" "${4:-$kLossTol}"
+  exit $?
+fi
+
+# ---- arguments ----------------------------------------------------------------------------
+[ $# -ge 1 ] || die_usage "OUTDIR is missing"
+case "$1" in -*) die_usage "the first argument is OUTDIR, not an option ($1)" ;; esac
+out=$1
+shift
+build_dir=$repo/build-cuda
+cpu_build=$repo/build
+kokkos_prefix="" kokkos_src="" kernels_src=""
+steps=8 budget=600 bf16_peak_tflops="" dry_run=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir | --kokkos-prefix | --kokkos-src | --kernels-src | --cpu-build | --steps | --budget | --bf16-peak-tflops)
+      [ $# -ge 2 ] || die_usage "$1 needs a value"
+      case "$1" in
+        --build-dir) build_dir=$2 ;;
+        --kokkos-prefix) kokkos_prefix=$2 ;;
+        --kokkos-src) kokkos_src=$2 ;;
+        --kernels-src) kernels_src=$2 ;;
+        --cpu-build) cpu_build=$2 ;;
+        --steps) steps=$2 ;;
+        --budget) budget=$2 ;;
+        --bf16-peak-tflops) bf16_peak_tflops=$2 ;;
+      esac
+      shift 2
+      ;;
+    --dry-run)
+      dry_run=1
+      shift
+      ;;
+    *) die_usage "unknown option $1" ;;
+  esac
+done
+if ! [[ "$steps" =~ ^[0-9]+$ ]] || [ "$steps" -lt 2 ]; then die_usage "--steps must be an integer >= 2 (got $steps)"; fi
+if ! [[ "$budget" =~ ^[0-9]+$ ]] || [ "$budget" -lt 60 ]; then die_usage "--budget must be seconds >= 60 (got $budget)"; fi
+[ -z "$bf16_peak_tflops" ] || [[ "$bf16_peak_tflops" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+  die_usage "--bf16-peak-tflops must be a number (got $bf16_peak_tflops)"
+if [ -n "$kokkos_src$kernels_src" ] && { [ -z "$kokkos_src" ] || [ -z "$kernels_src" ]; }; then
+  die_usage "--kokkos-src and --kernels-src go together"
+fi
+[ -n "$kokkos_src" ] && [ -z "$kokkos_prefix" ] && kokkos_prefix=$repo/kokkos-cuda
+
+mkdir -p "$out/logs" "$out/work"
+out=$(cd "$out" && pwd)
+build_dir=$(mkdir -p "$build_dir" && cd "$build_dir" && pwd)
+figures=$out/figures.env
+summary=$out/summary.md
+: >"$figures"
+start_s=$SECONDS
+failures=0
+cpu_build_pid="" mem_pid=""
+# Background helpers (the CPU build, the memory sampler) end with the script.
+# shellcheck disable=SC2317  # called by the trap
+cleanup() {
+  local pid
+  for pid in $cpu_build_pid $mem_pid; do kill "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# figure KEY VALUE: one line of figures.env.
+figure() { printf '%s=%s\n' "$1" "$2" >>"$figures"; }
+note() {
+  echo "check.sh: $*"
+  echo "- $*" >>"$summary"
+}
+left() { echo $((budget - (SECONDS - start_s))); }
+
+# stage NAME LIMIT CMD...: CMD under a timeout of min(LIMIT, what is left of the budget), its output
+# in logs/NAME.log; records NAME_status (pass, fail or timeout) and NAME_s. Returns CMD's status.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local avail
+  avail=$(left)
+  if [ "$avail" -lt "$limit" ]; then limit=$avail; fi
+  if [ "$dry_run" = 1 ]; then
+    echo "[dry-run] $name (timeout ${limit}s): $*"
+    return 0
+  fi
+  if [ "$limit" -le 5 ]; then
+    note "$name: not run, the ${budget}s budget is spent"
+    figure "${name}_status" "not_run"
+    failures=$((failures + 1))
+    return 1
+  fi
+  echo "check.sh: $name (at most ${limit}s) ..."
+  local t0=$SECONDS rc=0
+  timeout --kill-after=10 "$limit" "$@" >"$out/logs/$name.log" 2>&1 || rc=$?
+  local status=pass
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status=timeout
+  elif [ "$rc" -ne 0 ]; then
+    status=fail
+  fi
+  figure "${name}_status" "$status"
+  figure "${name}_s" $((SECONDS - t0))
+  note "$name: $status in $((SECONDS - t0)) s (exit $rc; logs/$name.log)"
+  [ "$status" = pass ] || {
+    failures=$((failures + 1))
+    tail -n 20 "$out/logs/$name.log" | sed 's/^/    /'
+  }
+  return "$rc"
+}
+
+{
+  echo "# ndmini GPU check"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (with local changes)')"
+} >"$summary"
+
+# ---- the GPU ------------------------------------------------------------------------------
+gpu_name=""
+if [ "${NDMINI_CHECK_NO_GPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_name=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+fi
+if [ -z "$gpu_name" ]; then
+  if [ "$dry_run" = 1 ]; then
+    note "no NVIDIA GPU here: a dry run shows the plan all the same"
+    gpu_name="(none: dry run)"
+  else
+    note "no NVIDIA GPU on this machine (nvidia-smi finds none): nothing checked"
+    figure status skipped_no_gpu
+    exit "$kSkip"
+  fi
+else
+  timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv \
+    >"$out/gpu.csv" 2>&1 || true
+  gpu_count=$( (timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader || true) | wc -l)
+  [ "$gpu_count" -eq 1 ] || note "$gpu_count GPUs visible: the runs use one (CUDA_VISIBLE_DEVICES picks which)"
+fi
+note "GPU: $gpu_name"
+figure gpu "\"$gpu_name\""
+if [ -z "$bf16_peak_tflops" ]; then
+  case "$gpu_name" in
+    *H100*SXM* | *H100\ 80GB\ HBM3* | *H200*) bf16_peak_tflops=989.4 ;;  # dense bf16, SXM parts
+    *) bf16_peak_tflops="" ;;
+  esac
+fi
+
+# ---- builds ---------------------------------------------------------------------------------
+jobs=$(nproc 2>/dev/null || echo 4)
+if [ ! -x "$cpu_build/miniapp/ndmini" ]; then
+  # The host build runs beside the GPU stages; the tiny comparison waits for it.
+  note "CPU build: $cpu_build has no miniapp/ndmini; building the release preset there in the background"
+  if [ "$dry_run" = 1 ]; then
+    echo "[dry-run] cpu_build: cmake -S $repo -B $cpu_build --preset release && cmake --build $cpu_build -j $jobs --target ndmini_exe"
+  else
+    (cd "$repo" && cmake -S "$repo" -B "$cpu_build" --preset release -DNDMINI_ENABLE_TESTS=OFF \
+      -DNDMINI_ENABLE_BENCHMARKS=OFF && cmake --build "$cpu_build" -j "$jobs" --target ndmini_exe) \
+      >"$out/logs/cpu_build.log" 2>&1 &
+    cpu_build_pid=$!
+  fi
+fi
+
+if [ -n "$kokkos_src" ]; then
+  stage kokkos_build 1800 env JOBS="$jobs" "$repo/bench/gpu/build.sh" "$kokkos_src" "$kernels_src" "$kokkos_prefix" ||
+    true
+fi
+if [ ! -x "$build_dir/miniapp/ndmini" ]; then
+  [ -n "$kokkos_prefix" ] ||
+    { [ "$dry_run" = 1 ] && kokkos_prefix="KOKKOS_PREFIX"; } ||
+    die_usage "$build_dir holds no built ndmini: give --kokkos-prefix (installed Kokkos CUDA) or --kokkos-src/--kernels-src"
+  stage cuda_configure 300 cmake -S "$repo" -B "$build_dir" --preset cuda -DKokkos_ROOT="$kokkos_prefix/kokkos" \
+    -DKokkosKernels_ROOT="$kokkos_prefix/kokkos-kernels" || true
+  stage cuda_build 1800 cmake --build "$build_dir" -j "$jobs" || true
+fi
+if [ "$dry_run" = 0 ] && [ ! -x "$build_dir/miniapp/ndmini" ]; then
+  note "no CUDA build: the GPU stages cannot run"
+  figure status failed_build
+  exit 1
+fi
+ndmini_gpu=$build_dir/miniapp/ndmini
+ndmini_cpu=$cpu_build/miniapp/ndmini
+launch=()
+if command -v mpiexec >/dev/null 2>&1; then launch=(mpiexec -n 1); fi
+if [ "$dry_run" = 0 ]; then
+  grep -q 'NDMINI_KOKKOS_CUDA:INTERNAL=ON\|Kokkos_DEVICES.*CUDA' "$build_dir/CMakeCache.txt" 2>/dev/null ||
+    note "warning: $build_dir may not be a Kokkos CUDA build (CMakeCache.txt does not say CUDA)"
+fi
+
+# ---- tests on the GPU -------------------------------------------------------------------------
+# ctest_counts LOG PREFIX: figures from ctest's "N% tests passed, F tests failed out of T" line.
+ctest_counts() {
+  local line
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$1" | tail -n 1 || true)
+  [ -n "$line" ] || return 0
+  figure "${2}_failed" "$(sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/' <<<"$line")"
+  figure "${2}_total" "$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")"
+  figure "${2}_skipped" "$(grep -c '\*\*\*Skipped\|Not Run (Disabled)' "$1" || true)"
+}
+stage ctest_gpu 180 ctest --test-dir "$build_dir" -L gpu --output-on-failure || true
+[ "$dry_run" = 1 ] || ctest_counts "$out/logs/ctest_gpu.log" ctest_gpu
+stage ctest_unit 300 ctest --test-dir "$build_dir" -L unit -LE large -j 4 --output-on-failure || true
+[ "$dry_run" = 1 ] || ctest_counts "$out/logs/ctest_unit.log" ctest_unit
+
+# ---- the tiny deck: GPU against CPU -------------------------------------------------------------
+tiny=(train "$repo/inputs/tiny.toml" --set train.log_every=1 --set checkpoint.every=0)
+# in_work CMD...: CMD run from work/ (runs may write files where they start).
+# shellcheck disable=SC2016  # expanded by the inner bash
+in_work=(bash -c 'cd "$1" && shift && "$@"' _ "$out/work")
+stage tiny_gpu 120 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${tiny[@]}" \
+  --metrics "$out/tiny_gpu.jsonl" || true
+if [ -n "$cpu_build_pid" ]; then
+  echo "check.sh: waiting for the CPU build ..."
+  while kill -0 "$cpu_build_pid" 2>/dev/null && [ "$(left)" -gt 10 ]; do sleep 2; done
+  if kill -0 "$cpu_build_pid" 2>/dev/null; then
+    kill "$cpu_build_pid" 2>/dev/null || true
+    note "CPU build ran out of time (logs/cpu_build.log)"
+  fi
+  wait "$cpu_build_pid" || note "CPU build failed (logs/cpu_build.log)"
+  cpu_build_pid=""
+fi
+stage tiny_cpu 180 "${in_work[@]}" "${launch[@]}" "$ndmini_cpu" "${tiny[@]}" \
+  --metrics "$out/tiny_cpu.jsonl" || true
+if [ "$dry_run" = 1 ]; then
+  echo "[dry-run] compare: $0 --compare-losses $out/tiny_gpu.jsonl $out/tiny_cpu.jsonl $kLossTol"
+elif compare_losses "$out/tiny_gpu.jsonl" "$out/tiny_cpu.jsonl" "$kLossTol" >"$out/logs/tiny_compare.log" 2>&1; then
+  figure tiny_losses_match pass
+  note "tiny deck, GPU vs CPU losses: $(tail -n 1 "$out/logs/tiny_compare.log")"
+else
+  figure tiny_losses_match fail
+  failures=$((failures + 1))
+  note "tiny deck, GPU vs CPU losses DIFFER: $(tail -n 1 "$out/logs/tiny_compare.log") (logs/tiny_compare.log)"
+fi
+[ "$dry_run" = 1 ] || figure tiny_worst_rel_diff "$(sed -nE 's/.*worst relative difference ([^ ]+).*/\1/p' "$out/logs/tiny_compare.log")"
+
+# ---- gpt2-124m at T = 1024 ------------------------------------------------------------------------
+gpt2=(train "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" --set "train.steps=$steps"
+  --set train.log_every=1 --set train.precision=fp32 --set checkpoint.every=0)
+note "gpt2-124m runs in fp32: train.precision = \"bf16\" is not built yet"
+figure gpt2_precision fp32
+figure gpt2_seq_len "$kGpt2SeqLen"
+stage gpt2_check 60 "$ndmini_gpu" check "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" || true
+mem_log=$out/logs/gpu_memory.csv
+if [ "$dry_run" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
+  # GPU memory in use, once a second, while the run lasts.
+  (while true; do
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1
+    sleep 1
+  done) >"$mem_log" &
+  mem_pid=$!
+fi
+stage gpt2_t1024 240 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" \
+  --metrics "$out/gpt2_t1024.jsonl" || true
+if [ -n "$mem_pid" ]; then
+  kill "$mem_pid" 2>/dev/null || true
+  mem_pid=""
+fi
+
+if [ "$dry_run" = 0 ]; then
+  summary_line=$(grep '"summary"' "$out/gpt2_t1024.jsonl" 2>/dev/null | tail -n 1 || true)
+  # field NAME: a number of the summary line.
+  field() { sed -nE "s/.*\"$1\":([-0-9.eE+]+).*/\1/p" <<<"$summary_line"; }
+  flops_per_token=$(sed -nE 's/^FLOPs per token +([0-9.eE+]+).*/\1/p' "$out/logs/gpt2_check.log" 2>/dev/null | head -n 1)
+  tokens_per_s=$(field tokens_per_s)
+  if [ -n "$summary_line" ] && [ -n "$tokens_per_s" ]; then
+    figure gpt2_tokens_per_s "$tokens_per_s"
+    figure gpt2_median_step_ms "$(field median_step_ms)"
+    figure gpt2_mfu_vs_measured_fp32_peak "$(field mfu)"
+    figure gpt2_measured_peak_flops "$(field peak_flops)"
+    figure gpt2_final_loss "$(field final_loss)"
+    figure gpt2_flops_per_token "$flops_per_token"
+    mfu_bf16=""
+    if [ -n "$bf16_peak_tflops" ] && [ -n "$flops_per_token" ]; then
+      mfu_bf16=$(awk -v f="$flops_per_token" -v t="$tokens_per_s" -v p="$bf16_peak_tflops" \
+        'BEGIN { printf "%.4f", f * t / (p * 1e12) }')
+      figure gpt2_bf16_dense_peak_tflops "$bf16_peak_tflops"
+      figure gpt2_mfu_vs_bf16_dense_peak "$mfu_bf16"
+    fi
+    mem_max=$(sort -n "$mem_log" 2>/dev/null | tail -n 1)
+    [ -z "$mem_max" ] || figure gpt2_gpu_memory_used_max_mib "$mem_max"
+    note "gpt2-124m T=$kGpt2SeqLen fp32: $tokens_per_s tokens/s, median step $(field median_step_ms) ms," \
+      "MFU $(field mfu) of the measured fp32 GEMM peak$([ -z "$mfu_bf16" ] || echo ", $mfu_bf16 of the ${bf16_peak_tflops} TFLOP/s dense bf16 peak")," \
+      "GPU memory up to ${mem_max:-?} MiB"
+  else
+    note "gpt2-124m T=$kGpt2SeqLen: no summary line in gpt2_t1024.jsonl (logs/gpt2_t1024.log)"
+    failures=$((failures + 1))
+  fi
+fi
+
+figure check_s $((SECONDS - start_s))
+if [ "$dry_run" = 1 ]; then
+  echo "check.sh: dry run done (nothing ran)"
+  exit 0
+fi
+if [ "$failures" -eq 0 ]; then
+  figure status pass
+  note "every check passed in $((SECONDS - start_s)) s"
+  exit 0
+fi
+figure status fail
+note "$failures check(s) failed; see $summary and $out/logs"
+exit 1

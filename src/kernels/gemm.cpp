@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The dense layers and ndmini's GEMM wrapper: every matrix product of the
+// model goes through gemm() / gemm_strided_batched() here. A CUDA build with
+// cuBLAS (NDMINI_HAVE_CUBLAS) calls cublasGemmEx / cublasGemmStridedBatchedEx
+// on Kokkos' CUDA stream with one handle per process; every other build
+// calls KokkosBlas::gemm (BLAS on the host).
+#include <string>
+
+#include "kernels/kernels.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(NDMINI_HAVE_CUBLAS)
+#define NDMINI_GEMM_CUBLAS 1
+#include <type_traits>
+
+#include "kernels/gemm_cublas.hpp"
+#else
+#include <KokkosBlas3_gemm.hpp>
+#endif
+
+#include "core/error.hpp"
+
+namespace ndmini::kernels {
+namespace {
+
+using Range = Kokkos::RangePolicy<ExecSpace>;
+
+bool transposed(const char* t) { return t[0] == 'T' || t[0] == 't'; }
+
+// Shapes must agree: cuBLAS would read past a too-small operand. Cheap
+// integer checks; the message is built only when one fails.
+void check_shapes(const char* transa, const char* transb, const ConstSlice2D& a, const ConstSlice2D& b,
+                  const Slice2D& c) {
+  const std::size_t m = c.extent(0), n = c.extent(1);
+  const std::size_t am = transposed(transa) ? a.extent(1) : a.extent(0);
+  const std::size_t ak = transposed(transa) ? a.extent(0) : a.extent(1);
+  const std::size_t bk = transposed(transb) ? b.extent(1) : b.extent(0);
+  const std::size_t bn = transposed(transb) ? b.extent(0) : b.extent(1);
+  if (am != m || bn != n || ak != bk)
+    throw InternalError("gemm: op(A) is " + std::to_string(am) + "x" + std::to_string(ak) + ", op(B) " +
+                        std::to_string(bk) + "x" + std::to_string(bn) + ", C " + std::to_string(m) + "x" +
+                        std::to_string(n));
+}
+
+#ifdef NDMINI_GEMM_CUBLAS
+static_assert(std::is_same_v<ExecSpace, Kokkos::Cuda>, "cuBLAS products run on Kokkos' CUDA execution space");
+
+cublas::Operand operand(const ConstSlice2D& x, std::size_t stride) {
+  return {x.data(), static_cast<int>(x.stride(0)), static_cast<long long>(stride)};
+}
+
+// On Kokkos' stream, so products and kernels stay in issue order; the
+// handle goes when Kokkos finalizes (before the CUDA context does).
+void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
+             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+  static const bool hooked = [] {
+    Kokkos::push_finalize_hook(cublas::release_handle);
+    return true;
+  }();
+  (void)hooked;
+  const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
+  cublas::gemm(ExecSpace().cuda_stream(), transa[0], transb[0], static_cast<int>(c.extent(0)),
+               static_cast<int>(c.extent(1)), k, alpha, operand(a, stride_a), operand(b, stride_b), beta, c.data(),
+               static_cast<int>(c.stride(0)), static_cast<long long>(stride_c), count);
+}
+#else
+void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
+             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+  // One BLAS call per matrix: on a CPU core a batch gains nothing over a loop.
+  for (int i = 0; i < count; ++i) {
+    const ConstSlice2D ai(a.data() + i * stride_a, a.extent(0), a.extent(1));
+    const ConstSlice2D bi(b.data() + i * stride_b, b.extent(0), b.extent(1));
+    const Slice2D ci(c.data() + i * stride_c, c.extent(0), c.extent(1));
+    KokkosBlas::gemm(transa, transb, alpha, ai, bi, beta, ci);
+  }
+}
+#endif
+
+// A [1, n] row of ones for column sums, kept between calls and grown when
+// needed: allocating it per call would cost a cudaMalloc and a cudaFree (a
+// device-wide synchronisation) per bias gradient on a GPU. Released when
+// Kokkos finalizes, as no View may outlive it.
+View1D& ones_buffer() {
+  static View1D ones;
+  return ones;
+}
+ConstSlice2D ones_row(std::size_t n) {
+  View1D& ones = ones_buffer();
+  if (ones.extent(0) < n) {
+    static const bool hooked = [] {
+      Kokkos::push_finalize_hook([] { ones_buffer() = View1D(); });
+      return true;
+    }();
+    (void)hooked;
+    ones = View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::ones"), n);
+    Kokkos::deep_copy(ones, real(1));
+  }
+  return ConstSlice2D(ones.data(), 1, n);
+}
+
+}  // namespace
+
+void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c) {
+  check_shapes(transa, transb, a, b, c);
+  product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1);
+}
+
+void gemm_strided_batched(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a,
+                          ConstSlice2D b, std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+  check_shapes(transa, transb, a, b, c);
+  if (count > 0) product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+}
+
+void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
+  const std::size_t out = y.extent(1);
+  const bool has_bias = bias.extent(0) > 0, has_residual = residual.extent(0) > 0;
+  real beta = 0;
+  if (has_bias || has_residual) {
+    // Seed y with residual + bias, then let GEMM add x W^T on top (beta = 1):
+    // no separate pass over the output for either.
+    real* yp = y.data();
+    const real* rp = residual.data();
+    const real* bp = bias.data();
+    if constexpr (kDeviceMemory) {
+      // One thread per element: neighbouring threads touch neighbouring floats.
+      Kokkos::parallel_for(
+          "ndmini::linear_seed", Range(0, y.extent(0) * out), KOKKOS_LAMBDA(const std::size_t i) {
+            yp[i] = (has_residual ? rp[i] : real(0)) + (has_bias ? bp[i % out] : real(0));
+          });
+    } else {
+      // One row per iteration: the inner loops vectorize.
+      Kokkos::parallel_for(
+          "ndmini::linear_seed", Range(0, y.extent(0)), KOKKOS_LAMBDA(const std::size_t row) {
+            real* yr = yp + row * out;
+            const real* rr = has_residual ? rp + row * out : nullptr;
+            if (has_residual && has_bias) {
+              for (std::size_t j = 0; j < out; ++j) yr[j] = rr[j] + bp[j];
+            } else if (has_residual) {
+              for (std::size_t j = 0; j < out; ++j) yr[j] = rr[j];
+            } else {
+              for (std::size_t j = 0; j < out; ++j) yr[j] = bp[j];
+            }
+          });
+    }
+    beta = 1;
+  }
+  gemm("N", "T", real(1), x, weight, beta, y);
+}
+
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
+                     real dx_beta) {
+  gemm("T", "N", real(1), dy, x, real(1), dweight);
+  if (dbias.extent(0) > 0) bias_backward(dbias, dy);
+  if (dx.extent(0) > 0) gemm("N", "N", real(1), dy, weight, dx_beta, dx);
+}
+
+void bias_backward(Slice1D dbias, ConstSlice2D dy) {
+  // Column sums of dy as a [1, N] x [N, out] GEMM with a ones row: BLAS
+  // streams dy once (KokkosBlas' own GEMV would be used for a LayoutRight gemv).
+  gemm("N", "N", real(1), ones_row(dy.extent(0)), dy, real(1), Slice2D(dbias.data(), 1, dbias.extent(0)));
+}
+
+}  // namespace ndmini::kernels
