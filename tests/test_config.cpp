@@ -3,6 +3,11 @@
 // message that names the key and says what would fix it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -274,4 +279,60 @@ TEST(Config, CommTimeout) {
   EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml", {"comm.timeout_s=0"}).comm.timeout_s, 0.0);
   expect_error(with_model("[comm]\ntimeout_s = -1\n"), {"comm.timeout_s", "out of range", ">= 0"});
   expect_error(with_model("[comm]\ntimeout = 5\n"), {"comm.timeout", "did you mean comm.timeout_s"});
+}
+
+// The resolved deck prints each float in its shortest form that reads back
+// as the same double (checkpoints store it and a resume parses it again).
+TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
+  const Config c = parse_config(with_model("[train]\nlr = 6e-4\ngrad_clip = 1.0\n"), "deck.toml");
+  EXPECT_TRUE(c.toml.find("lr = 6e-04") != std::string::npos || c.toml.find("lr = 0.0006") != std::string::npos)
+      << c.toml;
+  EXPECT_EQ(c.toml.find("0.00059999"), std::string::npos) << c.toml;
+  EXPECT_NE(c.toml.find("grad_clip = 1.0"), std::string::npos) << "an integral float stays a float:\n" << c.toml;
+
+  // Every float key, with values whose decimal forms are long: bit for bit after the round trip.
+  auto bits = [](double v) {
+    std::uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  };
+  const std::vector<double> values = {6e-4, 0.1 + 0.2, 1.0 / 3, 2.0 / 3, 5e-324, 1e-300, 0.1, 1.0, 7.0, 123456.789};
+  for (const double v : values) {
+    const double lr = std::min(v, 9.0), decay = std::min(v, 1.0);
+    const std::vector<std::string> set = {
+        "train.lr=" + shortest_float(lr),
+        "train.min_lr=" + shortest_float(lr / 3),
+        "train.weight_decay=" + shortest_float(decay),
+        "train.grad_clip=" + shortest_float(v),
+        "comm.timeout_s=" + shortest_float(v),
+        "perf.peak_gflops=" + shortest_float(v),
+        "perf.memory_per_rank_gib=" + shortest_float(v),
+    };
+    const Config a = parse_config(kModel, "deck.toml", set);
+    const Config b = parse_config(a.toml, "resolved");
+    SCOPED_TRACE(a.toml);
+    EXPECT_EQ(bits(b.train.lr), bits(a.train.lr));
+    EXPECT_EQ(bits(a.train.lr), bits(lr));
+    EXPECT_EQ(bits(b.train.min_lr), bits(a.train.min_lr));
+    EXPECT_EQ(bits(b.train.weight_decay), bits(a.train.weight_decay));
+    EXPECT_EQ(bits(b.train.grad_clip), bits(a.train.grad_clip));
+    EXPECT_EQ(bits(a.train.grad_clip), bits(v));
+    EXPECT_EQ(bits(b.comm.timeout_s), bits(a.comm.timeout_s));
+    EXPECT_EQ(bits(b.perf.peak_gflops), bits(a.perf.peak_gflops));
+    EXPECT_EQ(bits(b.perf.memory_per_rank_gib), bits(a.perf.memory_per_rank_gib));
+    EXPECT_EQ(b.toml, a.toml);  // printing is a fixed point
+  }
+  // The shortest form of many doubles reads back exactly.
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 20000; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    double v;
+    std::memcpy(&v, &x, sizeof v);
+    if (!std::isfinite(v)) continue;
+    const std::string text = shortest_float(v);
+    ASSERT_EQ(bits(std::strtod(text.c_str(), nullptr)), bits(v)) << text;
+  }
+  EXPECT_EQ(shortest_float(3.0), "3.0");
+  EXPECT_EQ(shortest_float(0.1), "0.1");
+  EXPECT_EQ(shortest_float(std::numeric_limits<double>::infinity()), "inf");
 }

@@ -4,6 +4,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -304,7 +306,41 @@ void validate(const Config& c, const std::string& origin) {
   validate_fault(c, origin);
 }
 
+// The resolved deck as TOML: toml++ writes every value but floats, which it
+// writes with 17 significant digits (lr = 0.00059999999999999995); a float
+// is written in its shortest exact form instead, so the deck reads as it was
+// written and still parses back to the same bits (checkpoints store it).
+std::string deck_text(const toml::table& deck) {
+  std::ostringstream out;
+  bool first_section = true;
+  for (const auto& [sec_name, sec_node] : deck) {
+    out << (first_section ? "" : "\n\n") << "[" << sec_name.str() << "]";
+    first_section = false;
+    for (const auto& [key_name, node] : *sec_node.as_table()) {
+      out << "\n" << key_name.str() << " = ";
+      if (node.is_floating_point())
+        out << shortest_float(*node.value<double>());
+      else
+        node.visit([&](const auto& v) { out << v; });
+    }
+  }
+  return out.str();
+}
+
 }  // namespace
+
+std::string shortest_float(double v) {
+  if (std::isnan(v)) return "nan";  // TOML's spelling; the sign of a NaN is not kept
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[64];
+  // std::to_chars without a format or precision: the shortest text that
+  // reads back as v (fixed or scientific, whichever is shorter).
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  std::string text(buf, ec == std::errc() ? end : buf);
+  // "3" would read back as an integer: keep it a float.
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
 
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
   toml::table deck;
@@ -338,9 +374,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     key.store(cfg, *node);
   }
   validate(cfg, origin);
-  std::ostringstream resolved;
-  resolved << deck;
-  cfg.toml = resolved.str();
+  cfg.toml = deck_text(deck);
   return cfg;
 }
 

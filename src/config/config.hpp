@@ -91,13 +91,18 @@ struct Config {
   CommConfig comm;
   PerfConfig perf;
   FaultConfig fault;
-  std::string toml;  // the resolved deck (overrides applied), as TOML text
+  std::string toml;  // the resolved deck (overrides applied), as TOML text; floats in their shortest
+                     // form that reads back as the same double
 };
 
 // Parses deck text; `origin` names it in error messages (a file name).
 // `overrides` are "section.key=value" strings applied on top (as --set does).
 // Throws ndmini::Error naming the key and what would fix it.
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
+
+// The shortest text that reads back as exactly `v` ("0.0006", "1e-05",
+// "3.0"), always a TOML float (never an integer).
+std::string shortest_float(double v);
 
 // Reads and parses a deck file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
