@@ -298,8 +298,11 @@ TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
   };
   const std::vector<double> values = {6e-4, 0.1 + 0.2, 1.0 / 3, 2.0 / 3, 5e-324, 1e-300, 0.1, 1.0, 7.0, 123456.789};
   for (const double v : values) {
-    const double lr = std::min(v, 9.0), decay = std::min(v, 1.0);
+    const double lr = std::min(v, 9.0), fraction = std::min(v, 0.5), decay = std::min(v, 1.0);
     const std::vector<std::string> set = {
+        "data.source=\"tokens\"",
+        "data.path=\"x.bin\"",
+        "data.val_fraction=" + shortest_float(fraction),
         "train.lr=" + shortest_float(lr),
         "train.min_lr=" + shortest_float(lr / 3),
         "train.weight_decay=" + shortest_float(decay),
@@ -311,6 +314,8 @@ TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
     const Config a = parse_config(kModel, "deck.toml", set);
     const Config b = parse_config(a.toml, "resolved");
     SCOPED_TRACE(a.toml);
+    EXPECT_EQ(bits(b.data.val_fraction), bits(a.data.val_fraction));
+    EXPECT_EQ(bits(a.data.val_fraction), bits(fraction));
     EXPECT_EQ(bits(b.train.lr), bits(a.train.lr));
     EXPECT_EQ(bits(a.train.lr), bits(lr));
     EXPECT_EQ(bits(b.train.min_lr), bits(a.train.min_lr));
@@ -335,4 +340,30 @@ TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
   EXPECT_EQ(shortest_float(3.0), "3.0");
   EXPECT_EQ(shortest_float(0.1), "0.1");
   EXPECT_EQ(shortest_float(std::numeric_limits<double>::infinity()), "inf");
+}
+
+TEST(Config, ValidationKeys) {
+  const Config d = parse_config(kModel, "deck.toml");
+  EXPECT_EQ(d.train.eval_every, 0);
+  EXPECT_EQ(d.train.eval_batches, 1);
+  EXPECT_EQ(d.data.val_fraction, 0.0);
+  const Config c = parse_config(with_model("[train]\neval_every = 5\neval_batches = 2\n"), "deck.toml");
+  EXPECT_EQ(c.train.eval_every, 5);
+  EXPECT_EQ(c.train.eval_batches, 2);
+  const std::string text = with_model("[data]\nsource = \"tokens\"\npath = \"a.bin\"\n");
+  const Config f = parse_config(text, "deck.toml", {"data.val_fraction=0.1", "train.eval_every=2"});
+  EXPECT_DOUBLE_EQ(f.data.val_fraction, 0.1);
+  EXPECT_EQ(parse_config(text, "deck.toml", {"data.val_path=b.txt", "train.eval_every=2"}).data.val_path, "b.txt");
+
+  expect_error(with_model("[train]\neval_every = -1\n"), {"train.eval_every = -1", "must be >= 0"});
+  expect_error(with_model("[train]\neval_batches = 0\n"), {"train.eval_batches = 0", "at least 1"});
+  expect_error(text, {"data.val_fraction = 1", "[0, 1)"}, {"data.val_fraction=1.0"});
+  expect_error(text, {"data.val_fraction = -0.5", "[0, 1)"}, {"data.val_fraction=-0.5"});
+  expect_error(text, {"data.val_path and data.val_fraction", "set one"},
+               {"data.val_path=b.txt", "data.val_fraction=0.1"});
+  expect_error(text, {"train.eval_every = 3 needs held-out data for data.source = \"tokens\"", "data.val_path"},
+               {"train.eval_every=3"});
+  expect_error(kModel, {"data.val_path applies to data.source = \"text\" or \"tokens\""}, {"data.val_path=b.txt"});
+  expect_error(kModel, {"data.val_fraction applies to"}, {"data.val_fraction=0.2"});
+  expect_error(with_model("[train]\neval_every = \"often\"\n"), {"train.eval_every", "integer"});
 }

@@ -67,6 +67,8 @@ const std::vector<Key>& schema() {
       string_key("data", "source", &Config::data, &DataConfig::source),
       string_key("data", "path", &Config::data, &DataConfig::path),
       bool_key("data", "allow_source_change", &Config::data, &DataConfig::allow_source_change),
+      string_key("data", "val_path", &Config::data, &DataConfig::val_path),
+      float_key("data", "val_fraction", &Config::data, &DataConfig::val_fraction),
       int_key("train", "steps", &Config::train, &TrainConfig::steps),
       int_key("train", "global_batch", &Config::train, &TrainConfig::global_batch),
       int_key("train", "micro_batch", &Config::train, &TrainConfig::micro_batch),
@@ -78,6 +80,8 @@ const std::vector<Key>& schema() {
       float_key("train", "grad_clip", &Config::train, &TrainConfig::grad_clip),
       int_key("train", "log_every", &Config::train, &TrainConfig::log_every),
       string_key("train", "recompute", &Config::train, &TrainConfig::recompute),
+      int_key("train", "eval_every", &Config::train, &TrainConfig::eval_every),
+      int_key("train", "eval_batches", &Config::train, &TrainConfig::eval_batches),
       int_key("parallel", "dp_replicate", &Config::parallel, &ParallelConfig::dp_replicate),
       int_key("parallel", "dp_shard", &Config::parallel, &ParallelConfig::dp_shard),
       int_key("parallel", "tp", &Config::parallel, &ParallelConfig::tp),
@@ -283,6 +287,22 @@ void validate(const Config& c, const std::string& origin) {
               "\"" + d.source + "\"", "must be \"synthetic\", \"text\" or \"tokens\"");
   if (d.source != "synthetic")
     require(!d.path.empty(), origin + ": data.source = \"" + d.source + "\" needs data.path (the file to read)");
+  check_range(d.val_fraction >= 0 && d.val_fraction < 1, origin, "data.val_fraction", s(d.val_fraction),
+              "must be in [0, 1) (0: no tokens held out of data.path)");
+  if (d.source == "synthetic") {
+    require(d.val_path.empty(), origin + ": data.val_path applies to data.source = \"text\" or \"tokens\"; the " +
+                                    "synthetic source holds out a validation stream of its own; remove it");
+    require(d.val_fraction == 0, origin + ": data.val_fraction applies to data.source = \"text\" or \"tokens\"; " +
+                                     "the synthetic source holds out a validation stream of its own; remove it");
+  }
+  require(d.val_path.empty() || d.val_fraction == 0,
+          origin + ": data.val_path and data.val_fraction both name held-out data; set one of them");
+  check_range(t.eval_every >= 0, origin, "train.eval_every", s(t.eval_every), "must be >= 0 (0: no validation loss)");
+  check_range(t.eval_batches >= 1, origin, "train.eval_batches", s(t.eval_batches), "must be at least 1");
+  if (t.eval_every > 0 && d.source != "synthetic")
+    require(!d.val_path.empty() || d.val_fraction > 0,
+            origin + ": train.eval_every = " + s(t.eval_every) + " needs held-out data for data.source = \"" +
+                d.source + "\": set data.val_path (a separate file) or data.val_fraction (the end of data.path)");
   if (d.source == "text")
     check_range(m.vocab == 256, origin, "model.vocab", s(m.vocab), "must be 256 for data.source = \"text\" (bytes)");
   const auto& p = c.parallel;

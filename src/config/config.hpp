@@ -23,6 +23,12 @@ struct DataConfig {
   // checkpoint was trained on (kind, size, first-MiB digest); true continues
   // on the new source on purpose.
   bool allow_source_change = false;
+  // Held-out data for the validation loss (train.eval_every): a separate
+  // file of the same kind as `path`, or the last `val_fraction` of the
+  // file's tokens (then left out of training). The synthetic source needs
+  // neither: it holds out a stream of its own (a different seed stream).
+  std::string val_path;
+  double val_fraction = 0.0;
 };
 
 struct TrainConfig {
@@ -37,6 +43,8 @@ struct TrainConfig {
   double grad_clip = 1.0;  // 0 disables clipping
   int log_every = 1;
   std::string recompute = "none";  // "none" or "block": recompute each block's forward in its backward
+  int eval_every = 0;              // validation loss every N steps (and at the last); 0: never
+  int eval_batches = 1;            // global batches of held-out data per validation loss
 };
 
 struct ParallelConfig {
