@@ -65,11 +65,30 @@ std::string build_info() {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  // Kokkos first: it takes its own --kokkos-* arguments out of argv.
-  Kokkos::initialize(argc, argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // Kokkos sees only its own --kokkos-* arguments: given --help it would
+  // print its option list before ndmini's. --kokkos-help prints that list
+  // (on rank 0 only) and ends the run.
+  bool kokkos_help = false;
+  std::vector<char*> kokkos_args = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--kokkos-help") {
+      kokkos_help = true;
+      if (rank != 0) continue;
+    }
+    if (a.rfind("--kokkos-", 0) == 0) kokkos_args.push_back(argv[i]);
+  }
+  int kokkos_argc = static_cast<int>(kokkos_args.size());
+  kokkos_args.push_back(nullptr);
+  Kokkos::initialize(kokkos_argc, kokkos_args.data());
+  if (kokkos_help) {
+    Kokkos::finalize();
+    MPI_Finalize();
+    return 0;
+  }
 
   CLI::App app{"ndmini: a reference GPT-2 training mini-app for N-dimensional parallelism (MPI + Kokkos + HDF5)",
                "ndmini"};
@@ -95,11 +114,14 @@ int main(int argc, char** argv) {
   // One value per --set, so a deck named after it is not taken as a value.
   train->add_option("--set", overrides, "Override a deck key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
-  train->add_option("--metrics", metrics, "Write one JSON object per logged step, then a summary, to FILE");
-  auto* resume = train
-                     ->add_option("--resume", resume_step,
-                                  "Resume from checkpoint.dir: the step named by 'latest', or STEP if given")
-                     ->option_text("[STEP]");
+  train->add_option("--metrics", metrics, "Write one JSON object per logged step, then a summary, to FILE")
+      ->option_text("FILE");
+  auto* resume =
+      train
+          ->add_option(
+              "--resume", resume_step,
+              "Resume from checkpoint.dir: the step named by 'latest', or STEP if given (put it after the deck)")
+          ->option_text("[STEP]");
   resume->expected(0, 1);
   train->add_flag("--show-mesh", show_mesh, "Print every rank's mesh coordinates and the groups of each axis");
 
@@ -122,7 +144,12 @@ int main(int argc, char** argv) {
   ckpt_verify->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
       ->required();
 
-  // Kokkos has read its --kokkos-* arguments (Kokkos 3.4 leaves them in argv).
+  // Set last, so the subcommands' help does not repeat it.
+  app.footer(
+      "--kokkos-* options (the thread count, the device, tools) are passed to Kokkos; --kokkos-help lists them.\n"
+      "'ndmini SUBCOMMAND --help' shows a subcommand's options; README.md lists the deck's keys.");
+
+  // Kokkos has read its --kokkos-* arguments.
   std::vector<const char*> args;
   for (int i = 0; i < argc; ++i)
     if (i == 0 || std::string(argv[i]).rfind("--kokkos-", 0) != 0) args.push_back(argv[i]);

@@ -3,6 +3,11 @@
 // message that names the key and says what would fix it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -283,4 +288,91 @@ TEST(Config, CommTimeout) {
   EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml", {"comm.timeout_s=0"}).comm.timeout_s, 0.0);
   expect_error(with_model("[comm]\ntimeout_s = -1\n"), {"comm.timeout_s", "out of range", ">= 0"});
   expect_error(with_model("[comm]\ntimeout = 5\n"), {"comm.timeout", "did you mean comm.timeout_s"});
+}
+
+// The resolved deck prints each float in its shortest form that reads back
+// as the same double (checkpoints store it and a resume parses it again).
+TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
+  const Config c = parse_config(with_model("[train]\nlr = 6e-4\ngrad_clip = 1.0\n"), "deck.toml");
+  EXPECT_TRUE(c.toml.find("lr = 6e-04") != std::string::npos || c.toml.find("lr = 0.0006") != std::string::npos)
+      << c.toml;
+  EXPECT_EQ(c.toml.find("0.00059999"), std::string::npos) << c.toml;
+  EXPECT_NE(c.toml.find("grad_clip = 1.0"), std::string::npos) << "an integral float stays a float:\n" << c.toml;
+
+  // Every float key, with values whose decimal forms are long: bit for bit after the round trip.
+  auto bits = [](double v) {
+    std::uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  };
+  const std::vector<double> values = {6e-4, 0.1 + 0.2, 1.0 / 3, 2.0 / 3, 5e-324, 1e-300, 0.1, 1.0, 7.0, 123456.789};
+  for (const double v : values) {
+    const double lr = std::min(v, 9.0), fraction = std::min(v, 0.5), decay = std::min(v, 1.0);
+    const std::vector<std::string> set = {
+        "data.source=\"tokens\"",
+        "data.path=\"x.bin\"",
+        "data.val_fraction=" + shortest_float(fraction),
+        "train.lr=" + shortest_float(lr),
+        "train.min_lr=" + shortest_float(lr / 3),
+        "train.weight_decay=" + shortest_float(decay),
+        "train.grad_clip=" + shortest_float(v),
+        "comm.timeout_s=" + shortest_float(v),
+        "perf.peak_gflops=" + shortest_float(v),
+        "perf.memory_per_rank_gib=" + shortest_float(v),
+    };
+    const Config a = parse_config(kModel, "deck.toml", set);
+    const Config b = parse_config(a.toml, "resolved");
+    SCOPED_TRACE(a.toml);
+    EXPECT_EQ(bits(b.data.val_fraction), bits(a.data.val_fraction));
+    EXPECT_EQ(bits(a.data.val_fraction), bits(fraction));
+    EXPECT_EQ(bits(b.train.lr), bits(a.train.lr));
+    EXPECT_EQ(bits(a.train.lr), bits(lr));
+    EXPECT_EQ(bits(b.train.min_lr), bits(a.train.min_lr));
+    EXPECT_EQ(bits(b.train.weight_decay), bits(a.train.weight_decay));
+    EXPECT_EQ(bits(b.train.grad_clip), bits(a.train.grad_clip));
+    EXPECT_EQ(bits(a.train.grad_clip), bits(v));
+    EXPECT_EQ(bits(b.comm.timeout_s), bits(a.comm.timeout_s));
+    EXPECT_EQ(bits(b.perf.peak_gflops), bits(a.perf.peak_gflops));
+    EXPECT_EQ(bits(b.perf.memory_per_rank_gib), bits(a.perf.memory_per_rank_gib));
+    EXPECT_EQ(b.toml, a.toml);  // printing is a fixed point
+  }
+  // The shortest form of many doubles reads back exactly.
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 20000; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    double v;
+    std::memcpy(&v, &x, sizeof v);
+    if (!std::isfinite(v)) continue;
+    const std::string text = shortest_float(v);
+    ASSERT_EQ(bits(std::strtod(text.c_str(), nullptr)), bits(v)) << text;
+  }
+  EXPECT_EQ(shortest_float(3.0), "3.0");
+  EXPECT_EQ(shortest_float(0.1), "0.1");
+  EXPECT_EQ(shortest_float(std::numeric_limits<double>::infinity()), "inf");
+}
+
+TEST(Config, ValidationKeys) {
+  const Config d = parse_config(kModel, "deck.toml");
+  EXPECT_EQ(d.train.eval_every, 0);
+  EXPECT_EQ(d.train.eval_batches, 1);
+  EXPECT_EQ(d.data.val_fraction, 0.0);
+  const Config c = parse_config(with_model("[train]\neval_every = 5\neval_batches = 2\n"), "deck.toml");
+  EXPECT_EQ(c.train.eval_every, 5);
+  EXPECT_EQ(c.train.eval_batches, 2);
+  const std::string text = with_model("[data]\nsource = \"tokens\"\npath = \"a.bin\"\n");
+  const Config f = parse_config(text, "deck.toml", {"data.val_fraction=0.1", "train.eval_every=2"});
+  EXPECT_DOUBLE_EQ(f.data.val_fraction, 0.1);
+  EXPECT_EQ(parse_config(text, "deck.toml", {"data.val_path=b.txt", "train.eval_every=2"}).data.val_path, "b.txt");
+
+  expect_error(with_model("[train]\neval_every = -1\n"), {"train.eval_every = -1", "must be >= 0"});
+  expect_error(with_model("[train]\neval_batches = 0\n"), {"train.eval_batches = 0", "at least 1"});
+  expect_error(text, {"data.val_fraction = 1", "[0, 1)"}, {"data.val_fraction=1.0"});
+  expect_error(text, {"data.val_fraction = -0.5", "[0, 1)"}, {"data.val_fraction=-0.5"});
+  expect_error(text, {"data.val_path and data.val_fraction", "set one"},
+               {"data.val_path=b.txt", "data.val_fraction=0.1"});
+  expect_error(text, {"train.eval_every = 3 needs held-out data for data.source = \"tokens\"", "data.val_path"},
+               {"train.eval_every=3"});
+  expect_error(kModel, {"data.val_path applies to data.source = \"text\" or \"tokens\""}, {"data.val_path=b.txt"});
+  expect_error(kModel, {"data.val_fraction applies to"}, {"data.val_fraction=0.2"});
+  expect_error(with_model("[train]\neval_every = \"often\"\n"), {"train.eval_every", "integer"});
 }

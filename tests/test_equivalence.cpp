@@ -7,7 +7,8 @@
 // independently) and once over the world with the layout. Compared: the loss of every step (relative 1e-5), the
 // gradients of the first step and the parameters after the last step
 // (each tensor by ||a - b|| / ||b||, 1e-4; Adam's early steps amplify
-// rounding noise in near-zero elements, so not element-wise).
+// rounding noise in near-zero elements, so not element-wise), and the
+// validation loss of steps 0, 5 and 9 (relative 1e-5, as the loss).
 // Also: a checkpoint written by one layout loads bit-exactly into another
 // (resharding on load), and FSDP holds 1/N of the model state of DP.
 #include <gtest/gtest.h>
@@ -60,11 +61,20 @@ TrainedRun train_with(const Config& cfg, MPI_Comm comm, TrainOptions opts = {}) 
   return run;
 }
 
-// The one-rank run of the tiny deck with `model` overrides (e.g. more layers), computed once.
+// The validation loss on: steps 0, 5 and 9 each evaluate one held-out global batch.
+const std::vector<std::string> kEval = {"train.eval_every=5", "train.eval_batches=1"};
+
+std::vector<std::string> with_eval(std::vector<std::string> v) {
+  v.insert(v.end(), kEval.begin(), kEval.end());
+  return v;
+}
+
+// The one-rank run of the tiny deck with `model` overrides (e.g. more layers)
+// and the validation loss on, computed once.
 const TrainedRun& reference(const std::vector<std::string>& model = {}) {
   static std::map<std::vector<std::string>, TrainedRun> runs;
   auto it = runs.find(model);
-  if (it == runs.end()) it = runs.emplace(model, train_with(deck(model), MPI_COMM_SELF)).first;
+  if (it == runs.end()) it = runs.emplace(model, train_with(deck(with_eval(model)), MPI_COMM_SELF)).first;
   return it->second;
 }
 
@@ -179,18 +189,29 @@ TEST(Equivalence, EveryLayoutMatchesOneRank) {
     ++tested;
     const TrainedRun& ref = reference(layout.model);
     ASSERT_EQ(ref.result.losses.size(), 10u);
-    const TrainedRun run = train_with(deck(joined(layout)), MPI_COMM_WORLD);
+    const TrainedRun run = train_with(deck(with_eval(joined(layout))), MPI_COMM_WORLD);
     ASSERT_EQ(run.result.losses.size(), ref.result.losses.size());
     double loss_err = 0;
     for (std::size_t s = 0; s < ref.result.losses.size(); ++s)
       loss_err = std::max(loss_err, std::abs(run.result.losses[s] - ref.result.losses[s]) / ref.result.losses[s]);
+    // The validation loss (forward only; pipelines through PipelineRunner::evaluate).
+    ASSERT_EQ(ref.result.val_losses.size(), 3u);
+    ASSERT_EQ(run.result.val_losses.size(), ref.result.val_losses.size());
+    double val_err = 0;
+    for (std::size_t k = 0; k < ref.result.val_losses.size(); ++k) {
+      EXPECT_EQ(run.result.val_losses[k].first, ref.result.val_losses[k].first);
+      const double want = ref.result.val_losses[k].second;
+      val_err = std::max(val_err, std::abs(run.result.val_losses[k].second - want) / want);
+    }
     const auto grads = worst(run.capture.first_step_grads, ref.capture.first_step_grads);
     const auto params = worst(run.capture.final_params, ref.capture.final_params);
     if (world_rank() == 0)
-      std::printf("[equivalence] %d ranks, %-72s loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n", layout.ranks,
-                  label(layout).c_str(), loss_err, grads.first, grads.second.c_str(), params.first,
-                  params.second.c_str());
+      std::printf(
+          "[equivalence] %d ranks, %-72s loss %.1e | val loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n",
+          layout.ranks, label(layout).c_str(), loss_err, val_err, grads.first, grads.second.c_str(), params.first,
+          params.second.c_str());
     EXPECT_LE(loss_err, 1e-5) << label(layout);
+    EXPECT_LE(val_err, 1e-5) << label(layout);
     // With a pipeline, wte lives on the first and the last stage; summed
     // gradients keep the two copies bitwise equal (trivially true without pp).
     EXPECT_TRUE(run.capture.tied_wte_identical) << label(layout);

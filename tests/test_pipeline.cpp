@@ -5,7 +5,8 @@
 // gradient. For every schedule and several micro-batch counts, every stage
 // checks that each action got the right data (a message delivered to the wrong micro-batch or
 // chunk shows as a wrong value), the head's losses, and that it held exactly
-// the micro-batches the schedule keeps in flight.
+// the micro-batches the schedule keeps in flight. The forward-only run of
+// the validation loss is checked the same way.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -77,9 +78,15 @@ class ArithmeticStage final : public PipelineStage {
     }
     if (chunk > 0) upload(input_grad, g);
     records_.erase({chunk, mb});
+    ++backwards;
   }
+  void discard(int chunk, int mb) override {
+    if (records_.erase({chunk, mb}) != 1) ++errors;
+  }
+  std::size_t records() const { return records_.size(); }
 
   int errors = 0;
+  int backwards = 0;
   std::size_t peak_in_flight = 0;
 
  private:
@@ -135,4 +142,32 @@ TEST(PipelineRunner, EveryScheduleDeliversEveryMessageToItsAction) {
     EXPECT_EQ(stage.peak_in_flight, static_cast<std::size_t>(schedule.max_in_flight(rank))) << "stage " << rank;
     EXPECT_GE(runner.bubble_ms(), 0.0);
   }
+}
+
+// The validation loss's forward-only run: every message reaches its action,
+// the head's loss is the training run's, no backward runs, every record is
+// discarded, and a stage holds no more records than the schedule would.
+TEST(PipelineRunner, EvaluateRunsForwardsOnly) {
+  int pp = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &pp);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Communicator comm(MPI_COMM_WORLD, "pp");
+  for (const int v : {1, 2})
+    for (const int m : {1, pp, 3 * pp + 1}) {
+      SCOPED_TRACE("v=" + std::to_string(v) + " m=" + std::to_string(m));
+      const StagePlan plan(pp * v, pp, v);
+      const Schedule schedule(v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b, pp, v, pp);
+      PipelineRunner runner(comm, plan, schedule);
+      ArithmeticStage stage(plan.chunks());
+      for (int round = 0; round < 2; ++round) {
+        const double loss = runner.evaluate(stage, m);
+        const bool head = rank == plan.rank_of(plan.chunks() - 1);
+        const double want = head ? expected_loss(plan.chunks(), m) : 0.0;
+        EXPECT_NEAR(loss, want, 1e-9 * std::abs(want)) << "stage " << rank;
+        EXPECT_EQ(stage.records(), 0u) << "stage " << rank << ": records left after evaluate";
+      }
+      EXPECT_EQ(stage.errors, 0) << "stage " << rank << ": an action got another action's data";
+      EXPECT_EQ(stage.backwards, 0) << "stage " << rank;
+      EXPECT_LE(stage.peak_in_flight, static_cast<std::size_t>(schedule.max_in_flight(rank))) << "stage " << rank;
+    }
 }

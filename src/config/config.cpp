@@ -4,6 +4,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -65,6 +67,8 @@ const std::vector<Key>& schema() {
       string_key("data", "source", &Config::data, &DataConfig::source),
       string_key("data", "path", &Config::data, &DataConfig::path),
       bool_key("data", "allow_source_change", &Config::data, &DataConfig::allow_source_change),
+      string_key("data", "val_path", &Config::data, &DataConfig::val_path),
+      float_key("data", "val_fraction", &Config::data, &DataConfig::val_fraction),
       int_key("train", "steps", &Config::train, &TrainConfig::steps),
       int_key("train", "global_batch", &Config::train, &TrainConfig::global_batch),
       int_key("train", "micro_batch", &Config::train, &TrainConfig::micro_batch),
@@ -77,6 +81,8 @@ const std::vector<Key>& schema() {
       int_key("train", "log_every", &Config::train, &TrainConfig::log_every),
       string_key("train", "recompute", &Config::train, &TrainConfig::recompute),
       string_key("train", "precision", &Config::train, &TrainConfig::precision),
+      int_key("train", "eval_every", &Config::train, &TrainConfig::eval_every),
+      int_key("train", "eval_batches", &Config::train, &TrainConfig::eval_batches),
       int_key("parallel", "dp_replicate", &Config::parallel, &ParallelConfig::dp_replicate),
       int_key("parallel", "dp_shard", &Config::parallel, &ParallelConfig::dp_shard),
       int_key("parallel", "tp", &Config::parallel, &ParallelConfig::tp),
@@ -288,6 +294,22 @@ void validate(const Config& c, const std::string& origin) {
               "\"" + d.source + "\"", "must be \"synthetic\", \"text\" or \"tokens\"");
   if (d.source != "synthetic")
     require(!d.path.empty(), origin + ": data.source = \"" + d.source + "\" needs data.path (the file to read)");
+  check_range(d.val_fraction >= 0 && d.val_fraction < 1, origin, "data.val_fraction", s(d.val_fraction),
+              "must be in [0, 1) (0: no tokens held out of data.path)");
+  if (d.source == "synthetic") {
+    require(d.val_path.empty(), origin + ": data.val_path applies to data.source = \"text\" or \"tokens\"; the " +
+                                    "synthetic source holds out a validation stream of its own; remove it");
+    require(d.val_fraction == 0, origin + ": data.val_fraction applies to data.source = \"text\" or \"tokens\"; " +
+                                     "the synthetic source holds out a validation stream of its own; remove it");
+  }
+  require(d.val_path.empty() || d.val_fraction == 0,
+          origin + ": data.val_path and data.val_fraction both name held-out data; set one of them");
+  check_range(t.eval_every >= 0, origin, "train.eval_every", s(t.eval_every), "must be >= 0 (0: no validation loss)");
+  check_range(t.eval_batches >= 1, origin, "train.eval_batches", s(t.eval_batches), "must be at least 1");
+  if (t.eval_every > 0 && d.source != "synthetic")
+    require(!d.val_path.empty() || d.val_fraction > 0,
+            origin + ": train.eval_every = " + s(t.eval_every) + " needs held-out data for data.source = \"" +
+                d.source + "\": set data.val_path (a separate file) or data.val_fraction (the end of data.path)");
   if (d.source == "text")
     check_range(m.vocab == 256, origin, "model.vocab", s(m.vocab), "must be 256 for data.source = \"text\" (bytes)");
   const auto& p = c.parallel;
@@ -311,7 +333,41 @@ void validate(const Config& c, const std::string& origin) {
   validate_fault(c, origin);
 }
 
+// The resolved deck as TOML: toml++ writes every value but floats, which it
+// writes with 17 significant digits (lr = 0.00059999999999999995); a float
+// is written in its shortest exact form instead, so the deck reads as it was
+// written and still parses back to the same bits (checkpoints store it).
+std::string deck_text(const toml::table& deck) {
+  std::ostringstream out;
+  bool first_section = true;
+  for (const auto& [sec_name, sec_node] : deck) {
+    out << (first_section ? "" : "\n\n") << "[" << sec_name.str() << "]";
+    first_section = false;
+    for (const auto& [key_name, node] : *sec_node.as_table()) {
+      out << "\n" << key_name.str() << " = ";
+      if (node.is_floating_point())
+        out << shortest_float(*node.value<double>());
+      else
+        node.visit([&](const auto& v) { out << v; });
+    }
+  }
+  return out.str();
+}
+
 }  // namespace
+
+std::string shortest_float(double v) {
+  if (std::isnan(v)) return "nan";  // TOML's spelling; the sign of a NaN is not kept
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[64];
+  // std::to_chars without a format or precision: the shortest text that
+  // reads back as v (fixed or scientific, whichever is shorter).
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  std::string text(buf, ec == std::errc() ? end : buf);
+  // "3" would read back as an integer: keep it a float.
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
 
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
   toml::table deck;
@@ -345,9 +401,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     key.store(cfg, *node);
   }
   validate(cfg, origin);
-  std::ostringstream resolved;
-  resolved << deck;
-  cfg.toml = resolved.str();
+  cfg.toml = deck_text(deck);
   return cfg;
 }
 

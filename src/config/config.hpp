@@ -23,6 +23,12 @@ struct DataConfig {
   // checkpoint was trained on (kind, size, first-MiB digest); true continues
   // on the new source on purpose.
   bool allow_source_change = false;
+  // Held-out data for the validation loss (train.eval_every): a separate
+  // file of the same kind as `path`, or the last `val_fraction` of the
+  // file's tokens (then left out of training). The synthetic source needs
+  // neither: it holds out a stream of its own (a different seed stream).
+  std::string val_path;
+  double val_fraction = 0.0;
 };
 
 struct TrainConfig {
@@ -38,6 +44,8 @@ struct TrainConfig {
   int log_every = 1;
   std::string recompute = "none";  // "none" or "block": recompute each block's forward in its backward
   std::string precision = "fp32";  // "fp32"; "bf16" (GPU mixed precision) is refused until it is built
+  int eval_every = 0;              // validation loss every N steps (and at the last); 0: never
+  int eval_batches = 1;            // global batches of held-out data per validation loss
 };
 
 struct ParallelConfig {
@@ -92,13 +100,18 @@ struct Config {
   CommConfig comm;
   PerfConfig perf;
   FaultConfig fault;
-  std::string toml;  // the resolved deck (overrides applied), as TOML text
+  std::string toml;  // the resolved deck (overrides applied), as TOML text; floats in their shortest
+                     // form that reads back as the same double
 };
 
 // Parses deck text; `origin` names it in error messages (a file name).
 // `overrides` are "section.key=value" strings applied on top (as --set does).
 // Throws ndmini::Error naming the key and what would fix it.
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
+
+// The shortest text that reads back as exactly `v` ("0.0006", "1e-05",
+// "3.0"), always a TOML float (never an integer).
+std::string shortest_float(double v);
 
 // Reads and parses a deck file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -298,6 +298,10 @@ void GptStage::backward(int chunk, int micro_batch, real* input_grad, bool last_
   free_record(chunk, micro_batch);
 }
 
+void GptStage::end_evaluation() {
+  for (int u = 0; u < store_->units(); ++u) store_->release(u);
+}
+
 void GptStage::finish_grads() {
   store_->finish_grads();
   tp_.reduce_replicated_grads(*store_);
@@ -325,8 +329,8 @@ double GptStage::forward_loss(ConstTokenView tokens, ConstTokenView targets) {
     throw InternalError("forward_loss needs the whole model on this rank (pp = 1)");
   // No backward: drop the record and every unit FSDP still holds.
   const double loss = forward(0, 0, tokens, targets, 0, false);
-  free_record(0, 0);
-  for (int u = 0; u < store_->units(); ++u) store_->release(u);
+  discard(0, 0);
+  end_evaluation();
   return loss;
 }
 

@@ -146,6 +146,12 @@ class GptStage {
   // gradient of the chunk's input written to `input_grad` (not the first
   // chunk; activation_elements() floats). The micro-batch's record is freed.
   void backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch);
+  // Evaluation (forward only, loss_scale 0): frees the record of a forward
+  // that has no backward; after the last, end_evaluation() drops every unit
+  // FSDP still holds gathered (reshard_after_forward = false keeps them).
+  // Gradients are never touched.
+  void discard(int chunk, int micro_batch) { free_record(chunk, micro_batch); }
+  void end_evaluation();
   // After the step's last backward: completes every gradient reduction
   // (FSDP, data parallel, sequence-parallel partial sums, the tied wte).
   void finish_grads();

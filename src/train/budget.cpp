@@ -53,13 +53,18 @@ std::string bytes_text(double bytes) {
 
 double data_bytes(const Config& cfg) {
   if (cfg.data.source == "synthetic") return 0;
-  std::error_code ec;
-  const auto bytes = std::filesystem::file_size(cfg.data.path, ec);
-  if (ec) return 0;
-  // A file source is read whole, then held as tokens.
-  const double tokens = cfg.data.source == "text" ? static_cast<double>(bytes)
-                                                  : std::max(0.0, (static_cast<double>(bytes) - kTokenHeaderBytes) / 2);
-  return static_cast<double>(bytes) + tokens * sizeof(token_t);
+  // A file source is read whole, then held as tokens; so is data.val_path when it is read.
+  auto file_bytes = [&](const std::string& path) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    if (ec) return 0.0;
+    const double tokens = cfg.data.source == "text"
+                              ? static_cast<double>(bytes)
+                              : std::max(0.0, (static_cast<double>(bytes) - kTokenHeaderBytes) / 2);
+    return static_cast<double>(bytes) + tokens * sizeof(token_t);
+  };
+  const bool val_file = cfg.train.eval_every > 0 && !cfg.data.val_path.empty();
+  return file_bytes(cfg.data.path) + (val_file ? file_bytes(cfg.data.val_path) : 0.0);
 }
 
 std::vector<MemoryPart> memory_parts(const Config& cfg, const RunLayout& layout) {

@@ -109,6 +109,8 @@ void check_resume_compatible(const Config& cfg, const io::CheckpointInfo& info, 
   mismatch("model.seq_len", saved.model.seq_len, cfg.model.seq_len);
   mismatch("train.seed", saved.train.seed, cfg.train.seed);
   mismatch("train.global_batch", saved.train.global_batch, cfg.train.global_batch);
+  // It decides which of data.path's tokens are trained on.
+  mismatch("data.val_fraction", saved.data.val_fraction, cfg.data.val_fraction);
 }
 
 }  // namespace ndmini

@@ -25,12 +25,15 @@ constexpr std::size_t kDigestBytes = std::size_t{1} << 20;
 // so the loss can fall from ln V towards ln 2.
 class SyntheticSource final : public DataSource {
  public:
-  SyntheticSource(const Config& cfg)
+  // `held_out`: the validation stream, the same graph walked with coins
+  // from another seed stream, so no training sequence is drawn from it.
+  SyntheticSource(const Config& cfg, bool held_out)
       : seq_len_(cfg.model.seq_len),
         global_batch_(cfg.train.global_batch),
         alphabet_(std::min(cfg.model.vocab, 64)),
+        held_out_(held_out),
         graph_key_(rng::stream_key(cfg.train.seed, "data/synthetic/graph")),
-        walk_key_(rng::stream_key(cfg.train.seed, "data/synthetic/walk")) {}
+        walk_key_(rng::stream_key(cfg.train.seed, held_out ? "data/synthetic/validation" : "data/synthetic/walk")) {}
 
   void fill(std::int64_t step, int first, int count, token_t* inputs, token_t* targets) const override {
     for (int b = 0; b < count; ++b) {
@@ -48,13 +51,15 @@ class SyntheticSource final : public DataSource {
     }
   }
   std::string describe() const override {
-    return "synthetic (random walk on a 2-successor graph over " + std::to_string(alphabet_) + " tokens)";
+    return std::string(held_out_ ? "synthetic, held-out walks" : "synthetic") +
+           " (random walk on a 2-successor graph over " + std::to_string(alphabet_) + " tokens)";
   }
   // The stream is a function of the deck's seed and shape, which resume checks already.
   io::DataRecord provenance() const override { return {"synthetic", "", 0, ""}; }
 
  private:
   int seq_len_, global_batch_, alphabet_;
+  bool held_out_;
   std::uint64_t graph_key_, walk_key_;
 };
 
@@ -88,21 +93,23 @@ class StreamSource final : public DataSource {
   io::DataRecord record_;
 };
 
-std::vector<char> read_file(const std::string& path, const std::string& key_hint) {
+// `key` names the deck key that gave the path (data.path, data.val_path).
+std::vector<char> read_file(const std::string& key, const std::string& path, const std::string& key_hint) {
   namespace fs = std::filesystem;
+  const std::string named = key + " = \"" + path + "\"";
   std::error_code ec;
   const auto status = fs::status(path, ec);
-  require(fs::exists(status), "data.path = \"" + path + "\": cannot open the file (" + key_hint + ")");
+  require(fs::exists(status), named + ": cannot open the file (" + key_hint + ")");
   require(!fs::is_directory(status),
-          "data.path = \"" + path + "\" is a folder, not a file (" + key_hint + "); point it at the file itself");
-  require(fs::is_regular_file(status), "data.path = \"" + path + "\" is not a regular file (" + key_hint + ")");
+          named + " is a folder, not a file (" + key_hint + "); point it at the file itself");
+  require(fs::is_regular_file(status), named + " is not a regular file (" + key_hint + ")");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  require(in.good(), "data.path = \"" + path + "\": cannot open the file (" + key_hint + ")");
+  require(in.good(), named + ": cannot open the file (" + key_hint + ")");
   const std::streamsize size = in.tellg();
-  require(size >= 0, "data.path = \"" + path + "\": cannot tell its size (" + key_hint + ")");
+  require(size >= 0, named + ": cannot tell its size (" + key_hint + ")");
   in.seekg(0);
   std::vector<char> bytes(static_cast<std::size_t>(size));
-  require(static_cast<bool>(in.read(bytes.data(), size)), "data.path = \"" + path + "\": read failed");
+  require(static_cast<bool>(in.read(bytes.data(), size)), named + ": read failed");
   return bytes;
 }
 
@@ -116,38 +123,41 @@ std::string record_text(const io::DataRecord& r) {
   return r.kind + " '" + r.path + "' (" + std::to_string(r.bytes) + " bytes, first-MiB digest " + r.digest + ")";
 }
 
-void require_long_enough(std::size_t n, const Config& cfg, const std::string& path) {
+void require_long_enough(std::size_t n, const Config& cfg, const std::string& key, const std::string& path) {
+  const std::string named = key + " = \"" + path + "\"";
   const std::size_t need = static_cast<std::size_t>(cfg.model.seq_len) + 2;
-  require(n >= need, "data.path = \"" + path + "\": the file holds " + std::to_string(n) +
+  require(n >= need, named + ": the file holds " + std::to_string(n) +
                          " tokens, too short for model.seq_len = " + std::to_string(cfg.model.seq_len) +
                          " (needs at least " + std::to_string(need) + "); use a longer file or a smaller seq_len");
 }
 
-std::vector<token_t> read_text(const std::string& path, const Config& cfg, io::DataRecord& record) {
-  const auto bytes = read_file(path, "data.source = \"text\" reads it as bytes");
+std::vector<token_t> read_text(const std::string& key, const std::string& path, const Config& cfg,
+                               io::DataRecord& record) {
+  const auto bytes = read_file(key, path, "data.source = \"text\" reads it as bytes");
   record = record_of("text", path, bytes);
   std::vector<token_t> tokens(bytes.size());
   for (std::size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
-  require_long_enough(tokens.size(), cfg, path);
+  require_long_enough(tokens.size(), cfg, key, path);
   return tokens;
 }
 
-std::vector<token_t> read_tokens(const std::string& path, const Config& cfg, io::DataRecord& record) {
-  const auto bytes = read_file(path, "data.source = \"tokens\" expects an llm.c .bin token file");
+std::vector<token_t> read_tokens(const std::string& key, const std::string& path, const Config& cfg,
+                                 io::DataRecord& record) {
+  const std::string named = key + " = \"" + path + "\"";
+  const auto bytes = read_file(key, path, "data.source = \"tokens\" expects an llm.c .bin token file");
   record = record_of("tokens", path, bytes);
   const std::size_t header_bytes = kHeaderInts * sizeof(std::int32_t);
-  require(bytes.size() >= header_bytes,
-          "data.path = \"" + path + "\": shorter than the 1024-byte llm.c header; not a token file");
+  require(bytes.size() >= header_bytes, named + ": shorter than the 1024-byte llm.c header; not a token file");
   std::int32_t header[kHeaderInts];
   std::memcpy(header, bytes.data(), header_bytes);
-  require(header[0] == kTokenFileMagic, "data.path = \"" + path + "\": bad magic " + std::to_string(header[0]) +
+  require(header[0] == kTokenFileMagic, named + ": bad magic " + std::to_string(header[0]) +
                                             " (an llm.c token file starts with " + std::to_string(kTokenFileMagic) +
                                             "); is this a .bin written by llm.c's data scripts?");
-  require(header[1] == 1, "data.path = \"" + path + "\": unsupported token file version " + std::to_string(header[1]) +
+  require(header[1] == 1, named + ": unsupported token file version " + std::to_string(header[1]) +
                               " (ndmini reads version 1, uint16 tokens)");
   const std::size_t count = static_cast<std::uint32_t>(header[2]);
   const std::size_t available = (bytes.size() - header_bytes) / sizeof(std::uint16_t);
-  require(count <= available, "data.path = \"" + path + "\": header promises " + std::to_string(count) +
+  require(count <= available, named + ": header promises " + std::to_string(count) +
                                   " tokens but the file holds only " + std::to_string(available) + " (truncated?)");
   std::vector<token_t> tokens(count);
   const char* p = bytes.data() + header_bytes;
@@ -158,28 +168,69 @@ std::vector<token_t> read_tokens(const std::string& path, const Config& cfg, io:
     tokens[i] = t;
     largest = std::max<token_t>(largest, t);
   }
-  require(largest < cfg.model.vocab, "data.path = \"" + path + "\": holds token id " + std::to_string(largest) +
+  require(largest < cfg.model.vocab, named + ": holds token id " + std::to_string(largest) +
                                          " but model.vocab = " + std::to_string(cfg.model.vocab) +
                                          "; raise model.vocab (GPT-2 files need 50257 or more, e.g. 50304)");
-  require_long_enough(tokens.size(), cfg, path);
+  require_long_enough(tokens.size(), cfg, key, path);
   return tokens;
 }
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_data_source(const Config& cfg) {
-  const auto& d = cfg.data;
-  io::DataRecord record;
-  if (d.source == "text") {
-    auto tokens = read_text(d.path, cfg, record);
-    return std::make_unique<StreamSource>(std::move(tokens), cfg, "text " + d.path, record);
-  }
-  if (d.source == "tokens") {
-    auto tokens = read_tokens(d.path, cfg, record);
-    return std::make_unique<StreamSource>(std::move(tokens), cfg, "tokens " + d.path, record);
-  }
-  return std::make_unique<SyntheticSource>(cfg);
+namespace {
+
+std::vector<token_t> read_source(const std::string& key, const std::string& path, const Config& cfg,
+                                 io::DataRecord& record) {
+  return cfg.data.source == "text" ? read_text(key, path, cfg, record) : read_tokens(key, path, cfg, record);
 }
+
+DataSources make_sources(const Config& cfg, bool validation) {
+  const auto& d = cfg.data;
+  DataSources out;
+  validation = validation && cfg.train.eval_every > 0;
+  if (d.source == "synthetic") {
+    out.train = std::make_unique<SyntheticSource>(cfg, false);
+    if (validation) out.validation = std::make_unique<SyntheticSource>(cfg, true);
+    return out;
+  }
+  io::DataRecord record;
+  std::vector<token_t> tokens = read_source("data.path", d.path, cfg, record);
+  const std::string what = d.source + " " + d.path;
+  if (d.val_fraction > 0) {
+    // The last val_fraction of the tokens is held out: training never reads it.
+    const std::size_t held = static_cast<std::size_t>(static_cast<double>(tokens.size()) * d.val_fraction);
+    const std::size_t need = static_cast<std::size_t>(cfg.model.seq_len) + 2;
+    const std::string fraction = "data.val_fraction = " + shortest_float(d.val_fraction) + " of the " +
+                                 std::to_string(tokens.size()) + " tokens of data.path = \"" + d.path + "\"";
+    require(held >= need, fraction + " holds out " + std::to_string(held) + " tokens, too few for model.seq_len = " +
+                              std::to_string(cfg.model.seq_len) + " (needs at least " + std::to_string(need) +
+                              "); raise data.val_fraction or use a longer file");
+    require(tokens.size() - held >= need,
+            fraction + " leaves " + std::to_string(tokens.size() - held) +
+                " tokens to train on, too few for model.seq_len = " + std::to_string(cfg.model.seq_len) +
+                " (needs at least " + std::to_string(need) + "); lower data.val_fraction");
+    if (validation)
+      out.validation = std::make_unique<StreamSource>(
+          std::vector<token_t>(tokens.end() - static_cast<std::ptrdiff_t>(held), tokens.end()), cfg,
+          what + ", its held-out end", record);
+    tokens.resize(tokens.size() - held);
+    out.train = std::make_unique<StreamSource>(std::move(tokens), cfg, what + ", less the held-out end", record);
+    return out;
+  }
+  out.train = std::make_unique<StreamSource>(std::move(tokens), cfg, what, record);
+  if (validation) {
+    io::DataRecord val_record;
+    auto val = read_source("data.val_path", d.val_path, cfg, val_record);
+    out.validation = std::make_unique<StreamSource>(std::move(val), cfg, d.source + " " + d.val_path, val_record);
+  }
+  return out;
+}
+
+}  // namespace
+
+DataSources make_data_sources(const Config& cfg) { return make_sources(cfg, true); }
+
+std::unique_ptr<DataSource> make_data_source(const Config& cfg) { return std::move(make_sources(cfg, false).train); }
 
 std::string check_resume_data(const io::DataRecord& saved, const io::DataRecord& current, const DataConfig& deck,
                               const std::string& where) {

@@ -29,7 +29,20 @@ class DataSource {
 
 // Builds the source named by [data]; checks the file (exists, long enough,
 // llm.c magic, tokens inside the vocabulary) and throws Error naming it.
+// With data.val_fraction the training source is the file without its last
+// val_fraction of tokens.
 std::unique_ptr<DataSource> make_data_source(const Config& cfg);
+
+// The training source and, when train.eval_every > 0, the held-out one the
+// validation loss reads: the file data.val_path, the last data.val_fraction
+// of data.path's tokens, or for the synthetic source walks drawn from a seed
+// stream of their own ("data/synthetic/validation"; the same graph). Batch j
+// of the validation loss is the validation source's batch of step j.
+struct DataSources {
+  std::unique_ptr<DataSource> train;
+  std::unique_ptr<DataSource> validation;  // null when train.eval_every = 0
+};
+DataSources make_data_sources(const Config& cfg);
 
 // A resumed run must continue on the data its checkpoint was trained on:
 // throws Error naming both sources when `saved` (the checkpoint's record) and

@@ -21,7 +21,13 @@ std::string progress_line(const StepRecord& r) {
                 "comm %.1f ms | mem %.1f MiB",
                 static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.step_ms, r.tokens_per_s, 100 * r.mfu,
                 r.exposed_comm_ms, r.mem_bytes / 1048576.0);
-  return buf;
+  std::string line = buf;
+  // Last, so the fields before it keep their places on every line.
+  if (r.val_loss) {
+    std::snprintf(buf, sizeof buf, " | val_loss %.6f", *r.val_loss);
+    line += buf;
+  }
+  return line;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
@@ -74,6 +80,10 @@ void MetricsWriter::step(const StepRecord& r) {
                       {"bubble_ms_per_stage", r.bubble_ms_per_stage},
                       {"io_ms", r.io_ms},
                       {"mem_bytes", r.mem_bytes}};
+  if (r.val_loss) {
+    j["val_loss"] = *r.val_loss;
+    j["eval_ms"] = r.eval_ms;
+  }
   write_line(j.dump() + "\n");
 }
 

@@ -3,6 +3,7 @@
 // What a run reports (docs/output.md): the progress line on stdout and its
 // machine-readable twin, one JSON object per logged step in --metrics FILE.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,10 @@ struct StepRecord {
   std::vector<double> bubble_ms_per_stage;
   double bubble_ms = 0;
   double io_ms = 0;  // checkpoint I/O within this step (not in step_ms)
+  // The validation loss, on the steps it is computed (train.eval_every), and
+  // the milliseconds it took on rank 0 (before the step, not in step_ms).
+  std::optional<double> val_loss;
+  double eval_ms = 0;
   std::int64_t mem_bytes = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // per communicator (axis or reduction group)
 };

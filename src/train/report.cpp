@@ -138,7 +138,7 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
 }
 
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
-                  const PeakFlops& peak, bool show_mesh) {
+                  const std::string& validation, const PeakFlops& peak, bool show_mesh) {
   const auto& t = cfg.train;
   std::printf("ndmini %s | Kokkos %d.%d.%d %s | mesh %s | ranks/node %d | params %lld | %.3g FLOP/token\n",
               NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
@@ -147,6 +147,7 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   std::printf("data: %s | steps %d | global batch %d x %d tokens | %d data-parallel ranks x %d micro-batches of %d\n",
               data.c_str(), t.steps, t.global_batch, cfg.model.seq_len, layout.data_parallel, layout.micro_batches,
               t.micro_batch);
+  if (!validation.empty()) std::printf("validation: %s\n", validation.c_str());
   if (layout.split.pp > 1) std::printf("pipeline: %s\n", describe_pipeline(cfg, layout).c_str());
   if (layout.split.cp > 1) std::printf("context: %s\n", describe_context(cfg, layout).c_str());
   if (layout.recompute == Recompute::block) std::printf("recompute: %s\n", describe_recompute(cfg, layout).c_str());
@@ -193,6 +194,9 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
     }
   }
   std::printf("    I/O              %.1f ms in total (checkpoints)\n", s.io_ms);
+  if (s.val_loss)
+    std::printf("  validation         loss %.6f at step %lld (the last; %.1f ms evaluating in all, not in time/step)\n",
+                s.val_loss->second, static_cast<long long>(s.val_loss->first), s.eval_ms);
   std::printf("  tokens/s           %.0f\n", s.tokens_per_s);
   std::printf("  tokens/s/rank      %.0f\n", s.tokens_per_s / world);
   std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * s.mfu, s.peak.flops_per_rank / 1e9,
@@ -232,7 +236,10 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"peak_activation_bytes_per_stage", s.peak_activation_bytes},
                       {"mem_bytes", s.mem_bytes},
                       {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
-                      {"final_loss", final_loss ? nlohmann::json(*final_loss) : nlohmann::json()}};
+                      {"final_loss", final_loss ? nlohmann::json(*final_loss) : nlohmann::json()},
+                      {"final_val_loss", s.val_loss ? nlohmann::json(s.val_loss->second) : nlohmann::json()},
+                      {"final_val_step", s.val_loss ? nlohmann::json(s.val_loss->first) : nlohmann::json()},
+                      {"eval_ms", s.eval_ms}};
   return j.dump();
 }
 

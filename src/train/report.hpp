@@ -38,6 +38,8 @@ struct RunSummary {
   std::int64_t state_bytes = 0, mem_bytes = 0;
   std::vector<std::int64_t> peak_activation_bytes;  // per pipeline stage, the most its ranks held in flight
   PeakFlops peak;
+  std::optional<std::pair<std::int64_t, double>> val_loss;  // the last (step, validation loss), if any
+  double eval_ms = 0;                                       // all validation losses, rank 0's time
 };
 
 double median(std::vector<double> v);
@@ -46,8 +48,9 @@ double median(std::vector<double> v);
 // the pipeline's stages, the cp chunks, the memory estimate per stage and
 // what one of the `ranks_on_node` ranks of a node may use.
 void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node);
+// `validation`: what the validation loss reads and when; "" without one.
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
-                  const PeakFlops& peak, bool show_mesh);
+                  const std::string& validation, const PeakFlops& peak, bool show_mesh);
 void print_performance(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s);
 // The metrics file's last line: {"summary": true, ...}.
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,

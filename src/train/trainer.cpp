@@ -93,10 +93,13 @@ class MicroBatchFeed {
 };
 
 // The model as the pipeline runner sees it, fed with this step's data.
+// Micro-batch mb is micro-batch mb mod m of step + mb / m (m micro-batches
+// per step), so one forward-only run can cover several batches (the
+// validation loss); loss_scale 0: the head computes no gradient.
 class TrainingStage final : public PipelineStage {
  public:
-  TrainingStage(GptStage& model, MicroBatchFeed& feed, real loss_scale)
-      : model_(model), feed_(feed), loss_scale_(loss_scale) {}
+  TrainingStage(GptStage& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
+      : model_(model), feed_(feed), loss_scale_(loss_scale), micro_batches_(micro_batches) {}
   void set_step(std::int64_t step) { step_ = step; }
 
   std::size_t activation_elements() const override { return model_.activation_elements(); }
@@ -105,7 +108,7 @@ class TrainingStage final : public PipelineStage {
     // Tokens for the embedding (chunk 0), targets for the head (the last chunk).
     const Chunk& final_chunk = model_.chunks().back();
     const bool needs_data = chunk == 0 || (final_chunk.head && chunk == final_chunk.index);
-    if (needs_data) feed_.load(step_, mb);
+    if (needs_data) feed_.load(step_ + mb / micro_batches_, mb % micro_batches_);
     return model_.forward(chunk, mb, feed_.tokens(), feed_.targets(), loss_scale_, last);
   }
   const real* output(int chunk, int mb) override { return model_.output(chunk, mb); }
@@ -113,11 +116,13 @@ class TrainingStage final : public PipelineStage {
   void backward(int chunk, int mb, real* input_grad, bool last) override {
     model_.backward(chunk, mb, input_grad, last);
   }
+  void discard(int chunk, int mb) override { model_.discard(chunk, mb); }
 
  private:
   GptStage& model_;
   MicroBatchFeed& feed_;
   real loss_scale_;
+  int micro_batches_;
   std::int64_t step_ = 0;
 };
 
@@ -149,8 +154,9 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
 
   // Reading the data is rank-local: agree on the outcome, so one rank's
   // missing file stops every rank with its message instead of a hang.
-  std::unique_ptr<DataSource> data;
-  agree_on_errors(comm, [&] { data = make_data_source(cfg); });
+  DataSources sources;
+  agree_on_errors(comm, [&] { sources = make_data_sources(cfg); });
+  const std::unique_ptr<DataSource>& data = sources.train;
   GptStage model(cfg.model, t.micro_batch, model_parallel(ctx, cfg, layout), layout.recompute);
   model.init(t.seed);
   ParamStore& store = model.store();
@@ -204,7 +210,11 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   const MemoryEstimate memory = estimate_memory(cfg, layout);
   summary.state_bytes = static_cast<std::int64_t>(store.persistent_bytes() + 2 * opt.exp_avg.extent(0) * sizeof(real));
   summary.mem_bytes = memory.total();
-  if (speak) print_banner(cfg, layout, ctx, data->describe(), summary.peak, opts.show_mesh);
+  const std::string validation = sources.validation ? "every " + std::to_string(t.eval_every) +
+                                                          " steps and at the last, " + std::to_string(t.eval_batches) +
+                                                          " global batch(es) of " + sources.validation->describe()
+                                                    : "";
+  if (speak) print_banner(cfg, layout, ctx, data->describe(), validation, summary.peak, opts.show_mesh);
   // A due save waits until the state it holds is shown sane (train/step_check.hpp).
   std::int64_t pending_save = -1;  // the step of the state to save; -1: none
   if (cfg.checkpoint.at_start && !opts.resume) pending_save = 0;
@@ -218,7 +228,24 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   PipelineRunner runner(ctx.pp(), plan, schedule);
   const int local_batch = t.global_batch / layout.data_parallel;
   MicroBatchFeed feed(*data, model.cp_layout(), t.micro_batch, ctx.data_parallel_index() * local_batch);
-  TrainingStage stage(model, feed, static_cast<real>(1.0 / tokens_per_step));
+  TrainingStage stage(model, feed, static_cast<real>(1.0 / tokens_per_step), layout.micro_batches);
+
+  // The validation loss: the held-out batches 0 .. eval_batches - 1, forward
+  // only (PipelineRunner::evaluate), so parameters, gradients and AdamW state
+  // are untouched and training is bitwise the same with it or without it.
+  std::unique_ptr<MicroBatchFeed> val_feed;
+  std::unique_ptr<TrainingStage> val_stage;
+  if (sources.validation) {
+    val_feed = std::make_unique<MicroBatchFeed>(*sources.validation, model.cp_layout(), t.micro_batch,
+                                                ctx.data_parallel_index() * local_batch);
+    val_stage = std::make_unique<TrainingStage>(model, *val_feed, real(0), layout.micro_batches);
+  }
+  auto validation_loss = [&] {
+    const ProfileRegion region("ndmini::validation loss");
+    const double local = runner.evaluate(*val_stage, t.eval_batches * layout.micro_batches);
+    model.end_evaluation();
+    return ctx.batch().all_reduce_scalar(local) / (tokens_per_step * t.eval_batches);
+  };
 
   TrainResult result;
   result.first_step = start;
@@ -229,6 +256,20 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
 
   for (std::int64_t step = start; step < t.steps; ++step) {
     faults.at_step_start(step);
+    // Before the step, outside its time and its communication figures: the
+    // held-out loss of the same parameters as this step's loss.
+    std::optional<double> val_loss;
+    double eval_ms = 0;
+    if (val_stage && (step % t.eval_every == 0 || step + 1 == t.steps)) {
+      const auto e0 = Clock::now();
+      val_loss = validation_loss();
+      eval_ms = ms_since(e0);
+      for (const auto& g : ctx.reported())
+        if (g.comm != nullptr) g.comm->reset_stats();
+      result.val_losses.emplace_back(step, *val_loss);
+      summary.val_loss = result.val_losses.back();
+      summary.eval_ms += eval_ms;
+    }
     // This rank "forgets" the step's loss reduction: the others wait for it.
     if (faults.skip_collective_at(step, rank)) ctx.batch().skip_next_for_fault_injection();
     MPI_Barrier(comm);  // steps start together, so per-step times compare across ranks
@@ -263,10 +304,12 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     steps.push_back(stats);
     result.losses.push_back(loss);
 
-    if (rank == 0 && (step % t.log_every == 0 || step + 1 == t.steps)) {
+    if (rank == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss)) {
       StepRecord r;
       r.step = step;
       r.loss = loss;
+      r.val_loss = val_loss;
+      r.eval_ms = eval_ms;
       r.lr = lr;
       r.grad_norm = grad_norm;
       r.step_ms = stats.step_ms;

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.hpp"
@@ -36,6 +37,9 @@ struct TrainOptions {
 
 struct TrainResult {
   std::vector<double> losses;  // per step run, in order
+  // (step, validation loss) where evaluated (train.eval_every): the held-out
+  // loss of the parameters that step's loss was computed with.
+  std::vector<std::pair<std::int64_t, double>> val_losses;
   std::int64_t first_step = 0;
   double median_step_ms = 0;
   double tokens_per_s = 0;

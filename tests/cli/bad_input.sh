@@ -148,6 +148,25 @@ case "$1" in
   memory_limit)
     # A deck limit below the estimate refuses a deck that would fit the node.
     expect_error "(perf.memory_per_rank_gib = 0.001)" check tiny.toml --set perf.memory_per_rank_gib=0.001 ;;
+  eval_without_held_out)
+    expect_error 'train.eval_every = 5 needs held-out data for data.source = "text": set data.val_path' \
+      train tiny.toml --set data.source=text --set data.path=book.txt --set train.eval_every=5 ;;
+  eval_keys)
+    expect_error "train.eval_batches = 0 is out of range: must be at least 1" train tiny.toml --set train.eval_batches=0
+    expect_error "train.eval_every = -2 is out of range: must be >= 0" train tiny.toml --set train.eval_every=-2
+    expect_error "data.val_fraction = 1.5 is out of range: must be in [0, 1)" \
+      train tiny.toml --set data.source=text --set data.path=book.txt --set data.val_fraction=1.5
+    expect_error "data.val_path applies to data.source = \"text\" or \"tokens\"" train tiny.toml --set data.val_path=v.txt
+    expect_error "data.val_path and data.val_fraction both name held-out data" train tiny.toml --set data.source=text \
+      --set data.path=book.txt --set data.val_path=v.txt --set data.val_fraction=0.1 ;;
+  val_path_missing)
+    head -c 20000 /dev/urandom | base64 >book.txt
+    expect_error 'data.val_path = "absent.txt": cannot open the file' train tiny.toml --set data.source=text \
+      --set data.path=book.txt --set data.val_path=absent.txt --set train.eval_every=2 ;;
+  val_fraction_short)
+    head -c 2000 /dev/urandom | base64 -w 0 | head -c 2000 >book.txt
+    expect_error "data.val_fraction = 0.01 of the 2000 tokens of data.path = \"book.txt\" holds out 20 tokens, too few for model.seq_len = 64" \
+      train tiny.toml --set data.source=text --set data.path=book.txt --set data.val_fraction=0.01 ;;
   *)
     fail "unknown case $1" ;;
 esac

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "parallel/pipeline/pipeline.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 #include "core/timer.hpp"
@@ -15,7 +17,11 @@ constexpr int kTagSpace = 32768;
 }  // namespace
 
 PipelineRunner::PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule)
-    : pp_(pp), plan_(plan), actions_(schedule.actions(pp.rank())), micro_batches_(schedule.micro_batches()) {
+    : pp_(pp),
+      plan_(plan),
+      actions_(schedule.actions(pp.rank())),
+      micro_batches_(schedule.micro_batches()),
+      max_in_flight_(std::max(1, schedule.max_in_flight(pp.rank()))) {
   if (pp.backend() != Communicator::Backend::mpi)
     throw InternalError("the pipeline's sends must not block (an MPI pp group; see pipeline.hpp)");
 }
@@ -109,6 +115,49 @@ double PipelineRunner::run(PipelineStage& stage) {
     const ProfileRegion region("ndmini::pipeline wait for the last sends");
     reap(true);
   }
+  return loss;
+}
+
+double PipelineRunner::evaluate(PipelineStage& stage, int micro_batches) {
+  double loss = 0;
+  const std::size_t n = stage.activation_elements();
+  const std::vector<Chunk> chunks = plan_.chunks_of(pp_.rank());
+  // Sends of forward outputs in flight, oldest first; each holds its record.
+  std::deque<PendingSend> sends;
+  auto complete_oldest = [&] {
+    sends.front().request.wait();
+    stage.discard(sends.front().chunk, sends.front().micro_batch);
+    sends.pop_front();
+  };
+  for (int mb = 0; mb < micro_batches; ++mb)
+    for (const Chunk& c : chunks) {
+      // Memory as in training: a new record only while fewer than the
+      // schedule's most are held (waiting for a send waits for a receive the
+      // peer posts at an earlier action, so it always completes).
+      while (static_cast<int>(sends.size()) >= max_in_flight_) complete_oldest();
+      if (c.index > 0) {
+        const ProfileRegion region("ndmini::pipeline wait for the previous stage");
+        pp_.irecv(stage.input_buffer(c.index, mb), n, plan_.rank_of(c.index - 1), tag(c.index, mb, false)).wait();
+      }
+      loss += stage.forward(c.index, mb, false);
+      if (c.index + 1 < plan_.chunks()) {
+        PendingSend send;
+        send.chunk = c.index;
+        send.micro_batch = mb;
+        send.request = pp_.isend(const_cast<real*>(stage.output(c.index, mb)), n, plan_.rank_of(c.index + 1),
+                                 tag(c.index + 1, mb, false));
+        sends.push_back(std::move(send));
+      } else {
+        stage.discard(c.index, mb);
+      }
+      // Records whose sends are done go at once.
+      while (!sends.empty() && (!sends.front().request.active() || sends.front().request.test())) {
+        stage.discard(sends.front().chunk, sends.front().micro_batch);
+        sends.pop_front();
+      }
+    }
+  const ProfileRegion region("ndmini::pipeline wait for the last sends");
+  while (!sends.empty()) complete_oldest();
   return loss;
 }
 

@@ -53,6 +53,8 @@ class PipelineStage {
   // Writes the gradient of the chunk's input to input_grad (not chunk 0) and
   // frees the micro-batch's record.
   virtual void backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch) = 0;
+  // Frees the record of a forward that has no backward (evaluation).
+  virtual void discard(int chunk, int micro_batch) = 0;
 };
 
 class PipelineRunner {
@@ -65,6 +67,16 @@ class PipelineRunner {
   double run(PipelineStage& stage);
   // Milliseconds this stage waited for its neighbours in the last run.
   double bubble_ms() const { return bubble_ms_; }
+
+  // Forward only, for the validation loss: `micro_batches` micro-batches,
+  // each through this stage's chunks in model order, records discarded as
+  // soon as their output is sent; no backward, so no gradient is touched.
+  // Every stage runs its actions in (micro-batch, chunk) order and every
+  // action depends only on an earlier one, so it cannot deadlock; stage r
+  // holds at most Schedule::max_in_flight(r) records, as in training.
+  // Returns the loss sum this stage computed (the head stage's; 0 elsewhere).
+  // Leaves bubble_ms() alone.
+  double evaluate(PipelineStage& stage, int micro_batches);
 
  private:
   struct Transfer {
@@ -82,6 +94,7 @@ class PipelineRunner {
   StagePlan plan_;
   std::vector<PipelineAction> actions_;
   int micro_batches_;
+  int max_in_flight_;
   double bubble_ms_ = 0;
   struct PendingSend {
     int chunk = -1, micro_batch = -1;  // forward outputs: completed before that record is freed
