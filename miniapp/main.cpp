@@ -5,9 +5,11 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -201,6 +203,10 @@ int main(int argc, char** argv) {
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
       int ranks_on_node = 1;
       MPI_Comm_size(node, &ranks_on_node);
+      // For a world other than this launch (--world N): as many of its ranks on
+      // this node as it has cores, the usual one rank per core.
+      if (check_world != world)
+        ranks_on_node = std::max(1, std::min(check_world, static_cast<int>(std::thread::hardware_concurrency())));
       MPI_Comm_free(&node);
       ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { ndmini::require_memory_fits(cfg, layout, ranks_on_node); });
       if (rank == 0) {

@@ -480,7 +480,7 @@ def markdown(study, rows):
     mode = {"weak": "weak scaling (fixed batch per rank)", "strong": "strong scaling (fixed global batch)"}
     lines = [f"# {study['name']}: {mode[study['mode']]} of {study['deck_name']}", ""]
     lines += ["| ranks | layout | tokens/s (min-max) | tokens/s/rank | speed-up | efficiency | exposed comm share "
-              "| step ms: compute / comm (of it bubble) / I/O |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+              "| step ms: compute / comm (of it bubble); I/O outside the step |", "|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["status"] == "failed":
             lines.append(f"| {r['ranks']} | {r['layout']} | failed | | | | | {r['message']} |")

@@ -27,7 +27,8 @@ FaultPlan::FaultPlan(const FaultConfig& cfg, int world_rank, int world_size)
           : cfg.kind == "enospc" ? Kind::enospc
                                  : Kind::skip_collective;
   require(cfg.rank < world_size, "fault.rank = " + std::to_string(cfg.rank) + " is not a rank of this job (" +
-                                     std::to_string(world_size) + " ranks): the fault would never fire");
+                                     std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks") +
+                                     "): the fault would never fire");
 }
 
 void FaultPlan::report_fired() const {

@@ -4,6 +4,7 @@
 // that the training loop, the checkpoint writer and the comm layer consult at
 // their fault points. Every fault that fires says so on stderr first:
 //   fault: enospc at phase 'write' fired on rank 1 at step 4
+// (skip_collective in the comm layer's words: "ndmini: fault injection: ...")
 // so a test can tell a handled fault from one that never happened.
 #include <cstdint>
 #include <functional>
@@ -31,8 +32,10 @@ class FaultPlan {
   // forward loss that shows the final state sane.
   bool nan_at(std::int64_t step) const;
   // kind "skip_collective": whether `rank` is to skip one collective at
-  // `step`. The comm layer's hang detection fires it (and calls
-  // report_fired); this plan only parses and validates it.
+  // `step`. The training loop then has the comm layer skip the step's loss
+  // reduction (Communicator::skip_next_for_fault_injection), which says so
+  // on stderr ("ndmini: fault injection: rank R skips ..."); the peers wait
+  // and the hang detection ends the job.
   bool skip_collective_at(std::int64_t step, int rank) const;
   // For io::SaveOptions::hook: kind "enospc" fails, kind "kill" SIGKILLs,
   // the plan's phase of the save of the plan's step on the plan's rank.

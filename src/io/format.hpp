@@ -41,7 +41,7 @@ inline constexpr const char* kManifestName = "manifest.txt";
 inline constexpr const char* kResumeHint = "resume from an earlier step with --resume STEP";
 
 struct TensorEntry {
-  std::string path;  // dataset path, "/model/wte/weight"
+  std::string path;  // dataset path, "/model/h/0/mlp/c_fc/weight"
   std::vector<std::uint64_t> shape;
   std::uint64_t offset = 0;  // of the raw data in checkpoint.h5
   std::uint64_t digest = 0;  // element_digest of the whole tensor

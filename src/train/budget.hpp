@@ -7,6 +7,7 @@
 // and `train` both call it before any model memory exists.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/config.hpp"
 #include "train/layout.hpp"

@@ -27,8 +27,9 @@ double grad_norm_squared(const ParamStore& store, Communicator& norm_group) {
       const double s = kernels::sum_squares(Slice1D(store.shard_grads().data() + piece.shard_offset, piece.length));
       (store.counts_in_norm(piece) ? local : left_out) += s;
     }
-    // A copy left out of the norm (the last stage's tied wte) is still
-    // applied: a non-finite value there must make the norm non-finite too.
+    // A copy left out of the norm (the last stage's tied wte; replicated
+    // tensors on tp ranks other than 0) is still applied: a non-finite value
+    // there must make the norm non-finite too.
     if (!std::isfinite(left_out)) local = left_out;
   }
   return norm_group.all_reduce_scalar(local);

@@ -17,7 +17,8 @@
 namespace ndmini {
 
 // One step's figures reduced over the world: times are the slowest rank's
-// (MPI_MAX), calls and bytes rank 0's.
+// (MPI_MAX) but exposed_min_ms (the least-blocked rank's, MPI_MIN); calls and
+// bytes rank 0's.
 struct StepStats {
   double step_ms = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // every reported group, in report order

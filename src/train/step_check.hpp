@@ -8,8 +8,7 @@
 // is saved only once it has been shown sane: the save of the state after step
 // k waits until step k+1's loss and gradient norm (computed from that very
 // state, before its update) are known finite, and the final state is checked
-// by the loss of one more batch (forward and backward, no update) before it
-// is saved.
+// by the loss of one more batch (forward only) before it is saved.
 #include <mpi.h>
 
 #include <cstdint>

@@ -295,7 +295,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     const double clip = (t.grad_clip > 0 && grad_norm > t.grad_clip) ? t.grad_clip / (grad_norm + 1e-6) : 1.0;
     const double lr = learning_rate(t, step);
     {
-      const ProfileRegion region("ndmini::optimizer");
+      const ProfileRegion optimizer_region("ndmini::optimizer");
       opt.step(store, t, lr, clip, step + 1);
     }
     Kokkos::fence();
@@ -329,11 +329,12 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) pending_save = step + 1;
   }
   if (pending_save >= 0) {
-    // The final state: the loss of one more batch (forward and backward, no
-    // update) shows it sane before it is saved.
-    stage.set_step(t.steps);
-    double local = runner.run(stage);
-    model.finish_grads();
+    // The final state: the loss of one more batch (forward only, through the
+    // pipeline) shows it sane before it is saved.
+    TrainingStage forward_only(model, feed, real(0), layout.micro_batches);  // a loss scale of 0: no backward
+    forward_only.set_step(t.steps);
+    double local = runner.evaluate(forward_only, layout.micro_batches);
+    model.end_evaluation();
     if (faults.nan_at(t.steps)) local = std::numeric_limits<double>::quiet_NaN();
     require_finite_state(comm, t.steps, ctx.batch().all_reduce_scalar(local), local, cfg);
     save(pending_save);

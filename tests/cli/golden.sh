@@ -3,8 +3,8 @@
 # Golden loss traces: $1 (tiny: inputs/tiny.toml; odd: tests/golden/odd.toml)
 # trained on one rank must give the losses stored in tests/golden/$1.trace --
 # bit for bit when this build has the fingerprint that wrote the trace
-# (compiler, Kokkos version and backend, build type, -march=native, CPU model,
-# OPENBLAS_CORETYPE), and within a relative 1e-5 per step elsewhere (another
+# (compiler, Kokkos version and backend, build type, -march=native, CPU model
+# and instruction sets, OPENBLAS_CORETYPE, OMP_NUM_THREADS), and within a relative 1e-5 per step elsewhere (another
 # compiler, BLAS kernel or backend orders sums differently).
 #
 # After a change MEANT to alter the numerics, refresh both traces with
@@ -23,10 +23,16 @@ trace="$SOURCE_DIR/tests/golden/$name.trace"
 fingerprint=$(python3 - <<'PY'
 import json, os
 b = json.load(open("build.json"))
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
+import hashlib
+info = open("/proc/cpuinfo").read().splitlines()
+cpu = next((l.split(":", 1)[1].strip() for l in info if l.startswith("model name")), "unknown")
+# The instruction sets, hashed: a generic model name can hide different CPUs.
+flags = next((l.split(":", 1)[1].split() for l in info if l.startswith("flags")), [])
+isa = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
 keys = ("compiler", "kokkos_version", "kokkos_backend", "build_type", "native")
-print(json.dumps({**{k: b.get(k) for k in keys}, "cpu": cpu,
-                  "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "")}, sort_keys=True))
+print(json.dumps({**{k: b.get(k) for k in keys}, "cpu": cpu, "isa": isa,
+                  "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
+                  "threads": os.environ.get("OMP_NUM_THREADS", "")}, sort_keys=True))
 PY
 )
 

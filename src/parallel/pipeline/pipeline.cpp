@@ -83,8 +83,11 @@ double PipelineRunner::run(PipelineStage& stage) {
     if (in.needed) {
       const ProfileRegion region(a.kind == Kind::forward ? "ndmini::pipeline wait for the previous stage"
                                                          : "ndmini::pipeline wait for the next stage");
+      // Timed from after the issue: issuing fences this stage's own kernels,
+      // which are compute, not waiting for a neighbour.
+      CommRequest recv = pp_.irecv(in.buffer, n, in.peer, in.tag);
       const auto t0 = Clock::now();
-      pp_.irecv(in.buffer, n, in.peer, in.tag).wait();
+      recv.wait();
       bubble_ms_ += ms_since(t0);
     }
     const bool last = a.micro_batch + 1 == micro_batches_;
