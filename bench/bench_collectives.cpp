@@ -23,6 +23,15 @@
 // algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and
 // reduce-scatter, x 1 for broadcast, send/recv and memcpy, n the axis size.
 // t_avg/t_min/t_max are the mean per-rank times, averaged/min/max over ranks.
+//
+// Overlap (overlap/AXIS/SIZE/mpi_calls and .../progress_thread, 1 MiB and
+// up): an all-reduce issued non-blocking, then NDMINI_BENCH_OVERLAP_MS
+// (default 50) of host compute without an MPI call, as a block's backward
+// does, then waited for. The time is the wait alone: what stays exposed.
+// mpi_calls leaves progress to the MPI calls; progress_thread runs the comm
+// layer's progress thread (comm/progress.hpp, comm.progress_poll_us = 100).
+// Set beside all_reduce of the same size: the exposed part against the whole.
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +42,7 @@
 
 #include "bench_common.hpp"
 #include "comm/communicator.hpp"
+#include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "mesh/mesh.hpp"
 
@@ -319,6 +329,58 @@ void run_case(benchmark::State& state, Op op, Communicator* comm, std::size_t by
   if (wrong > 0) state.SkipWithError((std::to_string(wrong) + " wrong elements (summed over ranks)").c_str());
 }
 
+double overlap_compute_ms() {
+  const char* env = std::getenv("NDMINI_BENCH_OVERLAP_MS");
+  return env != nullptr && *env != '\0' ? std::atof(env) : 50.0;
+}
+
+// Host work for `ms` of wall time that makes no MPI call (a spin, so the
+// window is the same whatever else runs on the core).
+void compute_without_mpi(double ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+  volatile double sink = 0;
+  while (std::chrono::steady_clock::now() < end)
+    for (int i = 0; i < 1000; ++i) sink = sink + 1e-9 * i;
+}
+
+// See "Overlap" at the top: the exposed wait of an all-reduce issued before compute.
+void run_overlap(benchmark::State& state, Communicator* comm, std::size_t bytes, bool progress_thread) {
+  constexpr double kPollUs = 100;  // CommConfig's default comm.progress_poll_us
+  const MpiProgressThread progress(MPI_COMM_WORLD, progress_thread ? kPollUs : 0);
+  if (progress_thread && !progress.running()) {
+    state.SkipWithError("no progress thread: this MPI library does not provide MPI_THREAD_MULTIPLE");
+    return;
+  }
+  Case c(Op::all_reduce_nb, comm, bytes);
+  const double compute_ms = overlap_compute_ms();
+  std::int64_t wrong = 0;
+  double own_seconds = 0;
+  std::int64_t iterations = 0;
+  for (auto _ : state) {
+    c.prepare();
+    Kokkos::fence();
+    MPI_Barrier(comm->mpi());  // every rank issues together: what stays is the transfer, not lateness
+    CommRequest request = comm->iall_reduce(c.a.data(), bytes / sizeof(real));
+    compute_without_mpi(compute_ms);
+    const auto t0 = std::chrono::steady_clock::now();
+    request.wait();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    own_seconds += seconds;
+    ++iterations;
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    state.SetIterationTime(seconds);
+  }
+  wrong += c.wrong();
+  MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  double mean = iterations > 0 ? own_seconds / static_cast<double>(iterations) : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  state.counters["n"] = c.n;
+  state.counters["compute_ms"] = compute_ms;
+  state.counters["exposed_max_us"] = 1e6 * mean;  // the slowest rank's mean wait
+  state.counters["wrong"] = static_cast<double>(wrong);
+  if (wrong > 0) state.SkipWithError((std::to_string(wrong) + " wrong elements (summed over ranks)").c_str());
+}
+
 void register_all() {
   Fixture& f = fixture();
   int world = 1;
@@ -345,6 +407,25 @@ void register_all() {
         const std::string name = std::string(op_name(op)) + "/" + comm->name() + "/" + std::to_string(bytes);
         Communicator* c = comm.get();
         benchmark::RegisterBenchmark(name.c_str(), [op, c, bytes](benchmark::State& s) { run_case(s, op, c, bytes); })
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  constexpr std::size_t kOverlapMinBytes = std::size_t{1} << 20;
+  constexpr int kOverlapIterations = 10;
+  for (auto& comm : f.axes) {
+    if (comm->backend() != Communicator::Backend::mpi) continue;  // the thread progresses MPI only
+    for (std::size_t bytes = kOverlapMinBytes; bytes <= top; bytes *= 2) {
+      for (bool thread : {false, true}) {
+        const std::string name =
+            "overlap/" + comm->name() + "/" + std::to_string(bytes) + (thread ? "/progress_thread" : "/mpi_calls");
+        Communicator* c = comm.get();
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [c, bytes, thread](benchmark::State& s) { run_overlap(s, c, bytes, thread); })
+            // A fixed count: Google Benchmark would otherwise run until the
+            // waits (near 0 when hidden) add up to its minimum time.
+            ->Iterations(kOverlapIterations)
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond);
       }

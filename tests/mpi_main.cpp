@@ -7,7 +7,8 @@
 #include <Kokkos_Core.hpp>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int thread_level = MPI_THREAD_SINGLE;  // MULTIPLE where available, as in ndmini's main
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level);
   Kokkos::initialize(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;

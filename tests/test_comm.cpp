@@ -6,12 +6,15 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/device_path.hpp"
+#include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/types.hpp"
 
@@ -464,6 +467,51 @@ TEST(CollectiveWatchdog, NestedOnesStack) {
   EXPECT_DOUBLE_EQ(v, 2.0 * n);
   EXPECT_EQ(c.recent_collectives().size(), 2u);
   EXPECT_THROW(CollectiveWatchdog(MPI_COMM_WORLD, -1), Error);
+}
+
+// Host work for `seconds` of wall time that makes no MPI call.
+void spin_without_mpi(double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  volatile double sink = 0;
+  while (std::chrono::steady_clock::now() < end)
+    for (int i = 0; i < 1000; ++i) sink = sink + 1e-9 * i;
+}
+
+// comm/progress.hpp: a 16 MiB all-reduce needs some 35 MPI calls' worth of
+// progress on MPICH 4.0; with the thread it completes while every rank
+// computes without an MPI call, so the first test() after the compute finds
+// it done. (Without the thread the same test() is one call's worth of
+// progress; that case is printed, not asserted: an MPI library with its own
+// asynchronous progress may well be done too.)
+TEST(MpiProgressThread, CompletesATransferDuringCompute) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);  // the same on every rank: they skip together
+  if (level < MPI_THREAD_MULTIPLE) GTEST_SKIP() << "this MPI library does not provide MPI_THREAD_MULTIPLE";
+  Communicator comm(MPI_COMM_WORLD, "dp_replicate");
+  const std::size_t n = (std::size_t{16} << 20) / sizeof(real);
+  constexpr double kComputeS = 3;  // some 35 polls at 100 us are needed; ample even on an oversubscribed node
+  for (bool thread : {false, true}) {
+    const MpiProgressThread progress(MPI_COMM_WORLD, thread ? 100 : 0);
+    ASSERT_EQ(progress.running(), thread);
+    auto buf = device_from(rank_values(comm.rank(), n));
+    MPI_Barrier(MPI_COMM_WORLD);
+    CommRequest request = comm.iall_reduce(buf.data(), n);
+    spin_without_mpi(kComputeS);
+    const bool done = request.test();
+    if (thread) {
+      EXPECT_TRUE(done) << "the all-reduce did not complete during " << kComputeS << " s of compute";
+    } else if (comm.rank() == 0) {
+      std::printf("[progress] without the thread, 16 MiB all-reduce %s after %g s of compute\n",
+                  done ? "complete" : "not complete", kComputeS);
+    }
+    request.wait();
+    expect_all_reduce(comm, buf, ReduceOp::sum);
+  }
+}
+
+TEST(MpiProgressThread, OffWhenPollIsZero) {
+  const MpiProgressThread progress(MPI_COMM_WORLD, 0);
+  EXPECT_FALSE(progress.running());
 }
 
 TEST(Communicator, RejectsNullCommunicator) { EXPECT_THROW(Communicator(MPI_COMM_NULL, "tp"), Error); }

@@ -248,8 +248,10 @@ def run_points(study, args):
     info = st.build_info(study["exe"], ["mpiexec", "-n", "1"] if launcher == "mpiexec" else ["srun", "-n", "1"])
     study["provenance"]["build_info"] = info
     hosts = os.environ.get("SLURM_JOB_NODELIST", "") if launcher == "srun" else st.socket.gethostname()
-    for p in study["points"]:
-        for k in range(1, study["repeats"] + 1):
+    # Repeats go round the points (run 1 of every point, then run 2, ...), so a
+    # machine that drifts over minutes shifts every point alike, not one.
+    for k in range(1, study["repeats"] + 1):
+        for p in study["points"]:
             run_dir = os.path.join(p["dir"], f"rep{k}")
             os.makedirs(run_dir, exist_ok=True)
             with open(os.path.join(run_dir, "hosts"), "w") as f:

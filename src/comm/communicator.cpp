@@ -19,6 +19,7 @@
 #include "comm/backend.hpp"
 #include "comm/device_path.hpp"
 #include "comm/ledger.hpp"
+#include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 
@@ -183,8 +184,12 @@ int mpi_count(std::size_t count, const char* call) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
+// Counted in flight while they live, so the progress thread (comm/progress.hpp)
+// runs while there is something to progress.
 class MpiRequest final : public CommRequest::Impl {
  public:
+  MpiRequest() { mpi_request_started(); }
+  ~MpiRequest() override { mpi_request_finished(); }
   MPI_Request request = MPI_REQUEST_NULL;
 
  protected:
@@ -199,6 +204,8 @@ class MpiRequest final : public CommRequest::Impl {
 // Several point-to-point requests completed together.
 class MpiRequests final : public CommRequest::Impl {
  public:
+  MpiRequests() { mpi_request_started(); }
+  ~MpiRequests() override { mpi_request_finished(); }
   std::vector<MPI_Request> requests;
 
  protected:

@@ -97,6 +97,7 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
       bool_key("checkpoint", "at_start", &Config::checkpoint, &CheckpointConfig::at_start),
       float_key("comm", "timeout_s", &Config::comm, &CommConfig::timeout_s),
+      float_key("comm", "progress_poll_us", &Config::comm, &CommConfig::progress_poll_us),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
       string_key("fault", "kind", &Config::fault, &FaultConfig::kind),
@@ -326,6 +327,8 @@ void validate(const Config& c, const std::string& origin) {
   require(!k.dir.empty(), origin + ": checkpoint.dir must not be empty");
   check_range(c.comm.timeout_s >= 0, origin, "comm.timeout_s", s(c.comm.timeout_s),
               "must be >= 0 seconds (0 disables the collective deadline)");
+  check_range(c.comm.progress_poll_us >= 0 && c.comm.progress_poll_us <= 1e6, origin, "comm.progress_poll_us",
+              s(c.comm.progress_poll_us), "must be between 0 (no progress thread) and 1e6 microseconds");
   check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),
               "must be >= 0 (0: measure with a GEMM calibration)");
   check_range(c.perf.memory_per_rank_gib >= 0, origin, "perf.memory_per_rank_gib", s(c.perf.memory_per_rank_gib),

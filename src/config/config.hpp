@@ -72,6 +72,10 @@ struct CommConfig {
   // every rank reports its collective ledger and the job exits non-zero.
   // 0 disables the deadline (the ledger is kept).
   double timeout_s = 600.0;
+  // While a non-blocking MPI request is in flight, a thread runs MPI's
+  // progress engine every this many microseconds (comm/progress.hpp), so the
+  // transfer moves during compute; 0: progress inside MPI calls only.
+  double progress_poll_us = 100.0;
 };
 
 struct PerfConfig {

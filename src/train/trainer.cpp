@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "comm/communicator.hpp"
+#include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 #include "core/timer.hpp"
@@ -135,6 +136,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   // Hang detection for every collective of the run (comm.timeout_s); built
   // before the communicators, so the ledger names their ranks in `comm`.
   CollectiveWatchdog watchdog(comm, cfg.comm.timeout_s);
+  // Non-blocking MPI transfers move during compute (comm.progress_poll_us).
+  const MpiProgressThread progress(comm, cfg.comm.progress_poll_us);
   ParallelContext ctx(layout.mesh, comm);
   const int rank = ctx.rank();
   const bool speak = rank == 0 && !opts.quiet;
