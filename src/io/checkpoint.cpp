@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -35,10 +36,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "core/error.hpp"
@@ -57,6 +61,13 @@ constexpr const char* kLatestName = "latest";
 constexpr std::uint64_t kMaxIoBytes = std::uint64_t{1} << 30;
 // How far a load asks the kernel to read ahead of its reads.
 constexpr std::uint64_t kReadAheadBytes = std::uint64_t{256} << 20;
+// A load reads in pieces of at most this size, shared out over kLoadThreads
+// threads of the rank: two reads in flight keep a (virtual) disk busier than
+// one, and the copies out of the page cache and the digests run on two cores.
+// Measured here on one rank (gpt2-124m, cold cache): reading the 1.5 GB into
+// place took 1.6-2.7 s with one thread, 1.2-1.4 s with two.
+constexpr std::uint64_t kReadPieceBytes = std::uint64_t{16} << 20;
+constexpr int kLoadThreads = 2;
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 
 using Clock = std::chrono::steady_clock;
@@ -290,27 +301,60 @@ class RawFile {
       fh_ = MPI_FILE_NULL;
       throw Error("cannot open '" + path + "' (" + mpi_error_text(rc) + ")");
     }
-#ifdef __linux__
-    // A plain descriptor beside it, for the page-cache hints (writeback, readahead).
-    hint_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-#endif
+    // A plain descriptor beside it: reads (pread, safe from several
+    // threads at once, which MPI-IO under one library lock is not) and the
+    // page-cache hints (writeback, readahead).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0 && !write) throw Error("cannot open '" + path + "' (" + std::strerror(errno) + ")");
   }
   ~RawFile() {
     if (fh_ != MPI_FILE_NULL) MPI_File_close(&fh_);
-    if (hint_fd_ >= 0) ::close(hint_fd_);
+    if (fd_ >= 0) ::close(fd_);
   }
   RawFile(const RawFile&) = delete;
   RawFile& operator=(const RawFile&) = delete;
 
-  void write(std::uint64_t offset, const void* data, std::uint64_t bytes) { transfer(offset, data, bytes, true); }
-  void read(std::uint64_t offset, void* data, std::uint64_t bytes) { transfer(offset, data, bytes, false); }
+  void write(std::uint64_t offset, const void* data, std::uint64_t bytes) {
+    const auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const int n = static_cast<int>(std::min(bytes, kMaxIoBytes));
+      MPI_Status status;
+      const int rc = MPI_File_write_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &status);
+      int done = 0;
+      if (rc == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &done);
+      if (rc != MPI_SUCCESS || done != n)
+        throw Error("writing '" + path_ + "' failed at byte " + std::to_string(offset) + " (" +
+                    (rc != MPI_SUCCESS
+                         ? mpi_error_text(rc)
+                         : "short transfer: " + std::to_string(done) + " of " + std::to_string(n) + " bytes") +
+                    ")");
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::uint64_t>(n);
+    }
+  }
+  // Thread-safe: any number of reads may run at once.
+  void read(std::uint64_t offset, void* data, std::uint64_t bytes) const {
+    auto* p = static_cast<char*>(data);
+    while (bytes > 0) {
+      const ssize_t n =
+          ::pread(fd_, p, static_cast<std::size_t>(std::min(bytes, kMaxIoBytes)), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw Error("reading '" + path_ + "' failed at byte " + std::to_string(offset) + " (" +
+                    (n < 0 ? std::string(std::strerror(errno)) : std::string("the file ends there")) + ")");
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::uint64_t>(n);
+    }
+  }
 
   // Starts writing [offset, offset + bytes) back to disk without waiting, so
   // the disk works while the caller computes (Linux; elsewhere a no-op).
   void start_writeback(std::uint64_t offset, std::uint64_t bytes) const {
 #ifdef __linux__
-    if (hint_fd_ >= 0)
-      ::sync_file_range(hint_fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes), SYNC_FILE_RANGE_WRITE);
+    if (fd_ >= 0)
+      ::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes), SYNC_FILE_RANGE_WRITE);
 #else
     (void)offset, (void)bytes;
 #endif
@@ -318,8 +362,7 @@ class RawFile {
   // Asks the kernel to read [offset, offset + bytes) ahead.
   void prefetch(std::uint64_t offset, std::uint64_t bytes) const {
 #ifdef __linux__
-    if (hint_fd_ >= 0)
-      ::posix_fadvise(hint_fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+    if (fd_ >= 0) ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
 #else
     (void)offset, (void)bytes;
 #endif
@@ -337,32 +380,35 @@ class RawFile {
   }
 
  private:
-  void transfer(std::uint64_t offset, const void* data, std::uint64_t bytes, bool write) {
-    auto* p = static_cast<char*>(const_cast<void*>(data));
-    while (bytes > 0) {
-      const int n = static_cast<int>(std::min(bytes, kMaxIoBytes));
-      MPI_Status status;
-      const int rc = write ? MPI_File_write_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &status)
-                           : MPI_File_read_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &status);
-      int done = 0;
-      if (rc == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &done);
-      if (rc != MPI_SUCCESS || done != n)
-        throw Error(std::string(write ? "writing '" : "reading '") + path_ + "' failed at byte " +
-                    std::to_string(offset) + " (" +
-                    (rc != MPI_SUCCESS
-                         ? mpi_error_text(rc)
-                         : "short transfer: " + std::to_string(done) + " of " + std::to_string(n) + " bytes") +
-                    ")");
-      p += n;
-      offset += static_cast<std::uint64_t>(n);
-      bytes -= static_cast<std::uint64_t>(n);
-    }
-  }
-
   std::string path_;
   MPI_File fh_ = MPI_FILE_NULL;
-  int hint_fd_ = -1;
+  int fd_ = -1;
 };
+
+// Runs f(0) ... f(n - 1) on `threads` threads (this one among them), each
+// taking the next index in turn. The first exception stops the others from
+// taking more and is rethrown here once every thread is done.
+template <class F>
+void share_out(std::size_t n, int threads, F&& f) {
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&] {
+    try {
+      for (std::size_t k; !failed.load() && (k = next++) < n;) f(k);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (auto& h : helpers) h.join();
+  if (error) std::rethrow_exception(error);
+}
 
 // [first byte, end) of a tensor's runs in the file.
 std::pair<std::uint64_t, std::uint64_t> byte_span(const Tensor& t, std::uint64_t offset) {
@@ -935,24 +981,27 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
     const bool reads = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
     if (!reads) return;
     RawFile raw(file, false);
-    // The disk reads ahead (up to kReadAheadBytes of the coming tensors)
-    // while the tensors already read are copied and digested.
-    std::size_t ahead = 0;
-    std::uint64_t requested = 0, consumed = 0;
-    auto span_bytes = [&](std::size_t i) {
-      const auto span = byte_span(order[i], entries[i]->offset);
-      return span.second - span.first;
+    // Every run in pieces of at most kReadPieceBytes, in file order; the
+    // kernel reads kReadAheadBytes ahead of the pieces being read.
+    struct Piece {
+      std::uint64_t offset, bytes;
+      char* data;
     };
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      for (; ahead < order.size() && requested - consumed < kReadAheadBytes; ++ahead) {
-        const auto span = byte_span(order[ahead], entries[ahead]->offset);
-        raw.prefetch(span.first, span.second - span.first);
-        requested += span.second - span.first;
-      }
-      for (const Run& r : order[i].runs) raw.read(entries[i]->offset + 4 * r.start, r.data, 4 * r.length);
-      consumed += span_bytes(i);
+    std::vector<Piece> pieces;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      for (const Run& r : order[i].runs)
+        for (std::uint64_t at = 0; at < 4 * r.length; at += kReadPieceBytes)
+          pieces.push_back({entries[i]->offset + 4 * r.start + at, std::min(kReadPieceBytes, 4 * r.length - at),
+                            reinterpret_cast<char*>(r.data) + at});
+    const std::size_t ahead = kReadAheadBytes / kReadPieceBytes;
+    for (std::size_t k = 0; k < std::min(ahead, pieces.size()); ++k) raw.prefetch(pieces[k].offset, pieces[k].bytes);
+    share_out(pieces.size(), kLoadThreads, [&](std::size_t k) {
+      if (k + ahead < pieces.size()) raw.prefetch(pieces[k + ahead].offset, pieces[k + ahead].bytes);
+      raw.read(pieces[k].offset, pieces[k].data, pieces[k].bytes);
+    });
+    share_out(order.size(), kLoadThreads, [&](std::size_t i) {
       for (const TensorSlab* b : order[i].owned) digests[i] += block_digest(*b);
-    }
+    });
     raw.close(false);
   });
   // Replicas are read but not summed: the owned blocks cover each tensor once.
