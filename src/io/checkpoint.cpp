@@ -18,8 +18,9 @@
 // puts back what it moved, so `latest` and the older checkpoints are as before.
 //
 // Load: rank 0 verifies the manifest and reads the index (io/format), every
-// rank reads its blocks (replicas included) at the indexed offsets, and the
-// digests of the owned blocks, summed over the ranks, are compared.
+// rank reads its blocks (replicas included) at the indexed offsets, in
+// pieces on two threads, and the digests of the owned blocks, summed over
+// the ranks, are compared.
 #include "io/checkpoint.hpp"
 
 #include <fcntl.h>

@@ -4,7 +4,7 @@
 //
 // One checkpoint is <root>/step_NNNNNNNN/ holding checkpoint.h5 and
 // manifest.txt. Every tensor is stored as its GLOBAL dataset (contiguous
-// float32); each rank writes and reads only its own blocks, through MPI-IO, so
+// float32); each rank writes (MPI-IO) and reads (pread) only its own blocks, so
 // a checkpoint written by one layout loads into any other. The on-disk format
 // is described in io/format.hpp.
 //
