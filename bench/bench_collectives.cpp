@@ -25,12 +25,15 @@
 // t_avg/t_min/t_max are the mean per-rank times, averaged/min/max over ranks.
 //
 // Overlap (overlap/AXIS/SIZE/mpi_calls and .../progress_thread, 1 MiB and
-// up): an all-reduce issued non-blocking, then NDMINI_BENCH_OVERLAP_MS
-// (default 50) of host compute without an MPI call, as a block's backward
-// does, then waited for. The time is the wait alone: what stays exposed.
+// up): an all-reduce issued non-blocking, then a fixed amount of host
+// compute without an MPI call (calibrated once to take NDMINI_BENCH_OVERLAP_MS,
+// default 50, on an idle rank), as a block's backward does, then waited for.
+// The time is the wait alone: what stays exposed; compute_ms is what the
+// compute took meanwhile, so a thread that slows it shows there.
 // mpi_calls leaves progress to the MPI calls; progress_thread runs the comm
 // layer's progress thread (comm/progress.hpp, comm.progress_poll_us = 100).
 // Set beside all_reduce of the same size: the exposed part against the whole.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -334,13 +337,25 @@ double overlap_compute_ms() {
   return env != nullptr && *env != '\0' ? std::atof(env) : 50.0;
 }
 
-// Host work for `ms` of wall time that makes no MPI call (a spin, so the
-// window is the same whatever else runs on the core).
-void compute_without_mpi(double ms) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+// `rounds` rounds of host work that make no MPI call.
+void compute_without_mpi(std::int64_t rounds) {
   volatile double sink = 0;
-  while (std::chrono::steady_clock::now() < end)
+  for (std::int64_t r = 0; r < rounds; ++r)
     for (int i = 0; i < 1000; ++i) sink = sink + 1e-9 * i;
+}
+
+// Rounds of compute_without_mpi that take overlap_compute_ms() here, now,
+// with nothing else in flight; the largest over the ranks, so all do the same.
+std::int64_t overlap_rounds() {
+  static std::int64_t rounds = 0;
+  if (rounds > 0) return rounds;
+  constexpr std::int64_t kProbe = 2000;
+  const auto t0 = std::chrono::steady_clock::now();
+  compute_without_mpi(kProbe);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  rounds = std::max<std::int64_t>(1, static_cast<std::int64_t>(kProbe * overlap_compute_ms() / std::max(ms, 1e-3)));
+  MPI_Allreduce(MPI_IN_PLACE, &rounds, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return rounds;
 }
 
 // See "Overlap" at the top: the exposed wait of an all-reduce issued before compute.
@@ -352,17 +367,19 @@ void run_overlap(benchmark::State& state, Communicator* comm, std::size_t bytes,
     return;
   }
   Case c(Op::all_reduce_nb, comm, bytes);
-  const double compute_ms = overlap_compute_ms();
+  const std::int64_t rounds = overlap_rounds();
   std::int64_t wrong = 0;
-  double own_seconds = 0;
+  double own_seconds = 0, compute_seconds = 0;
   std::int64_t iterations = 0;
   for (auto _ : state) {
     c.prepare();
     Kokkos::fence();
     MPI_Barrier(comm->mpi());  // every rank issues together: what stays is the transfer, not lateness
     CommRequest request = comm->iall_reduce(c.a.data(), bytes / sizeof(real));
-    compute_without_mpi(compute_ms);
+    const auto tc = std::chrono::steady_clock::now();
+    compute_without_mpi(rounds);
     const auto t0 = std::chrono::steady_clock::now();
+    compute_seconds += std::chrono::duration<double>(t0 - tc).count();
     request.wait();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     own_seconds += seconds;
@@ -372,11 +389,12 @@ void run_overlap(benchmark::State& state, Communicator* comm, std::size_t bytes,
   }
   wrong += c.wrong();
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  double mean = iterations > 0 ? own_seconds / static_cast<double>(iterations) : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  double mean[2] = {iterations > 0 ? own_seconds / static_cast<double>(iterations) : 0,
+                    iterations > 0 ? compute_seconds / static_cast<double>(iterations) : 0};
+  MPI_Allreduce(MPI_IN_PLACE, mean, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   state.counters["n"] = c.n;
-  state.counters["compute_ms"] = compute_ms;
-  state.counters["exposed_max_us"] = 1e6 * mean;  // the slowest rank's mean wait
+  state.counters["compute_ms"] = 1e3 * mean[1];      // the slowest rank's mean compute time
+  state.counters["exposed_max_us"] = 1e6 * mean[0];  // the slowest rank's mean wait
   state.counters["wrong"] = static_cast<double>(wrong);
   if (wrong > 0) state.SkipWithError((std::to_string(wrong) + " wrong elements (summed over ranks)").c_str());
 }

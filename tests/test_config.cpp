@@ -290,6 +290,16 @@ TEST(Config, CommTimeout) {
   expect_error(with_model("[comm]\ntimeout = 5\n"), {"comm.timeout", "did you mean comm.timeout_s"});
 }
 
+TEST(Config, CommProgressPoll) {
+  EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml").comm.progress_poll_us, 100.0);
+  const Config c = parse_config(with_model("[comm]\nprogress_poll_us = 250\n"), "deck.toml");
+  EXPECT_DOUBLE_EQ(c.comm.progress_poll_us, 250.0);
+  EXPECT_DOUBLE_EQ(parse_config(c.toml, "resolved").comm.progress_poll_us, 250.0);
+  EXPECT_DOUBLE_EQ(parse_config(kModel, "deck.toml", {"comm.progress_poll_us=0"}).comm.progress_poll_us, 0.0);
+  expect_error(with_model("[comm]\nprogress_poll_us = -1\n"), {"comm.progress_poll_us", "out of range"});
+  expect_error(with_model("[comm]\nprogress_poll_us = 2e6\n"), {"comm.progress_poll_us", "out of range"});
+}
+
 // The resolved deck prints each float in its shortest form that reads back
 // as the same double (checkpoints store it and a resume parses it again).
 TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
@@ -317,6 +327,7 @@ TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
         "train.weight_decay=" + shortest_float(decay),
         "train.grad_clip=" + shortest_float(v),
         "comm.timeout_s=" + shortest_float(v),
+        "comm.progress_poll_us=" + shortest_float(v),
         "perf.peak_gflops=" + shortest_float(v),
         "perf.memory_per_rank_gib=" + shortest_float(v),
     };
@@ -332,6 +343,7 @@ TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {
     EXPECT_EQ(bits(b.train.grad_clip), bits(a.train.grad_clip));
     EXPECT_EQ(bits(a.train.grad_clip), bits(v));
     EXPECT_EQ(bits(b.comm.timeout_s), bits(a.comm.timeout_s));
+    EXPECT_EQ(bits(b.comm.progress_poll_us), bits(a.comm.progress_poll_us));
     EXPECT_EQ(bits(b.perf.peak_gflops), bits(a.perf.peak_gflops));
     EXPECT_EQ(bits(b.perf.memory_per_rank_gib), bits(a.perf.memory_per_rank_gib));
     EXPECT_EQ(b.toml, a.toml);  // printing is a fixed point

@@ -23,7 +23,7 @@ inline double ms_between(Clock::time_point a, Clock::time_point b) {
 // this base turns completion into accounting on the owning Communicator's
 // stats (which must outlive the request).
 struct CommRequest::Impl {
-  virtual ~Impl() = default;
+  virtual ~Impl();  // communicator.cpp: ends the progress count if still held
 
   // Blocks until complete, then accounts ms (issue to completion) and the
   // time the caller was blocked (issue + every test() + this wait).
@@ -36,6 +36,16 @@ struct CommRequest::Impl {
   double blocked_ms = 0;                           // caller time spent inside issue/test so far
   std::uint64_t ledger_index = ~std::uint64_t{0};  // its ledger entry (ledger.hpp)
   bool done = false;
+  bool progress_counted = false;  // counted in flight for the progress thread
+
+  // Whether MPI moves the data (MPI backend, or MPI staged through host
+  // memory), so the progress thread helps it along.
+  virtual bool moved_by_mpi() const { return false; }
+  // Whether MPI has finished the transfer, without completing the request
+  // (MPI_Request_get_status). The progress thread asks, holding
+  // detail::mpi_request_mutex(), under which the MPI backend also tests and
+  // waits, so a request is never freed while it is looked at.
+  virtual bool mpi_transfer_done() const { return true; }
 
  protected:
   // Blocks until complete: the wait when no CollectiveWatchdog sets a deadline.

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -57,8 +58,14 @@ std::string nccl_version() {
 
 // --- CommRequest -------------------------------------------------------------
 
+CommRequest::Impl::~Impl() {
+  if (progress_counted) detail::mpi_request_finished(this);
+}
+
 void CommRequest::Impl::finish(detail::Clock::time_point now) {
   done = true;
+  if (progress_counted) detail::mpi_request_finished(this);
+  progress_counted = false;
   detail::ledger_complete(ledger_index);
   if (stats) {
     stats->ms += detail::ms_between(start, now);
@@ -184,17 +191,28 @@ int mpi_count(std::size_t count, const char* call) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
-// Counted in flight while they live, so the progress thread (comm/progress.hpp)
-// runs while there is something to progress.
+// Completion (test, wait) holds detail::mpi_request_mutex(): the progress
+// thread may be looking at the request (CommRequest::Impl::mpi_transfer_done).
 class MpiRequest final : public CommRequest::Impl {
  public:
-  MpiRequest() { mpi_request_started(); }
-  ~MpiRequest() override { mpi_request_finished(); }
   MPI_Request request = MPI_REQUEST_NULL;
+  bool moved_by_mpi() const override { return true; }
+  bool mpi_transfer_done() const override { return transfer_done(request); }
+
+  // MPI_Request_get_status on a copy of the handle (it does not free it).
+  static bool transfer_done(MPI_Request r) {
+    int flag = 1;
+    if (r != MPI_REQUEST_NULL) MPI_Request_get_status(r, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  }
 
  protected:
-  void wait_backend() override { mpi_check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait"); }
+  void wait_backend() override {
+    const std::lock_guard<std::mutex> lock(mpi_request_mutex());
+    mpi_check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
   bool test_backend() override {
+    const std::lock_guard<std::mutex> lock(mpi_request_mutex());
     int flag = 0;
     mpi_check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     return flag != 0;
@@ -204,15 +222,19 @@ class MpiRequest final : public CommRequest::Impl {
 // Several point-to-point requests completed together.
 class MpiRequests final : public CommRequest::Impl {
  public:
-  MpiRequests() { mpi_request_started(); }
-  ~MpiRequests() override { mpi_request_finished(); }
   std::vector<MPI_Request> requests;
+  bool moved_by_mpi() const override { return true; }
+  bool mpi_transfer_done() const override {
+    return std::all_of(requests.begin(), requests.end(), MpiRequest::transfer_done);
+  }
 
  protected:
   void wait_backend() override {
+    const std::lock_guard<std::mutex> lock(mpi_request_mutex());
     mpi_check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
   bool test_backend() override {
+    const std::lock_guard<std::mutex> lock(mpi_request_mutex());
     int flag = 0;
     mpi_check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
               "MPI_Testall");
@@ -413,10 +435,16 @@ struct Site {
 // Issues a non-blocking call whose ledger entry is `index`: calls and bytes
 // are counted now; ms and exposed_ms when it completes (wait, a successful
 // test, or its destructor).
+// `background`: the caller computes while it is in flight, so MPI's transfers
+// are counted for the progress thread (comm/progress.hpp).
 template <class Issue>
-CommRequest start(Site site, std::uint64_t index, std::int64_t bytes, Issue&& issue) {
+CommRequest start(Site site, std::uint64_t index, std::int64_t bytes, Issue&& issue, bool background) {
   auto t0 = Clock::now();
   std::unique_ptr<CommRequest::Impl> r = issue();
+  if (background && r->moved_by_mpi()) {
+    mpi_request_started(r.get());
+    r->progress_counted = true;
+  }
   r->stats = &site.stats;
   r->start = t0;
   r->blocked_ms = ms_between(t0, Clock::now());  // issuing blocks the caller too
@@ -436,7 +464,7 @@ void blocking(Site site, CollOp op, std::int64_t bytes, Call&& call, Issue&& iss
   const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, true);
   if (watch_timeout_s() > 0) {
     CommStats own;  // the whole call is exposed, issue to completion, as below
-    start({own, site.comm, site.seq}, index, bytes, issue).wait();
+    start({own, site.comm, site.seq}, index, bytes, issue, /*background=*/false).wait();
     own.exposed_ms = own.ms;
     site.stats += own;
     return;
@@ -455,7 +483,7 @@ template <class Issue>
 CommRequest nonblocking(Site site, CollOp op, std::int64_t bytes, Issue&& issue) {
   if (site.fence) fence_compute();
   const std::uint64_t index = ledger_record(site.comm, site.seq++, op, bytes, false);
-  return start(site, index, bytes, issue);
+  return start(site, index, bytes, issue, /*background=*/true);
 }
 
 }  // namespace

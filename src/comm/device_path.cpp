@@ -220,6 +220,8 @@ class StagedRequest final : public CommRequest::Impl {
  public:
   StagedRequest(std::unique_ptr<CommRequest::Impl> mpi, Staging staging)
       : mpi_(std::move(mpi)), staging_(std::move(staging)) {}
+  bool moved_by_mpi() const override { return mpi_->moved_by_mpi(); }
+  bool mpi_transfer_done() const override { return mpi_->mpi_transfer_done(); }
 
  protected:
   void wait_backend() override {

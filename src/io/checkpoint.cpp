@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -58,7 +59,7 @@ using format::kFileName;
 using format::kResumeHint;
 
 constexpr const char* kLatestName = "latest";
-// One MPI-IO call moves at most this many bytes (its count is an int).
+// One MPI-IO write or pread moves at most this many bytes (MPI's count is an int).
 constexpr std::uint64_t kMaxIoBytes = std::uint64_t{1} << 30;
 // How far a load asks the kernel to read ahead of its reads.
 constexpr std::uint64_t kReadAheadBytes = std::uint64_t{256} << 20;
@@ -290,21 +291,22 @@ std::string mpi_error_text(int code) {
   return s;
 }
 
-// This rank's own MPI-IO handle on the checkpoint file (MPI_COMM_SELF):
-// every call on it is independent, so its errors are this rank's alone, and
-// the phase agreement carries them to the others.
+// This rank's own handles on the checkpoint file: for writing, an MPI-IO
+// handle (MPI_COMM_SELF); for reading and the page-cache hints (writeback,
+// readahead), a plain descriptor, as pread runs from several threads at
+// once where MPI-IO calls would be serialised by the library's lock. Every
+// call is independent, so its errors are this rank's alone, and the phase
+// agreement carries them to the others.
 class RawFile {
  public:
   RawFile(const std::string& path, bool write) : path_(path) {
-    const int rc =
-        MPI_File_open(MPI_COMM_SELF, path.c_str(), write ? MPI_MODE_WRONLY : MPI_MODE_RDONLY, MPI_INFO_NULL, &fh_);
-    if (rc != MPI_SUCCESS) {
-      fh_ = MPI_FILE_NULL;
-      throw Error("cannot open '" + path + "' (" + mpi_error_text(rc) + ")");
+    if (write) {
+      const int rc = MPI_File_open(MPI_COMM_SELF, path.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &fh_);
+      if (rc != MPI_SUCCESS) {
+        fh_ = MPI_FILE_NULL;
+        throw Error("cannot open '" + path + "' (" + mpi_error_text(rc) + ")");
+      }
     }
-    // A plain descriptor beside it: reads (pread, safe from several
-    // threads at once, which MPI-IO under one library lock is not) and the
-    // page-cache hints (writeback, readahead).
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0 && !write) throw Error("cannot open '" + path + "' (" + std::strerror(errno) + ")");
   }
@@ -369,8 +371,9 @@ class RawFile {
 #endif
   }
 
-  // Syncs (when it wrote) and closes, reporting failure.
+  // Syncs (when it wrote) and closes the MPI-IO handle, reporting failure.
   void close(bool sync) {
+    if (fh_ == MPI_FILE_NULL) return;  // opened for reading
     if (sync) {
       const int rc = MPI_File_sync(fh_);
       if (rc != MPI_SUCCESS) throw Error("cannot sync '" + path_ + "' (" + mpi_error_text(rc) + ")");
@@ -405,7 +408,11 @@ void share_out(std::size_t n, int threads, F&& f) {
     }
   };
   std::vector<std::thread> helpers;
-  for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+  try {
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No thread to be had: the threads already started (or this one alone) do it all.
+  }
   work();
   for (auto& h : helpers) h.join();
   if (error) std::rethrow_exception(error);
@@ -982,22 +989,36 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
     const bool reads = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
     if (!reads) return;
     RawFile raw(file, false);
-    // Every run in pieces of at most kReadPieceBytes, in file order; the
-    // kernel reads kReadAheadBytes ahead of the pieces being read.
+    // Every run in pieces of at most kReadPieceBytes, in file order.
     struct Piece {
       std::uint64_t offset, bytes;
       char* data;
+      std::size_t tensor;
     };
     std::vector<Piece> pieces;
     for (std::size_t i = 0; i < order.size(); ++i)
       for (const Run& r : order[i].runs)
         for (std::uint64_t at = 0; at < 4 * r.length; at += kReadPieceBytes)
           pieces.push_back({entries[i]->offset + 4 * r.start + at, std::min(kReadPieceBytes, 4 * r.length - at),
-                            reinterpret_cast<char*>(r.data) + at});
-    const std::size_t ahead = kReadAheadBytes / kReadPieceBytes;
-    for (std::size_t k = 0; k < std::min(ahead, pieces.size()); ++k) raw.prefetch(pieces[k].offset, pieces[k].bytes);
+                            reinterpret_cast<char*>(r.data) + at, i});
+    // The kernel reads ahead, tensor span by tensor span, up to
+    // kReadAheadBytes of spans beyond the tensor being read.
+    std::vector<std::uint64_t> span_start(order.size() + 1, 0);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto span = byte_span(order[i], entries[i]->offset);
+      span_start[i + 1] = span_start[i] + (span.second - span.first);
+    }
+    std::mutex hint_mutex;
+    std::size_t hinted = 0;
+    auto read_ahead_of = [&](std::size_t tensor) {
+      const std::lock_guard<std::mutex> lock(hint_mutex);
+      for (; hinted < order.size() && span_start[hinted] < span_start[tensor] + kReadAheadBytes; ++hinted) {
+        const auto span = byte_span(order[hinted], entries[hinted]->offset);
+        raw.prefetch(span.first, span.second - span.first);
+      }
+    };
     share_out(pieces.size(), kLoadThreads, [&](std::size_t k) {
-      if (k + ahead < pieces.size()) raw.prefetch(pieces[k + ahead].offset, pieces[k + ahead].bytes);
+      read_ahead_of(pieces[k].tensor);
       raw.read(pieces[k].offset, pieces[k].data, pieces[k].bytes);
     });
     share_out(order.size(), kLoadThreads, [&](std::size_t i) {

@@ -141,6 +141,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   ParallelContext ctx(layout.mesh, comm);
   const int rank = ctx.rank();
   const bool speak = rank == 0 && !opts.quiet;
+  if (speak && world > 1 && cfg.comm.progress_poll_us > 0 && !progress.running())
+    std::printf(
+        "note: no progress thread (comm.progress_poll_us): this MPI library does not provide "
+        "MPI_THREAD_MULTIPLE, so non-blocking transfers move only inside MPI calls\n");
   const auto& t = cfg.train;
   const double tokens_per_step = static_cast<double>(t.global_batch) * cfg.model.seq_len;
   // Before anything large is allocated: refuse what cannot fit, hold the
