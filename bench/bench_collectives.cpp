@@ -285,6 +285,13 @@ struct Case {
   }
 };
 
+// The slowest rank's time as the iteration's: every rank reports the same,
+// so Google Benchmark picks the same iteration count everywhere (lockstep).
+void set_slowest_rank_time(benchmark::State& state, double seconds) {
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  state.SetIterationTime(seconds);
+}
+
 void run_case(benchmark::State& state, Op op, Communicator* comm, std::size_t bytes) {
   Case c(op, comm, bytes);
   std::int64_t wrong = 0;
@@ -303,10 +310,7 @@ void run_case(benchmark::State& state, Op op, Communicator* comm, std::size_t by
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     own_seconds += seconds;
     ++iterations;
-    // The slowest rank's time: every rank reports the same, so Google
-    // Benchmark picks the same iteration count everywhere (lockstep).
-    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    state.SetIterationTime(seconds);
+    set_slowest_rank_time(state, seconds);
   }
   wrong += c.wrong();
   // Mean time per iteration of each rank, then average/min/max over ranks.
@@ -384,8 +388,7 @@ void run_overlap(benchmark::State& state, Communicator* comm, std::size_t bytes,
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     own_seconds += seconds;
     ++iterations;
-    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    state.SetIterationTime(seconds);
+    set_slowest_rank_time(state, seconds);
   }
   wrong += c.wrong();
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
