@@ -70,7 +70,9 @@ def parse_args(argv):
     p.add_argument("--ranks-per-node", type=int, help="placement (default: $SLURM_NTASKS_PER_NODE, else all on one)")
     p.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per rank (srun and batch scripts)")
     p.add_argument("--cpus-per-task", type=int, help="cores per rank (srun and batch scripts)")
-    p.add_argument("--cpu-bind", default="cores", help="srun --cpu-bind (default cores)")
+    p.add_argument("--cpu-bind", default="cores",
+                   help="binding of each rank: srun --cpu-bind=VALUE; under mpiexec cores, threads or sockets "
+                        "become --bind-to core, hwthread or socket, and none binds nothing (default cores)")
     p.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and marked failed")
     p.add_argument("--no-check", action="store_true",
                    help="skip `ndmini check --world N` of each point before running or emitting")
@@ -106,11 +108,24 @@ def detect_launcher(choice):
     return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpiexec"
 
 
+# --cpu-bind values as MPICH's and Open MPI's mpiexec spell them (--bind-to).
+MPIEXEC_BIND = {"cores": "core", "threads": "hwthread", "sockets": "socket", "none": None}
+
+
+def mpiexec_binding(cpu_bind):
+    """mpiexec's options for --cpu-bind. Bound by default, as under srun: an
+    unbound rank migrates between cores and meets the other ranks' threads,
+    which adds to the spread of the step times the study compares."""
+    if cpu_bind not in MPIEXEC_BIND:
+        raise st.StudyError(f"--cpu-bind {cpu_bind}: under mpiexec give one of {', '.join(MPIEXEC_BIND)}")
+    return ["--bind-to", MPIEXEC_BIND[cpu_bind]] if MPIEXEC_BIND[cpu_bind] else []
+
+
 def launch_prefix(launcher, point, args):
     """The launcher part of a run's command line."""
     extra = args.launcher_args.split() if args.launcher_args else []
     if launcher == "mpiexec":
-        return ["mpiexec", "-n", str(point["ranks"])] + extra
+        return ["mpiexec", "-n", str(point["ranks"])] + mpiexec_binding(args.cpu_bind) + extra
     cmd = ["srun", f"--ntasks={point['ranks']}", f"--nodes={point['nodes']}",
            f"--ntasks-per-node={point['tasks_per_node']}"]
     if point["gpus_per_task"]:
@@ -146,8 +161,8 @@ def check_point(exe, deck, overrides, ranks):
     if out.returncode == 0:
         return ""
     refusals = [line.strip() for line in (out.stderr + out.stdout).splitlines() if "ndmini: error:" in line]
-    if refusals:
-        return refusals[-1]
+    if refusals:  # the message alone: record_failure adds the prefix again
+        return refusals[-1].split("ndmini: error:", 1)[1].strip()
     print(f"scaling.py: warning: '{exe} check' exited {out.returncode} without a message from ndmini; "
           f"points are not checked", file=sys.stderr)
     return ""
@@ -165,6 +180,8 @@ def build_study(args):
     name = args.name or f"{deck_name}-{args.mode}-{layout_name}"
     study_dir = os.path.abspath(args.emit_sbatch or args.out or os.path.join("runs", name))
     launcher = "srun" if args.emit_sbatch else detect_launcher(args.launcher)
+    if launcher == "mpiexec":
+        mpiexec_binding(args.cpu_bind)  # refuse a binding mpiexec cannot take before anything runs
 
     def deck_int(section, key):
         v = st.overridden(args.overrides, section, key)

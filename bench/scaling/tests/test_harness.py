@@ -3,7 +3,8 @@
 """CTest checks of the scaling harness (label harness).
 
   test_harness.py smoke      a 1- and 2-rank weak study of the tiny deck end to
-                             end (files, columns, figures, provenance), and a
+                             end (files, columns, figures, provenance, ranks bound
+                             to cores), a binding mpiexec cannot take refused, and a
                              point ndmini refuses recorded as failed with its message
   test_harness.py sbatch     the emitted batch scripts against the fixture in
                              fixtures/sbatch (paths replaced by @STUDY@ and @HARNESS@)
@@ -129,6 +130,18 @@ def smoke():
                 d = os.path.join(study_dir, "points", label, rep)
                 for name in ("metrics.jsonl", "stdout.log", "exit_code", "command.txt", "build_info.json"):
                     check(os.path.exists(os.path.join(d, name)), f"missing {label}/{rep}/{name}")
+        # Ranks are bound to cores by default, as under srun.
+        with open(os.path.join(study_dir, "points", "n0002_dp_replicate2", "rep1", "command.txt")) as f:
+            command = f.read()
+        check(command.startswith("mpiexec -n 2 --bind-to core "), f"expected bound ranks: {command}")
+
+        # A binding mpiexec cannot take is refused before anything runs.
+        out = run([sys.executable, SCALING, TINY, "--mode", "weak", "--ranks", "1", "--layout", "dp", "--exe", NDMINI,
+                   "--launcher", "mpiexec", "--cpu-bind", "map_cpu:0", "--out", os.path.join(work, "unbindable")],
+                  expect=2)
+        check("--cpu-bind map_cpu:0: under mpiexec give one of cores, threads, sockets, none" in out.stderr,
+              f"unclear binding error: {out.stderr}")
+        check(not os.path.exists(os.path.join(work, "unbindable")), "a refused study must write nothing")
 
         # A point ndmini refuses (tp=3 does not divide tiny's 4 heads) is a failed row with its message.
         bad_dir = os.path.join(work, "bad")
@@ -139,7 +152,7 @@ def smoke():
         check("parallel.tp" in rows[1]["message"], f"the failure must name parallel.tp: {rows[1]['message']}")
         with open(os.path.join(bad_dir, "results.md")) as f:
             check("| 3 | tp=3 | failed |" in f.read(), "results.md must list the failed point")
-        print("ok: weak study of 1 and 2 ranks, and a failed point recorded")
+        print("ok: weak study of 1 and 2 ranks on bound cores, a refused binding, and a failed point recorded")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
