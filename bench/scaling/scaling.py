@@ -66,7 +66,7 @@ def parse_args(argv):
                    help="the ndmini executable (default: $NDMINI_EXE or build/miniapp/ndmini)")
     p.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto",
                    help="auto: srun inside a Slurm allocation (SLURM_JOB_ID set), mpiexec otherwise")
-    p.add_argument("--launcher-args", default="", help="extra arguments for the launcher, one string")
+    p.add_argument("--launcher-args", default="", help="extra arguments for the launcher, one string (binding: --cpu-bind, not here)")
     p.add_argument("--ranks-per-node", type=int, help="placement (default: $SLURM_NTASKS_PER_NODE, else all on one)")
     p.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per rank (srun and batch scripts)")
     p.add_argument("--cpus-per-task", type=int, help="cores per rank (srun and batch scripts)")
