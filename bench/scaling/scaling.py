@@ -66,7 +66,8 @@ def parse_args(argv):
                    help="the ndmini executable (default: $NDMINI_EXE or build/miniapp/ndmini)")
     p.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto",
                    help="auto: srun inside a Slurm allocation (SLURM_JOB_ID set), mpiexec otherwise")
-    p.add_argument("--launcher-args", default="", help="extra arguments for the launcher, one string (binding: --cpu-bind, not here)")
+    p.add_argument("--launcher-args", default="",
+                   help="extra arguments for the launcher, one string (binding: --cpu-bind, not here)")
     p.add_argument("--ranks-per-node", type=int, help="placement (default: $SLURM_NTASKS_PER_NODE, else all on one)")
     p.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per rank (srun and batch scripts)")
     p.add_argument("--cpus-per-task", type=int, help="cores per rank (srun and batch scripts)")
@@ -113,9 +114,8 @@ MPIEXEC_BIND = {"cores": "core", "threads": "hwthread", "sockets": "socket", "no
 
 
 def mpiexec_binding(cpu_bind):
-    """mpiexec's options for --cpu-bind. Bound by default, as under srun: an
-    unbound rank migrates between cores and meets the other ranks' threads,
-    which adds to the spread of the step times the study compares."""
+    """mpiexec's options for --cpu-bind. Bound by default, as under srun, so
+    that each rank keeps one core (and its cache) for the whole run."""
     if cpu_bind not in MPIEXEC_BIND:
         raise st.StudyError(f"--cpu-bind {cpu_bind}: under mpiexec give one of {', '.join(MPIEXEC_BIND)}")
     return ["--bind-to", MPIEXEC_BIND[cpu_bind]] if MPIEXEC_BIND[cpu_bind] else []
