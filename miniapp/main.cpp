@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/mpi_calls.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "io/inspect.hpp"

@@ -9,11 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/device_path.hpp"
+#include "comm/ledger.hpp"
+#include "comm/mpi_calls.hpp"
 #include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/types.hpp"
@@ -467,6 +470,37 @@ TEST(CollectiveWatchdog, NestedOnesStack) {
   EXPECT_DOUBLE_EQ(v, 2.0 * n);
   EXPECT_EQ(c.recent_collectives().size(), 2u);
   EXPECT_THROW(CollectiveWatchdog(MPI_COMM_WORLD, -1), Error);
+}
+
+// A deadline of any size is kept in seconds, never as a time point that
+// could overflow (1e300 s once made every collective time out at once); the
+// raw MPI calls of comm/mpi_calls.hpp complete under it with their results
+// and are entered in the ledger with their purpose. Non-finite deadlines
+// are refused.
+TEST(CollectiveWatchdog, HugeDeadlineAndRawCalls) {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  CollectiveWatchdog watchdog(MPI_COMM_WORLD, 1e300);
+  Communicator c(MPI_COMM_WORLD, "huge");
+  EXPECT_DOUBLE_EQ(c.all_reduce_scalar(1.0), n);
+  int one = 1, sum = 0;
+  mpi_all_reduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, "a test sum");
+  EXPECT_EQ(sum, n);
+  long long root_value = 0;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) root_value = 42;
+  mpi_broadcast(&root_value, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD, "a test broadcast");
+  EXPECT_EQ(root_value, 42);
+  mpi_barrier(MPI_COMM_WORLD, "a test barrier");
+  EXPECT_NO_THROW(agree(MPI_COMM_WORLD, ""));
+  EXPECT_THROW(agree(MPI_COMM_WORLD, rank == n - 1 ? "the last rank failed" : ""), Error);
+  int purposes = 0;
+  for (const auto& e : detail::ledger_entries())
+    if (e.what != nullptr && std::string(e.what).rfind("a test ", 0) == 0) ++purposes;
+  EXPECT_EQ(purposes, 3);
+  EXPECT_THROW(CollectiveWatchdog(MPI_COMM_WORLD, std::numeric_limits<double>::infinity()), Error);
+  EXPECT_THROW(CollectiveWatchdog(MPI_COMM_WORLD, std::numeric_limits<double>::quiet_NaN()), Error);
 }
 
 // Host work for `seconds` of wall time that makes no MPI call.

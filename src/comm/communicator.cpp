@@ -83,26 +83,17 @@ void CommRequest::Impl::wait() {
     return std::string("ndmini::comm wait");
   });
   auto t0 = detail::Clock::now();
-  const double timeout_s = detail::watch_timeout_s();
-  if (timeout_s > 0) {
+  if (detail::watch_timeout_s() > 0) {
     // The deadline counts from the start of the wait: a request issued early
     // and waited for late is not a hang.
-    constexpr auto kAlarmPoll = std::chrono::milliseconds(1);
-    const auto deadline =
-        t0 + std::chrono::duration_cast<detail::Clock::duration>(std::chrono::duration<double>(timeout_s));
-    auto next_poll = t0 + kAlarmPoll;
-    while (!test_backend()) {
-      const auto now = detail::Clock::now();
-      if (now >= next_poll) {
-        // Another rank's diagnosis: answers it and does not return.
-        detail::watch_poll(ledger_index, std::chrono::duration<double>(now - t0).count());
-        next_poll = now + kAlarmPoll;
+    const detail::WaitScope scope(ledger_index);
+    if (scope.polls()) {
+      while (!test_backend()) {
+        scope.poll([&] { abort_backend(); });  // does not return once the deadline passed
+        if (yield_while_polling()) std::this_thread::yield();
       }
-      if (now > deadline) {
-        abort_backend();
-        detail::watch_expired(ledger_index, std::chrono::duration<double>(now - t0).count());
-      }
-      if (yield_while_polling()) std::this_thread::yield();
+    } else {
+      wait_backend();  // the watchdog's monitor thread keeps the deadline
     }
   } else {
     wait_backend();

@@ -22,11 +22,13 @@
 // operation, bytes, completed or not; recent_collectives() shows one
 // communicator's part). While a CollectiveWatchdog is alive, every wait has
 // a deadline (comm.timeout_s): blocking calls are issued non-blocking and
-// waited for under it. When a wait passes it, the ranks still inside the
-// comm layer exchange their ledgers over the watchdog's own communicator,
-// each prints its last collectives, rank 0 prints the first rank and
-// collective that diverged and who waits for whom, and the job ends with
-// MPI_Abort (exit 12) instead of hanging. The NCCL backend's watchdog uses the
+// waited for under it, and so are the raw MPI calls of comm/mpi_calls.hpp.
+// When a wait passes it, the ranks exchange their ledgers over the
+// watchdog's own communicator (a monitor thread answers for a rank whatever
+// it does), each prints its last collectives, rank 0 names the ranks that
+// did not answer (the stalled ones), the first collective that diverged
+// between peers and who waits for whom, and the job ends with MPI_Abort
+// (exit 12) instead of hanging. The NCCL backend's watchdog uses the
 // same deadline (and NDMINI_NCCL_TIMEOUT_S only when no CollectiveWatchdog is alive).
 //
 // MPI backend: all-reduce and broadcast above 16 MiB are sent as several
@@ -91,6 +93,10 @@ class CollectiveWatchdog {
   CollectiveWatchdog(const CollectiveWatchdog&) = delete;
   CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
   double timeout_s() const { return timeout_s_; }
+  // Ranks of one peer group issue the same collectives in the same order
+  // (SPMD peers: one pipeline stage); a hang's diagnosis compares the
+  // ledgers only within a group. Local; 0 for every rank by default.
+  void set_peer_group(int group);
 
  private:
   double timeout_s_;

@@ -5,9 +5,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -31,6 +35,7 @@ std::vector<CommInfo>& registry() {
 }
 
 struct Ledger {
+  std::mutex mutex;  // the main thread writes, the monitor thread reads
   std::array<LedgerEntry, kLedgerSize> ring;
   std::uint64_t next = 0;
 };
@@ -39,25 +44,58 @@ Ledger& ledger() {
   return l;
 }
 
-// The watchdog alive in this process (at most one).
+// The watchdog alive in this process (the newest governs; see CollectiveWatchdog).
 struct Watch {
   MPI_Comm diag = MPI_COMM_NULL;  // a duplicate of the world: diagnosis traffic never meets the job's
   int rank = 0, size = 1;
   double timeout_s = 0;
+  int peer_group = 0;      // ranks of one group issue the same collectives (set_peer_group)
   Watch* outer = nullptr;  // the watchdog this one hides while alive (a train() inside a watched program)
+  // The monitor thread (MPI_THREAD_MULTIPLE only), stopped by the destructor.
+  std::thread monitor;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
 };
-Watch* g_watch = nullptr;
-bool g_diagnosing = false;
+std::atomic<Watch*> g_watch{nullptr};
+std::atomic<bool> g_diagnosing{false};
+
+// The wait the main thread is in (WaitScope), for the monitor thread.
+struct CurrentWait {
+  std::mutex mutex;
+  std::uint64_t index = kNoEntry;
+  Clock::time_point start{};
+};
+CurrentWait& current_wait() {
+  static CurrentWait w;
+  return w;
+}
+// {ledger index, seconds waited}; {kNoEntry, 0} when not waiting.
+std::pair<std::uint64_t, double> wait_now() {
+  CurrentWait& w = current_wait();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (w.index == kNoEntry) return {kNoEntry, 0.0};
+  return {w.index, std::chrono::duration<double>(Clock::now() - w.start).count()};
+}
+
+// The monitor thread looks at the wait and for alarms this often.
+constexpr auto kMonitorTick = std::chrono::milliseconds(10);
+// A polling wait (no monitor thread) looks for alarms this often.
+constexpr auto kAlarmPoll = std::chrono::milliseconds(1);
 
 constexpr int kAlarmTag = 1;
 constexpr int kReportTag = 2;
 constexpr std::size_t kPrintedEntries = 8;  // of its ledger, each answering rank prints the last few
-// Answering takes milliseconds, or a scheduling delay on a busy node; a rank
-// that has not answered within the grace is taken as not inside the comm layer.
-constexpr double kMinGraceS = 2.0;
+// With a monitor thread every live rank answers within a tick or a
+// scheduling delay on a busy node: a rank silent for the grace is stalled
+// (stopped, dead, or blocked where its monitor cannot run). Without one, a
+// rank answers only from inside a wait, so a computing rank needs longer.
+constexpr double kGraceS = 2.0;
 constexpr double kMaxGraceS = 10.0;
 
-double grace_s(double timeout_s) { return std::min(kMaxGraceS, std::max(kMinGraceS, timeout_s)); }
+double grace_s(const Watch& w) {
+  return w.monitor.joinable() ? kGraceS : std::min(kMaxGraceS, std::max(kGraceS, w.timeout_s));
+}
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -81,6 +119,7 @@ struct Report {
   int rank = 0;
   std::int64_t waiting = -1;  // ledger index of the collective it waits in; -1: none
   double waited_s = 0;
+  int peer_group = 0;
   std::map<int, CommInfo> comms;
   std::vector<LedgerEntry> entries;  // oldest first
 
@@ -94,11 +133,17 @@ struct Report {
     auto it = comms.find(id);
     return it == comms.end() ? unknown : it->second;
   }
-  // "'dp' #5 (all_reduce, 4096 B)"
+  // "'dp' #5 (all_reduce, 4096 B)"; a raw call adds its purpose:
+  // "'world' #9 (all_reduce: the step agreement, 4 B)"
   std::string describe(const LedgerEntry& e) const {
-    return "'" + comm(e.comm).name + "' #" + std::to_string(e.seq) + " (" + coll_op_name(e.op) + ", " +
+    return "'" + comm(e.comm).name + "' #" + std::to_string(e.seq) + " (" + coll_op_name(e.op) + what(e) + ", " +
            std::to_string(e.bytes) + " B)";
   }
+  std::string what(const LedgerEntry& e) const {
+    auto it = whats.find(e.index);
+    return it == whats.end() ? "" : ": " + it->second;
+  }
+  std::map<std::uint64_t, std::string> whats;  // ledger index -> purpose of a raw call
   // Identity of a communicator across ranks: its name and its world ranks.
   std::string key(const LedgerEntry& e) const {
     const CommInfo& c = comm(e.comm);
@@ -107,13 +152,13 @@ struct Report {
   // What SPMD ranks agree on at each position: the axis, operation and size
   // (not the group: the two dp groups of a 4-rank job are different groups).
   std::string signature(const LedgerEntry& e) const {
-    return comm(e.comm).name + "/" + coll_op_name(e.op) + "/" + std::to_string(e.bytes);
+    return comm(e.comm).name + "/" + coll_op_name(e.op) + what(e) + "/" + std::to_string(e.bytes);
   }
 };
 
-std::string serialize(int rank, std::int64_t waiting, double waited_s) {
+std::string serialize(const Watch& w, std::int64_t waiting, double waited_s) {
   std::ostringstream os;
-  os << "R " << rank << ' ' << waiting << ' ' << waited_s << '\n';
+  os << "R " << w.rank << ' ' << waiting << ' ' << waited_s << ' ' << w.peer_group << '\n';
   const auto entries = ledger_entries();
   std::set<int> used;
   for (const auto& e : entries) used.insert(e.comm);
@@ -121,9 +166,13 @@ std::string serialize(int rank, std::int64_t waiting, double waited_s) {
   // caller watches a sub-communicator); -1 for ranks outside it.
   MPI_Group world = MPI_GROUP_NULL, diag = MPI_GROUP_NULL;
   MPI_Comm_group(MPI_COMM_WORLD, &world);
-  MPI_Comm_group(g_watch->diag, &diag);
+  MPI_Comm_group(w.diag, &diag);
   for (int id : used) {
-    const CommInfo& c = registry()[id];
+    CommInfo c;
+    {
+      std::lock_guard<std::mutex> lock(ledger().mutex);  // the main thread may register one meanwhile
+      c = registry()[id];
+    }
     std::string name = c.name;
     std::replace(name.begin(), name.end(), ' ', '_');
     std::vector<int> ranks(c.world_ranks.size());
@@ -134,9 +183,11 @@ std::string serialize(int rank, std::int64_t waiting, double waited_s) {
   }
   MPI_Group_free(&world);
   MPI_Group_free(&diag);
-  for (const auto& e : entries)
+  for (const auto& e : entries) {
     os << "E " << e.index << ' ' << e.seq << ' ' << e.comm << ' ' << static_cast<int>(e.op) << ' ' << e.blocking << ' '
        << e.complete << ' ' << e.bytes << '\n';
+    if (e.what != nullptr) os << "W " << e.index << ' ' << e.what << '\n';  // the rest of the line
+  }
   return os.str();
 }
 
@@ -146,7 +197,7 @@ Report parse(const std::string& text) {
   std::string kind;
   while (in >> kind) {
     if (kind == "R") {
-      in >> r.rank >> r.waiting >> r.waited_s;
+      in >> r.rank >> r.waiting >> r.waited_s >> r.peer_group;
     } else if (kind == "C") {
       int id = 0;
       std::size_t n = 0;
@@ -161,6 +212,12 @@ Report parse(const std::string& text) {
       in >> e.index >> e.seq >> e.comm >> op >> e.blocking >> e.complete >> e.bytes;
       e.op = static_cast<CollOp>(op);
       r.entries.push_back(e);
+    } else if (kind == "W") {
+      std::uint64_t index = 0;
+      std::string what;
+      in >> index >> std::ws;
+      std::getline(in, what);
+      r.whats[index] = what;
     }
   }
   return r;
@@ -170,7 +227,8 @@ Report parse(const std::string& text) {
 
 // The first position (in each rank's own order of collectives) at which the
 // answering ranks disagree; ranks issuing the same program agree everywhere.
-std::vector<std::string> first_divergence(const std::map<int, Report>& reports) {
+// `among`: empty, or the peers compared when the job has several groups.
+std::vector<std::string> first_divergence(const std::map<int, Report>& reports, const std::string& among) {
   std::uint64_t lo = 0, hi = 0;
   bool any = false;
   for (const auto& [rank, r] : reports) {
@@ -195,7 +253,7 @@ std::vector<std::string> first_divergence(const std::map<int, Report>& reports) 
       if (!shown.count(sig)) shown[sig] = r.describe(*e);
     }
     if (by_signature.size() <= 1 && stopped.empty()) continue;
-    const std::string at = "collective #" + std::to_string(g) + " of each rank";
+    const std::string at = "collective #" + std::to_string(g) + " of each rank" + among;
     if (by_signature.size() <= 1) {
       // Some ranks went on to #g, others stopped before it.
       std::string line = "first divergence at " + at + ": " + ranks_text(stopped) + " stopped before it";
@@ -230,12 +288,13 @@ std::vector<std::string> first_divergence(const std::map<int, Report>& reports) 
     }
     return lines;
   }
-  return {"the ledgers agree: every answering rank issued the same collectives (up to #" + std::to_string(hi) +
+  return {"the ledgers agree" + among + ": every answering rank issued the same collectives (up to #" +
+          std::to_string(hi) +
           "); a peer that is slow rather than divergent, or a stuck transport, or comm.timeout_s too short"};
 }
 
 // Who waits in what, and which members of that group have not issued it.
-std::vector<std::string> waits(const std::map<int, Report>& reports, int world) {
+std::vector<std::string> waits(const std::map<int, Report>& reports) {
   struct Wait {
     std::string what;
     std::vector<int> waiting;
@@ -281,14 +340,19 @@ std::vector<std::string> waits(const std::map<int, Report>& reports, int world) 
     lines.push_back(w.what + ": " + ranks_text(w.waiting) + " wait" + (w.waiting.size() == 1 ? "s" : "") +
                     (missing.empty() ? "" : "; not issued by" + missing));
   }
+  std::vector<int> computing;
+  for (const auto& [rank, r] : reports)
+    if (r.waiting < 0) computing.push_back(rank);
+  if (!computing.empty()) lines.push_back(ranks_text(computing) + ": in no collective (computing)");
+  return lines;
+}
+
+// Ranks that did not answer the diagnosis.
+std::vector<int> silent_ranks(const std::map<int, Report>& reports, int world) {
   std::vector<int> silent;
   for (int q = 0; q < world; ++q)
     if (!reports.count(q)) silent.push_back(q);
-  if (!silent.empty())
-    lines.push_back("no answer from " + ranks_text(silent) +
-                    ": not waiting in a collective of the comm layer (computing, blocked in another MPI call, "
-                    "finished, or dead)");
-  return lines;
+  return silent;
 }
 
 void print_own(const std::string& text, int rank) {
@@ -321,11 +385,51 @@ void print_own(const std::string& text, int rank) {
   std::abort();  // MPI_Abort does not return
 }
 
-// The diagnosis (ledger.hpp). `raised`: this rank's own deadline passed;
-// otherwise `alarm_from` raised the alarm.
-[[noreturn]] void diagnose(std::uint64_t waiting, double waited_s, bool raised, int alarm_from) {
-  g_diagnosing = true;
-  Watch& w = *g_watch;
+// The verdict, from the reports the coordinator collected.
+std::vector<std::string> verdict(const Watch& w, const std::map<int, Report>& reports) {
+  std::vector<std::string> lines;
+  std::vector<int> timed_out;
+  for (const auto& [rank, r] : reports)
+    if (r.waited_s >= w.timeout_s) timed_out.push_back(rank);
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "collective timeout: %s waited more than comm.timeout_s = %g s in a collective; %d of %d ranks "
+                "answered the diagnosis",
+                ranks_text(timed_out).c_str(), w.timeout_s, static_cast<int>(reports.size()), w.size);
+  lines.push_back(head);
+  const std::vector<int> silent = silent_ranks(reports, w.size);
+  if (!silent.empty()) {
+    // Every live rank answers (its monitor thread does, whatever it computes
+    // or waits in): the silent ones hold the others, whose ledgers then
+    // differ only by how far each got before waiting for them.
+    lines.push_back("stalled: " + ranks_text(silent) +
+                    " did not answer the diagnosis (stopped, dead, or blocked outside MPI); the ranks below wait "
+                    "for " +
+                    (silent.size() == 1 ? "it" : "them"));
+  } else {
+    // Ledgers compare only between ranks that issue the same collectives
+    // (one pipeline stage): stages differ by design.
+    std::map<int, std::map<int, Report>> groups;
+    for (const auto& [rank, r] : reports) groups[r.peer_group][rank] = r;
+    for (const auto& [group, members] : groups) {
+      if (members.size() < 2) continue;  // a stage of one rank: its waits below tell the story
+      std::vector<int> ranks;
+      for (const auto& [rank, r] : members) ranks.push_back(rank);
+      const std::string among = groups.size() > 1 ? " among its peers (" + ranks_text(ranks) + ")" : "";
+      for (auto& l : first_divergence(members, among)) lines.push_back(std::move(l));
+    }
+  }
+  for (auto& l : waits(reports)) lines.push_back(std::move(l));
+  lines.push_back(
+      "the ranks must issue the same collectives in the same order on every communicator; the job ends (exit " +
+      std::to_string(kCollectiveTimeoutExit) + ") instead of hanging");
+  return lines;
+}
+
+// The diagnosis (ledger.hpp), on the monitor thread or in a polling wait.
+// `raised`: this rank's own deadline passed; otherwise `alarm_from` raised
+// the alarm. The caller has claimed g_diagnosing.
+[[noreturn]] void diagnose(Watch& w, std::uint64_t waiting, double waited_s, bool raised, int alarm_from) {
   std::set<int> raisers;
   std::vector<MPI_Request> sends;
   static int alarm_payload;  // outlives the sends
@@ -340,7 +444,7 @@ void print_own(const std::string& text, int rank) {
   } else {
     raisers.insert(alarm_from);
   }
-  const std::string mine = serialize(w.rank, waiting == kNoEntry ? -1 : static_cast<std::int64_t>(waiting), waited_s);
+  const std::string mine = serialize(w, waiting == kNoEntry ? -1 : static_cast<std::int64_t>(waiting), waited_s);
   print_own(mine, w.rank);
 
   std::set<int> told;  // coordinators sent this rank's report
@@ -356,7 +460,7 @@ void print_own(const std::string& text, int rank) {
   std::map<int, Report> reports;
   reports[w.rank] = parse(mine);
   const bool coordinator = w.rank == 0 || raised;
-  const double grace = grace_s(w.timeout_s);
+  const double grace = grace_s(w);
   const auto t0 = Clock::now();
   // Coordinators collect for the grace period (or until every rank answered);
   // the others answer late alarms until a coordinator ends the job.
@@ -385,7 +489,7 @@ void print_own(const std::string& text, int rank) {
       int done = 0;
       MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE);
     }
-    std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   // One verdict: rank 0's when it answered, otherwise the lowest raiser's.
   const bool speak = coordinator && (w.rank == 0 || (!reports.count(0) && w.rank == *raisers.begin()));
@@ -400,26 +504,43 @@ void print_own(const std::string& text, int rank) {
     }
     end_job();
   }
-
-  std::vector<std::string> lines;
-  std::vector<int> timed_out;
-  for (const auto& [rank, r] : reports)
-    if (r.waited_s >= w.timeout_s) timed_out.push_back(rank);
-  char head[256];
-  std::snprintf(head, sizeof head,
-                "collective timeout: %s waited more than comm.timeout_s = %g s in a collective; %d of %d ranks "
-                "answered the diagnosis",
-                ranks_text(timed_out).c_str(), w.timeout_s, static_cast<int>(reports.size()), w.size);
-  lines.push_back(head);
-  for (auto& l : first_divergence(reports)) lines.push_back(std::move(l));
-  for (auto& l : waits(reports, w.size)) lines.push_back(std::move(l));
-  lines.push_back(
-      "the ranks must issue the same collectives in the same order on every communicator; the job ends (exit " +
-      std::to_string(kCollectiveTimeoutExit) + ") instead of hanging");
   std::string out;
-  for (const auto& l : lines) out += "ndmini: " + l + "\n";
+  for (const auto& l : verdict(w, reports)) out += "ndmini: " + l + "\n";
   std::fputs(out.c_str(), stderr);
   end_job();
+}
+
+// Claims the diagnosis for this thread; false when it is under way already
+// (the other thread of this rank runs it, or it ended the job).
+bool claim_diagnosis() {
+  bool expected = false;
+  return g_diagnosing.compare_exchange_strong(expected, true);
+}
+
+// Answers another rank's alarm, if one came: does not return then.
+void answer_alarm(Watch& w) {
+  int flag = 0;
+  MPI_Status st;
+  MPI_Iprobe(MPI_ANY_SOURCE, kAlarmTag, w.diag, &flag, &st);
+  if (!flag || !claim_diagnosis()) return;
+  int from = 0;
+  MPI_Recv(&from, 1, MPI_INT, st.MPI_SOURCE, kAlarmTag, w.diag, MPI_STATUS_IGNORE);
+  const auto [waiting, waited_s] = wait_now();
+  diagnose(w, waiting, waited_s, false, from);
+}
+
+// The monitor thread: the deadline of the main thread's wait, and alarms.
+void monitor(Watch* w) {
+  std::unique_lock<std::mutex> lock(w->mutex);
+  while (!w->stop) {
+    w->wake.wait_for(lock, kMonitorTick);
+    if (w->stop || g_watch.load() != w || g_diagnosing) continue;  // an inner watchdog governs
+    lock.unlock();
+    const auto [waiting, waited_s] = wait_now();
+    if (waiting != kNoEntry && waited_s > w->timeout_s && claim_diagnosis()) diagnose(*w, waiting, waited_s, true, -1);
+    answer_alarm(*w);
+    lock.lock();
+  }
 }
 
 }  // namespace
@@ -442,6 +563,10 @@ const char* coll_op_name(CollOp op) {
       return "p2p";
     case CollOp::all_reduce_scalar:
       return "all_reduce_scalar";
+    case CollOp::barrier:
+      return "barrier";
+    case CollOp::setup:
+      return "setup";
   }
   return "?";
 }
@@ -459,54 +584,90 @@ int register_comm(MPI_Comm comm, const std::string& name) {
   MPI_Group_translate_ranks(group, n, local.data(), world, info.world_ranks.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world);
+  std::lock_guard<std::mutex> lock(ledger().mutex);  // the monitor thread reads the registry too
   registry().push_back(std::move(info));
   return static_cast<int>(registry().size()) - 1;
 }
 
-const std::string& comm_name(int id) { return registry().at(static_cast<std::size_t>(id)).name; }
+const std::string& comm_name(int id) {
+  std::lock_guard<std::mutex> lock(ledger().mutex);
+  return registry().at(static_cast<std::size_t>(id)).name;
+}
 
-std::uint64_t ledger_record(int comm, std::uint64_t seq, CollOp op, std::int64_t bytes, bool blocking) {
+std::uint64_t ledger_record(int comm, std::uint64_t seq, CollOp op, std::int64_t bytes, bool blocking,
+                            const char* what) {
   Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mutex);
   const std::uint64_t index = l.next++;
-  l.ring[index % kLedgerSize] = LedgerEntry{index, seq, comm, op, blocking, false, bytes};
+  l.ring[index % kLedgerSize] = LedgerEntry{index, seq, comm, op, blocking, false, bytes, what};
   return index;
 }
 
 void ledger_complete(std::uint64_t index) {
-  LedgerEntry& e = ledger().ring[index % kLedgerSize];
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  LedgerEntry& e = l.ring[index % kLedgerSize];
   if (e.index == index) e.complete = true;
 }
 
 std::vector<LedgerEntry> ledger_entries() {
-  const Ledger& l = ledger();
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mutex);
   std::vector<LedgerEntry> out;
   const std::uint64_t first = l.next > kLedgerSize ? l.next - kLedgerSize : 0;
   for (std::uint64_t i = first; i < l.next; ++i) out.push_back(l.ring[i % kLedgerSize]);
   return out;
 }
 
-bool watch_alive() { return g_watch != nullptr; }
+bool watch_alive() { return g_watch.load() != nullptr; }
 
-double watch_timeout_s() { return g_watch != nullptr && !g_diagnosing ? g_watch->timeout_s : 0.0; }
-
-void watch_poll(std::uint64_t waiting, double waited_s) {
-  if (g_watch == nullptr || g_diagnosing) return;
-  int flag = 0;
-  MPI_Status st;
-  MPI_Iprobe(MPI_ANY_SOURCE, kAlarmTag, g_watch->diag, &flag, &st);
-  if (!flag) return;
-  int from = 0;
-  MPI_Recv(&from, 1, MPI_INT, st.MPI_SOURCE, kAlarmTag, g_watch->diag, MPI_STATUS_IGNORE);
-  diagnose(waiting, waited_s, false, from);
+double watch_timeout_s() {
+  const Watch* w = g_watch.load();
+  return w != nullptr && !g_diagnosing ? w->timeout_s : 0.0;
 }
 
-void watch_expired(std::uint64_t waiting, double waited_s) {
-  if (g_watch == nullptr) {
-    // Not reachable: without a watchdog there is no deadline.
-    std::fprintf(stderr, "ndmini: collective timeout without a watchdog\n");
-    end_job();
+// --- WaitScope --------------------------------------------------------------
+
+WaitScope::WaitScope(std::uint64_t waiting) {
+  CurrentWait& c = current_wait();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    outer_ = c.index != kNoEntry;
+    if (!outer_) {
+      c.index = waiting;
+      c.start = Clock::now();
+    }
   }
-  diagnose(waiting, waited_s, true, -1);
+  const Watch* w = g_watch.load();
+  polls_ = w != nullptr && w->timeout_s > 0 && !w->monitor.joinable();
+}
+
+WaitScope::~WaitScope() {
+  if (outer_) return;
+  CurrentWait& c = current_wait();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.index = kNoEntry;
+}
+
+bool WaitScope::expired() const {
+  const Watch* w = g_watch.load();
+  // Seconds compared as doubles: a deadline of any size cannot overflow.
+  return w != nullptr && !g_diagnosing && wait_now().second > w->timeout_s;
+}
+
+void WaitScope::expire() const {
+  const auto [waiting, waited_s] = wait_now();
+  if (claim_diagnosis()) diagnose(*g_watch.load(), waiting, waited_s, true, -1);
+  end_job();  // not reached: only this thread diagnoses without a monitor
+}
+
+void WaitScope::answer_alarm() const {
+  // Polled about once a millisecond: a probe per spin would slow the wait.
+  thread_local Clock::time_point next_poll{};
+  const auto now = Clock::now();
+  if (now < next_poll) return;
+  next_poll = now + kAlarmPoll;
+  if (Watch* w = g_watch.load(); w != nullptr && !g_diagnosing) detail::answer_alarm(*w);
 }
 
 }  // namespace detail
@@ -514,22 +675,39 @@ void watch_expired(std::uint64_t waiting, double waited_s) {
 // --- CollectiveWatchdog ---------------------------------------------------------
 
 CollectiveWatchdog::CollectiveWatchdog(MPI_Comm world, double timeout_s) : timeout_s_(timeout_s) {
-  require(timeout_s >= 0, "comm.timeout_s must be >= 0 seconds (0 disables hang detection)");
+  require(std::isfinite(timeout_s) && timeout_s >= 0,
+          "comm.timeout_s must be a finite number of seconds >= 0 (0 disables hang detection)");
   auto w = std::make_unique<detail::Watch>();
   MPI_Comm_dup(world, &w->diag);
   MPI_Comm_rank(w->diag, &w->rank);
   MPI_Comm_size(w->diag, &w->size);
   w->timeout_s = timeout_s;
-  w->outer = detail::g_watch;
-  detail::g_watch = w.release();
+  w->outer = detail::g_watch.load();
+  detail::Watch* raw = w.release();
+  detail::g_watch = raw;
+  // The monitor thread calls MPI beside the main thread: only with
+  // MPI_THREAD_MULTIPLE; otherwise the waits poll (ledger.hpp).
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (timeout_s > 0 && provided == MPI_THREAD_MULTIPLE) raw->monitor = std::thread(detail::monitor, raw);
 }
 
 CollectiveWatchdog::~CollectiveWatchdog() {
-  detail::Watch* w = detail::g_watch;
+  detail::Watch* w = detail::g_watch.load();
   if (w == nullptr) return;
+  if (w->monitor.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(w->mutex);
+      w->stop = true;
+    }
+    w->wake.notify_all();
+    w->monitor.join();  // never returns while the monitor diagnoses: that ends the job
+  }
   detail::g_watch = w->outer;
   MPI_Comm_free(&w->diag);
   delete w;
 }
+
+void CollectiveWatchdog::set_peer_group(int group) { detail::g_watch.load()->peer_group = group; }
 
 }  // namespace ndmini

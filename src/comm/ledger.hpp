@@ -9,13 +9,21 @@
 // Communicators are registered once (name and world ranks), so an entry
 // costs a few stores and no strings.
 //
+// Waits: a rank's main thread marks each blocking wait (a comm-layer
+// request, a raw MPI call of comm/mpi_calls.hpp) with a WaitScope; the
+// deadline counts from the start of the wait.
+//
 // Diagnosis (with a CollectiveWatchdog alive): a wait that passes the
 // deadline sends an alarm to every rank over the watchdog's own duplicate of
-// the world communicator; every rank waiting in a collective of the comm
-// layer polls for alarms and answers with its ledger. Rank 0 (or, when rank
-// 0 does not answer, the lowest rank that raised an alarm) compares the
-// ledgers, prints which rank issued a different collective first, and ends
-// the job with MPI_Abort. Each answering rank prints its own last entries.
+// the world communicator, and every rank answers with its ledger and the wait
+// it is in (or none: it computes). Where MPI provides MPI_THREAD_MULTIPLE a
+// monitor thread of the watchdog does both, whatever the main thread is
+// blocked in; elsewhere the waits poll for them themselves (and a blocking
+// MPI call with no non-blocking form has no deadline). Rank 0 (or, when rank
+// 0 does not answer, the lowest rank that raised an alarm) names the ranks
+// that did not answer (the stalled ones), compares the ledgers of SPMD peers
+// (ranks of one pipeline stage), prints who waits for whom, and ends the job
+// with MPI_Abort. Each answering rank prints its own last entries.
 #include <mpi.h>
 
 #include <cstddef>
@@ -34,6 +42,8 @@ enum class CollOp : std::uint8_t {
   recv,
   p2p,
   all_reduce_scalar,
+  barrier,
+  setup,  // a blocking call with no non-blocking form (communicator creation)
 };
 const char* coll_op_name(CollOp op);
 
@@ -48,6 +58,7 @@ struct LedgerEntry {
   bool blocking = false;
   bool complete = false;
   std::int64_t bytes = 0;
+  const char* what = nullptr;  // a raw MPI call's purpose ("the step agreement"); static text
 };
 
 // Registers a communicator for the ledger: its name and the world ranks of
@@ -55,19 +66,49 @@ struct LedgerEntry {
 int register_comm(MPI_Comm comm, const std::string& name);
 const std::string& comm_name(int id);
 
-// Appends an entry; returns its index. Process-wide (MPI_THREAD_SINGLE: no lock).
-std::uint64_t ledger_record(int comm, std::uint64_t seq, CollOp op, std::int64_t bytes, bool blocking);
+// Appends an entry; returns its index. Process-wide; the watchdog's monitor
+// thread reads the ledger while the main thread writes it, so both lock.
+std::uint64_t ledger_record(int comm, std::uint64_t seq, CollOp op, std::int64_t bytes, bool blocking,
+                            const char* what = nullptr);
 void ledger_complete(std::uint64_t index);
 std::vector<LedgerEntry> ledger_entries();  // oldest first
 
 // The deadline of a wait in seconds; 0 when no watchdog is alive (or it is disabled).
 double watch_timeout_s();
 bool watch_alive();
-// Called from wait loops about once a millisecond: when another rank raised
-// an alarm, answers the diagnosis and does not return.
-void watch_poll(std::uint64_t waiting, double waited_s);
-// The wait for entry `waiting` passed the deadline: diagnose and end the job.
-[[noreturn]] void watch_expired(std::uint64_t waiting, double waited_s);
+
+// The calling thread waits for ledger entry `waiting` while it lives. With
+// a monitor thread, that thread enforces the deadline and answers alarms;
+// without one, a polling wait calls poll() about once a millisecond. Waits
+// do not nest (an inner one keeps the outer one's start).
+class WaitScope {
+ public:
+  explicit WaitScope(std::uint64_t waiting);
+  ~WaitScope();
+  WaitScope(const WaitScope&) = delete;
+  WaitScope& operator=(const WaitScope&) = delete;
+  // Without a monitor thread: answers another rank's alarm, or raises one
+  // when the deadline passed (on_expiry runs first, e.g. to abort an NCCL
+  // communicator); neither returns. With one: does nothing.
+  template <class OnExpiry>
+  void poll(OnExpiry&& on_expiry) const {
+    if (!polls_) return;
+    if (expired()) {
+      on_expiry();
+      expire();
+    }
+    answer_alarm();
+  }
+  // Whether this wait must poll (no monitor thread watches it).
+  bool polls() const { return polls_; }
+
+ private:
+  bool expired() const;
+  [[noreturn]] void expire() const;
+  void answer_alarm() const;
+  bool outer_ = false;  // nested inside another wait of this thread
+  bool polls_ = false;
+};
 
 // Exit status of a job ended by the watchdog (MPI_Abort's error code).
 inline constexpr int kCollectiveTimeoutExit = 12;

@@ -7,32 +7,4 @@ void require(bool cond, const std::string& message) {
   if (!cond) throw Error(message);
 }
 
-void agree(MPI_Comm comm, const std::string& local_error) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int mine = local_error.empty() ? size : rank;
-  int first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return;
-  std::string message = local_error;
-  unsigned long long n = message.size();
-  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm);
-  message.resize(n);
-  if (n > 0) MPI_Bcast(message.data(), static_cast<int>(n), MPI_CHAR, first, comm);
-  throw Error(message);
-}
-
-void agree_on_errors(MPI_Comm comm, const std::function<void()>& body) {
-  std::string error;
-  try {
-    body();
-  } catch (const std::exception& e) {
-    error = *e.what() ? e.what() : "unknown error";
-  } catch (...) {
-    error = "unknown error";
-  }
-  agree(comm, error);
-}
-
 }  // namespace ndmini

@@ -1,8 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-#include <mpi.h>
-
-#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -26,15 +23,5 @@ class InternalError : public std::logic_error {
 
 // Throws Error(message) when cond is false.
 void require(bool cond, const std::string& message);
-
-// Runs a rank-local step (reading a file, opening one) on every rank of
-// `comm` and agrees on the outcome: if it threw on any rank, every rank
-// throws Error with the lowest failing rank's message. Collective; without
-// it, one rank's error would leave the others waiting in the next collective.
-void agree_on_errors(MPI_Comm comm, const std::function<void()>& body);
-
-// The same agreement for an outcome already known: `local_error` is empty
-// where this rank succeeded.
-void agree(MPI_Comm comm, const std::string& local_error);
 
 }  // namespace ndmini

@@ -47,6 +47,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "io/digest.hpp"
 #include "io/format.hpp"
@@ -248,15 +249,16 @@ std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& t
   agree_on_errors(comm, [&] { order = group_blocks(tensors, loading); });
   const std::uint64_t mine = mix64(fingerprint(order) ^ extra);
   std::uint64_t lo = 0, hi = 0;
-  MPI_Allreduce(&mine, &lo, 1, MPI_UINT64_T, MPI_MIN, comm);
-  MPI_Allreduce(&mine, &hi, 1, MPI_UINT64_T, MPI_MAX, comm);
+  mpi_all_reduce(&mine, &lo, 1, MPI_UINT64_T, MPI_MIN, comm, "the checkpoint's tensor set (min)");
+  mpi_all_reduce(&mine, &hi, 1, MPI_UINT64_T, MPI_MAX, comm, "the checkpoint's tensor set (max)");
   require(lo == hi,
           "checkpoint: the ranks passed different tensor lists, shapes or checkpoint info; every "
           "rank must name the same tensors (with count 0 where it holds nothing)");
   std::vector<std::uint64_t> held(order.size(), 0), total(order.size());
   for (std::size_t i = 0; i < order.size(); ++i)
     for (const TensorSlab* b : order[i].owned) held[i] += product(b->count);
-  MPI_Allreduce(held.data(), total.data(), static_cast<int>(held.size()), MPI_UINT64_T, MPI_SUM, comm);
+  mpi_all_reduce(held.data(), total.data(), static_cast<int>(held.size()), MPI_UINT64_T, MPI_SUM, comm,
+                 "the checkpoint's block coverage");
   for (std::size_t i = 0; i < order.size(); ++i)
     require(total[i] == product(order[i].shape),
             "checkpoint: the ranks' non-replica blocks of tensor '" + order[i].name + "' hold " +
@@ -269,8 +271,9 @@ std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& t
 // Each tensor's digest over the owned blocks of all ranks.
 std::vector<std::uint64_t> summed_digests(MPI_Comm comm, const std::vector<std::uint64_t>& mine) {
   std::vector<std::uint64_t> sums(mine.size());
-  MPI_Allreduce(mine.data(), sums.data(), static_cast<int>(mine.size()), MPI_UINT64_T, MPI_SUM,
-                comm);  // wraps mod 2^64, as intended
+  // Wraps mod 2^64, as intended.
+  mpi_all_reduce(mine.data(), sums.data(), static_cast<int>(mine.size()), MPI_UINT64_T, MPI_SUM, comm,
+                 "the checkpoint's digests");
   return sums;
 }
 
@@ -641,11 +644,11 @@ class Unpacker {
 
 void broadcast(MPI_Comm comm, std::string& bytes) {
   unsigned long long n = bytes.size();
-  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+  mpi_broadcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, comm, "a checkpoint text's length");
   bytes.resize(static_cast<std::size_t>(n));
   for (std::size_t at = 0; at < bytes.size(); at += kMaxIoBytes) {
     const int part = static_cast<int>(std::min<std::uint64_t>(bytes.size() - at, kMaxIoBytes));
-    MPI_Bcast(bytes.data() + at, part, MPI_CHAR, 0, comm);
+    mpi_broadcast(bytes.data() + at, part, MPI_CHAR, 0, comm, "a checkpoint text");
   }
 }
 
@@ -750,7 +753,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     {
       std::vector<std::uint64_t> offsets(entries.size());
       for (std::size_t i = 0; i < entries.size(); ++i) offsets[i] = entries[i].offset;
-      MPI_Bcast(offsets.data(), static_cast<int>(offsets.size()), MPI_UINT64_T, 0, comm);
+      mpi_broadcast(offsets.data(), static_cast<int>(offsets.size()), MPI_UINT64_T, 0, comm, "the datasets' offsets");
       for (std::size_t i = 0; i < entries.size(); ++i) entries[i].offset = offsets[i];
     }
 
@@ -833,7 +836,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
       state[1] = read_latest_quietly(root);
       state[2] = fs::exists(tmp, ec) ? 1 : 0;
     }
-    MPI_Bcast(state, 3, MPI_LONG_LONG, 0, comm);
+    mpi_broadcast(state, 3, MPI_LONG_LONG, 0, comm, "the failed save's rollback");
     std::string after;
     if (state[0] >= 0 && state[1] == state[0])
       after = "; the previous checkpoint is intact: 'latest' still names step " + std::to_string(state[0]);
@@ -869,7 +872,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
     constexpr int kFields = sizeof fields / sizeof fields[0];
     double values[kFields];
     for (int i = 0; i < kFields; ++i) values[i] = *fields[i];
-    MPI_Allreduce(MPI_IN_PLACE, values, kFields, MPI_DOUBLE, MPI_MAX, comm);
+    mpi_all_reduce(MPI_IN_PLACE, values, kFields, MPI_DOUBLE, MPI_MAX, comm, "the save's phase times");
     for (int i = 0; i < kFields; ++i) *fields[i] = values[i];
     *options.times = times;
   }
@@ -881,7 +884,7 @@ std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_d
     if (comm_rank(comm) != 0) return;
     if (auto s = read_latest(root_dir)) step = *s;
   });
-  MPI_Bcast(&step, 1, MPI_LONG_LONG, 0, comm);
+  mpi_broadcast(&step, 1, MPI_LONG_LONG, 0, comm, "the step of 'latest'");
   if (step < 0) return std::nullopt;
   return step;
 }
@@ -1034,7 +1037,7 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
                   hex64(sums[i]) + ", saved " + hex64(entries[i]->digest) + "); " + kResumeHint);
   if (seconds) {
     *seconds = seconds_since(t_start);
-    MPI_Allreduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+    mpi_all_reduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, comm, "the load time");
   }
   return info;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "comm/mpi_calls.hpp"
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
 
@@ -33,7 +34,7 @@ double calibrate_gemm_flops() {
 PeakFlops peak_flops(const PerfConfig& perf, MPI_Comm comm) {
   if (perf.peak_gflops > 0) return {perf.peak_gflops * 1e9, "given in the deck (perf.peak_gflops)"};
   double flops = calibrate_gemm_flops();
-  MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_MAX, comm);
+  mpi_all_reduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_MAX, comm, "the GEMM calibration");
   return {flops, "measured (1024^3 SGEMM calibration, fastest rank)"};
 }
 

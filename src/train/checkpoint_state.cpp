@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "comm/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "model/gpt.hpp"
 
@@ -88,7 +89,8 @@ std::map<std::string, std::vector<float>> gather_global(const ModelConfig& m, co
     }
   });
   for (auto& [name, values] : out)
-    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, world);
+    mpi_all_reduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, world,
+                   "gathering a global tensor");
   return out;
 }
 

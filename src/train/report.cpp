@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "comm/mpi_calls.hpp"
 #include "model/gpt.hpp"
 #include "train/budget.hpp"
 #include "train/metrics.hpp"
@@ -56,8 +57,10 @@ StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, do
   std::vector<double> least(groups.size(), std::numeric_limits<double>::infinity());
   for (std::size_t k = 0; k < groups.size(); ++k)
     if (groups[k].comm != nullptr) least[k] = groups[k].comm->stats().exposed_ms;
-  MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, ctx.mesh().cart());
-  MPI_Allreduce(MPI_IN_PLACE, least.data(), static_cast<int>(least.size()), MPI_DOUBLE, MPI_MIN, ctx.mesh().cart());
+  mpi_all_reduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, ctx.mesh().cart(),
+                 "the step's times (slowest rank)");
+  mpi_all_reduce(MPI_IN_PLACE, least.data(), static_cast<int>(least.size()), MPI_DOUBLE, MPI_MIN, ctx.mesh().cart(),
+                 "the step's times (least-blocked rank)");
   StepStats s;
   s.step_ms = times[0];
   s.recompute_ms = times[1];

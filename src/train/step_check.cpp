@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "comm/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "kernels/kernels.hpp"
@@ -49,7 +50,7 @@ std::string resume_advice(MPI_Comm comm, const Config& cfg) {
 void agree_finite(MPI_Comm comm, std::int64_t step, bool bad_loss, bool bad_grad, bool local_bad, const GptStage* model,
                   const std::string& what_state, double loss, double grad_norm, const Config& cfg) {
   int flags[2] = {bad_loss ? 1 : 0, bad_grad ? 1 : 0};
-  MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, comm);
+  mpi_all_reduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, comm, "the finite-loss check");
   if (!flags[0] && !flags[1]) return;
   // Every rank is here: find the first rank whose own part is non-finite.
   int rank = 0, size = 1;
@@ -57,15 +58,15 @@ void agree_finite(MPI_Comm comm, std::int64_t step, bool bad_loss, bool bad_grad
   MPI_Comm_size(comm, &size);
   std::string tensor = model != nullptr ? first_bad_tensor(*model) : "";
   int mine = (local_bad || !tensor.empty()) ? rank : size, first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  mpi_all_reduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "the first non-finite rank");
   unsigned long long n = tensor.size();
   if (first < size) {
-    MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm);
+    mpi_broadcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm, "the non-finite tensor's name length");
     tensor.resize(static_cast<std::size_t>(n));
-    if (n > 0) MPI_Bcast(tensor.data(), static_cast<int>(n), MPI_CHAR, first, comm);
+    if (n > 0) mpi_broadcast(tensor.data(), static_cast<int>(n), MPI_CHAR, first, comm, "the non-finite tensor's name");
   }
   double seen[2] = {loss, grad_norm};  // as the first bad rank (or rank 0) saw them
-  MPI_Bcast(seen, 2, MPI_DOUBLE, first < size ? first : 0, comm);
+  mpi_broadcast(seen, 2, MPI_DOUBLE, first < size ? first : 0, comm, "the non-finite values");
   std::ostringstream os;
   os << "non-finite " << (flags[0] ? "loss" : "gradient norm") << " at step " << step;
   if (first < size) {

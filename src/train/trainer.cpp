@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "comm/communicator.hpp"
+#include "comm/mpi_calls.hpp"
 #include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
@@ -138,7 +139,14 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   CollectiveWatchdog watchdog(comm, cfg.comm.timeout_s);
   // Non-blocking MPI transfers move during compute (comm.progress_poll_us).
   const MpiProgressThread progress(comm, cfg.comm.progress_poll_us);
-  ParallelContext ctx(layout.mesh, comm);
+  // Communicator creation has no non-blocking form: the watchdog's monitor
+  // thread keeps its deadline.
+  std::unique_ptr<ParallelContext> context;
+  mpi_blocking(comm, "building the mesh's communicators",
+               [&] { context = std::make_unique<ParallelContext>(layout.mesh, comm); });
+  ParallelContext& ctx = *context;
+  // Ranks of one pipeline stage issue the same collectives: the diagnosis compares them.
+  watchdog.set_peer_group(ctx.coord(Axis::pp));
   const int rank = ctx.rank();
   const bool speak = rank == 0 && !opts.quiet;
   if (speak && world > 1 && cfg.comm.progress_poll_us > 0 && !progress.running())
@@ -279,7 +287,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     }
     // This rank "forgets" the step's loss reduction: the others wait for it.
     if (faults.skip_collective_at(step, rank)) ctx.batch().skip_next_for_fault_injection();
-    MPI_Barrier(comm);  // steps start together, so per-step times compare across ranks
+    mpi_barrier(comm, "the step's start");  // steps start together, so per-step times compare across ranks
     const auto t0 = Clock::now();
     const double io_ms_before = summary.io_ms;
     const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
@@ -349,7 +357,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   if (opts.capture != nullptr) {
     opts.capture->final_params = gather_global(cfg.model, store, store.shard_params(), comm);
     int same = model.tied_wte_identical() ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm);
+    mpi_all_reduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm, "the tied embedding's copies");
     opts.capture->tied_wte_identical = same == 1;
   }
 
@@ -364,7 +372,8 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   summary.mfu = flops_per_token * summary.tokens_per_s / (summary.peak.flops_per_rank * world);
   summary.peak_activation_bytes.assign(layout.split.pp, 0);
   summary.peak_activation_bytes[ctx.coord(Axis::pp)] = static_cast<std::int64_t>(model.peak_activation_bytes());
-  MPI_Allreduce(MPI_IN_PLACE, summary.peak_activation_bytes.data(), layout.split.pp, MPI_INT64_T, MPI_MAX, comm);
+  mpi_all_reduce(MPI_IN_PLACE, summary.peak_activation_bytes.data(), layout.split.pp, MPI_INT64_T, MPI_MAX, comm,
+                 "the activation peaks");
 
   result.median_step_ms = summary.median_step_ms;
   result.tokens_per_s = summary.tokens_per_s;

@@ -82,3 +82,23 @@ no_debris() {
 
 # Fast settings for runs that only exercise checkpoints: no GEMM calibration.
 QUICK=(--set perf.peak_gflops=100)
+
+# The ndmini processes of a job: descendants of its mpiexec.
+rank_pids() {
+  local todo=("$1") pid kids found=()
+  while [ ${#todo[@]} -gt 0 ]; do
+    pid=${todo[0]}
+    todo=("${todo[@]:1}")
+    kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+    for k in $kids; do
+      todo+=("$k")
+      [ "$(ps -o comm= -p "$k" 2>/dev/null)" = ndmini ] && found+=("$k")
+    done
+  done
+  echo "${found[@]}"
+}
+
+# rank_of PID: the MPI rank of an ndmini process (from its environment).
+rank_of() {
+  tr '\0' '\n' <"/proc/$1/environ" | sed -n -E 's/^(PMI_RANK|OMPI_COMM_WORLD_RANK)=//p' | head -1
+}
