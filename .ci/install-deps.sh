@@ -5,6 +5,7 @@
 set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config clang-format
+  time  # GNU time: the peak memory of refused inputs (tests/cli/bad_files.sh)
   mpich libmpich-dev
   libhdf5-mpich-dev hdf5-tools
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev

@@ -144,7 +144,8 @@ TEST(Data, FolderAsDataPathIsNamed) {
     make_data_source(deck("tokens", dir, 256));
     ADD_FAILURE() << "a folder was read as data";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("data.path = \"" + dir + "\" is a folder, not a file"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("data.path = \"" + dir + "\" is a folder, not a regular file"),
+              std::string::npos)
         << e.what();
   }
   ::rmdir(dir.c_str());

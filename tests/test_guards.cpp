@@ -2,15 +2,19 @@
 // The guards around training: the memory estimate that refuses a deck before
 // anything is allocated (against the model's own byte counts), the closed-form
 // parameter count (against the layout it summarizes), metrics write errors,
-// and the fault plan's firing rules.
+// the fault plan's firing rules, and the checks on every file read.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 #include "fault/fault.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
@@ -146,4 +150,34 @@ TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   EXPECT_EQ(msg,
             "'ckpt/.step_00000004.tmp/checkpoint.h5': No space left on device (injected by fault.kind = \"enospc\")");
   EXPECT_FALSE(static_cast<bool>(fault::FaultPlan(f, 1, 2).save_hook()));  // not aimed at rank 1
+}
+
+// read_small_file takes a file of exactly its limit and refuses one byte more,
+// from the size alone or, for a file reporting no size (/proc), while reading;
+// anything but a regular file is refused by its kind, without blocking.
+TEST(Guards, SmallFilesAreRegularAndBounded) {
+  const std::string path = "ndmini_test_guards_" + std::to_string(::getpid());
+  const FileUse use{"deck '" + path + "'", "name a .toml file"};
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fputs(std::string(64, 'x').c_str(), f);
+  std::fclose(f);
+  EXPECT_EQ(read_small_file(path, 64, use), std::string(64, 'x'));
+  EXPECT_EQ(error_of([&] { read_small_file(path, 63, use); }),
+            "deck '" + path + "' has 64 bytes; ndmini reads at most 63 bytes from it; name a .toml file");
+  std::remove(path.c_str());
+  EXPECT_EQ(error_of([&] { read_small_file(path, 64, use); }), "deck '" + path + "' does not exist; name a .toml file");
+
+  const std::string status = read_small_file("/proc/self/status", kProcFileMaxBytes, use);  // reports size 0
+  EXPECT_TRUE(contains(status, "VmHWM:")) << status;
+  EXPECT_TRUE(contains(error_of([&] { read_small_file("/proc/self/status", 16, use); }), "more than 16 bytes"));
+  EXPECT_GT(peak_rss_bytes(), 0);
+
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);  // no writer: an open for reading would block
+  EXPECT_EQ(error_of([&] { read_small_file(path, 64, use); }),
+            "deck '" + path + "' is a FIFO (named pipe), not a regular file; name a .toml file");
+  EXPECT_TRUE(contains(error_of([&] { RegularFile file(path, use); }), "is a FIFO (named pipe)"));
+  std::remove(path.c_str());
+  EXPECT_TRUE(contains(error_of([&] { read_small_file("/dev/zero", 64, use); }), "is a character device"));
+  EXPECT_TRUE(contains(error_of([&] { require_regular_file(".", use); }), "is a folder, not a regular file"));
 }

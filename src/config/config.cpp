@@ -6,13 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 
 namespace ndmini {
 namespace {
@@ -409,15 +408,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  // A folder opens as an empty stream: say what it is, not that keys are missing.
-  std::error_code ec;
-  require(!std::filesystem::is_directory(path, ec),
-          "cannot read deck '" + path + "': it is a folder; name a .toml file");
-  std::ifstream in(path);
-  require(in.good(), "cannot read deck '" + path + "': no such file or not readable");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  const FileUse deck{"deck '" + path + "'", "name a .toml file (e.g. inputs/tiny.toml)"};
+  return parse_config(read_small_file(path, kDeckMaxBytes, deck), path, overrides);
 }
 
 }  // namespace ndmini

@@ -117,7 +117,12 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 // "3.0"), always a TOML float (never an integer).
 std::string shortest_float(double v);
 
-// Reads and parses a deck file.
+// The largest deck read, in bytes. A deck sets some fifty keys in a few KiB;
+// 1 MiB leaves room for any comments while bounding what every rank reads,
+// parses and stores (resolved) in each checkpoint's `config` attribute.
+inline constexpr std::uint64_t kDeckMaxBytes = std::uint64_t{1} << 20;
+
+// Reads and parses a deck file: a regular file of at most kDeckMaxBytes.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 }  // namespace ndmini

@@ -39,7 +39,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,6 +48,7 @@
 
 #include "comm/mpi_calls.hpp"
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 #include "io/digest.hpp"
 #include "io/format.hpp"
 
@@ -60,6 +60,9 @@ using format::kFileName;
 using format::kResumeHint;
 
 constexpr const char* kLatestName = "latest";
+// The marker holds one step number (parse_step takes at most 18 digits) and a
+// newline: 64 bytes leave room for stray whitespace, nothing more.
+constexpr std::uint64_t kLatestMaxBytes = 64;
 // One MPI-IO write or pread moves at most this many bytes (MPI's count is an int).
 constexpr std::uint64_t kMaxIoBytes = std::uint64_t{1} << 30;
 // How far a load asks the kernel to read ahead of its reads.
@@ -310,7 +313,7 @@ class RawFile {
         throw Error("cannot open '" + path + "' (" + mpi_error_text(rc) + ")");
       }
     }
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // rank 0 checked it; a FIFO cannot block
     if (fd_ < 0 && !write) throw Error("cannot open '" + path + "' (" + std::strerror(errno) + ")");
   }
   ~RawFile() {
@@ -445,9 +448,8 @@ std::vector<std::int64_t> committed_steps(const fs::path& root) {
   std::vector<std::int64_t> steps;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) != 0 || !entry.is_directory(ec)) continue;
-    if (auto step = parse_step(name.substr(5))) steps.push_back(*step);
+    const auto step = step_of_dirname(entry.path().filename().string());
+    if (step && entry.is_directory(ec)) steps.push_back(*step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;
@@ -480,16 +482,11 @@ std::string printable(const std::string& text) {
 
 // nullopt when root_dir or its marker does not exist.
 std::optional<std::int64_t> read_latest(const fs::path& root) {
-  const fs::path marker = root / kLatestName;
-  std::ifstream in(marker, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::string text;
-  std::getline(in, text);
-  const auto step = parse_step(text);
-  require(step.has_value(),
-          "the 'latest' marker '" + marker.string() + "' does not hold a step number (it holds '" + printable(text) +
-              "'); pick a checkpoint with --resume STEP (available steps: " + available_text(root) + ")");
-  return step;
+  try {
+    return read_latest_marker(root.string(), "pick a checkpoint with --resume STEP");
+  } catch (const Error& e) {
+    throw Error(e.what() + std::string(" (available steps: ") + available_text(root) + ")");
+  }
 }
 
 // The marker's step, -1 when missing or damaged.
@@ -691,6 +688,23 @@ std::string checkpoint_dirname(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
+}
+
+std::optional<std::int64_t> step_of_dirname(const std::string& name) {
+  if (name.rfind("step_", 0) != 0) return std::nullopt;
+  return parse_step(name.substr(5));
+}
+
+std::optional<std::int64_t> read_latest_marker(const std::string& root_dir, const std::string& fix) {
+  const fs::path marker = fs::path(root_dir) / kLatestName;
+  std::error_code ec;
+  if (!fs::exists(marker, ec)) return std::nullopt;
+  const FileUse use{"the 'latest' marker '" + marker.string() + "'", fix};
+  std::string text = read_small_file(marker.string(), kLatestMaxBytes, use);
+  text = text.substr(0, text.find('\n'));
+  const auto step = parse_step(text);
+  require(step.has_value(), use.name + " does not hold a step number (it holds '" + printable(text) + "'); " + fix);
+  return step;
 }
 
 void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
@@ -1067,8 +1081,8 @@ CheckpointDirLock::CheckpointDirLock(MPI_Comm comm, const std::string& dir, DirA
     }
 
     const fs::path lock_path = root / ".lock";
-    fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0 && !write) fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0 && !write) fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO never blocks
     if (fd < 0) {
       if (!write) return;  // a read-only archive of checkpoints: nobody can write there either
       throw Error(key + ": cannot open its lock file '" + lock_path.string() + "' (" + std::strerror(errno) + ")" +

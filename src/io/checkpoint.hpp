@@ -108,6 +108,11 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
 // Collective over comm (rank 0 reads, everyone gets the answer).
 std::optional<std::int64_t> latest_step(MPI_Comm comm, const std::string& root_dir);
 
+// The same, read by this process alone (the `ndmini ckpt` tools). The marker
+// must be a regular file of at most 64 bytes holding a step number; any
+// other throws Error naming it, ending with `fix`.
+std::optional<std::int64_t> read_latest_marker(const std::string& root_dir, const std::string& fix);
+
 // Reads the checkpoint of `step` (or of `latest` when step is nullopt) into
 // the given slabs (replica blocks included) and returns its root attributes.
 // Verifies the manifest before HDF5 parses the file, then every tensor's
@@ -119,6 +124,8 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
 
 // "step_00000042"
 std::string checkpoint_dirname(std::int64_t step);
+// Its inverse: 42 for "step_00000042" (or "step_42"); nullopt for any other name.
+std::optional<std::int64_t> step_of_dirname(const std::string& name);
 
 // The one-writer guard of a checkpoint folder: rank 0 holds an advisory lock
 // (flock) on <dir>/.lock from construction until destruction or process exit

@@ -10,12 +10,14 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <utility>
 
+#include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 #include "io/digest.hpp"
 
 namespace ndmini::io::format {
@@ -29,6 +31,13 @@ constexpr hsize_t kAlignment = 4096;
 // Metadata is allocated in blocks of this size, so the object headers cluster
 // instead of sitting between every two tensors.
 constexpr hsize_t kMetaBlockBytes = 64 * 1024;
+// The manifest holds 5 lines and one per tensor (model, then both AdamW
+// moments: 36 per layer), each under 128 bytes. 16 MiB is room for 130,000
+// tensors, a model of 3,600 layers: far beyond any GPT, and a bounded read.
+constexpr std::uint64_t kManifestMaxBytes = std::uint64_t{16} << 20;
+// The longest string attribute is `config`, the resolved deck: at most a
+// deck's size, with room for escapes longer than the characters they stand for.
+constexpr std::size_t kStringAttrMaxBytes = 8 * kDeckMaxBytes;
 
 Error sys_error(const std::string& what) { return Error(what + ": " + std::strerror(errno)); }
 
@@ -157,7 +166,13 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& whe
   Handle type(checked(H5Aget_type(attr.get()), "H5Aget_type"), H5Tclose);
   require(H5Tget_class(type.get()) == H5T_STRING && H5Tis_variable_str(type.get()) == 0,
           where + ": attribute '" + name + "' is not a fixed-length string");
+  Handle space(checked(H5Aget_space(attr.get()), "H5Aget_space"), H5Sclose);
+  require(H5Sget_simple_extent_npoints(space.get()) == 1,
+          where + ": attribute '" + name + "' is not one string; it is corrupted; " + kResumeHint);
   const std::size_t size = H5Tget_size(type.get());
+  require(size <= kStringAttrMaxBytes, where + ": attribute '" + name + "' claims " + std::to_string(size) +
+                                           " bytes, more than the " + std::to_string(kStringAttrMaxBytes) +
+                                           " ndmini writes at most; it is corrupted; " + kResumeHint);
   std::string value(size, '\0');
   checked(H5Aread(attr.get(), type.get(), value.data()), std::string("reading attribute '") + name + "'");
   value.resize(std::strlen(value.c_str()));
@@ -207,7 +222,7 @@ struct Extent {
 // Hash of every byte of the file outside the extents (sorted, disjoint), in
 // file order: the HDF5 metadata and the alignment gaps.
 std::uint64_t metadata_hash(const std::string& file, std::uint64_t size, const std::vector<Extent>& extents) {
-  Fd fd(file, O_RDONLY);
+  Fd fd(file, O_RDONLY | O_NONBLOCK);  // a FIFO under this name cannot block
   if (!fd.ok()) throw sys_error("cannot read '" + file + "'");
   StreamHash h;
   std::vector<unsigned char> buf(1 << 16);
@@ -235,6 +250,23 @@ std::uint64_t file_size(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw sys_error("cannot stat '" + path + "'");
   return static_cast<std::uint64_t>(st.st_size);
+}
+
+// The folder's name is what `latest` and --resume STEP point at: a folder
+// holding another step's files (copied or renamed by hand) would otherwise
+// resume at that other step without a word.
+void require_step_matches_folder(const std::string& dir, std::int64_t step) {
+  std::error_code ec;
+  std::filesystem::path folder = std::filesystem::absolute(dir, ec).lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();  // "step_00000008/"
+  const auto named = step_of_dirname(folder.filename().string());
+  if (!named || *named == step) return;
+  const std::string here = std::filesystem::path(dir).lexically_normal().string();
+  throw Error("checkpoint folder '" + here + "' is named for step " + std::to_string(*named) + ", but its " +
+              kFileName + " holds step " + std::to_string(step) +
+              " (copied or moved there by hand?); resuming it would restart at step " + std::to_string(step) +
+              ". Move its files to a folder " + checkpoint_dirname(step) +
+              ", or resume another step with --resume STEP");
 }
 
 }  // namespace
@@ -440,11 +472,11 @@ Index read_index(const std::string& dir) {
   const std::string fix = "); " + std::string(kResumeHint);
 
   // 1. The manifest, on its own.
-  std::ifstream in(dir + "/" + kManifestName, std::ios::binary);
-  if (!in) throw Error(broken + "no " + kManifestName + fix);
-  std::stringstream whole;
-  whole << in.rdbuf();
-  const std::string text = whole.str();
+  const std::string manifest = dir + "/" + kManifestName;
+  std::error_code ec;
+  if (!std::filesystem::exists(manifest, ec)) throw Error(broken + "no " + kManifestName + fix);
+  const std::string text =
+      read_small_file(manifest, kManifestMaxBytes, {"checkpoint manifest '" + manifest + "'", kResumeHint});
   std::istringstream lines(text);
   std::string magic;
   int version = 0;
@@ -478,6 +510,7 @@ Index read_index(const std::string& dir) {
   // 2. The file against it: size, then every byte HDF5 will parse.
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) throw Error(broken + "the file is missing" + fix);
+  require_regular_file(file, {"checkpoint '" + file + "'", kResumeHint});
   const auto on_disk = static_cast<std::uint64_t>(st.st_size);
   if (on_disk != size)
     throw Error(broken + "it has " + std::to_string(on_disk) + " bytes, the manifest says " + std::to_string(size) +
@@ -497,6 +530,7 @@ Index read_index(const std::string& dir) {
                               std::to_string(kVersion) + "; it is corrupted; " + kResumeHint);
   CheckpointInfo& info = index.info;
   info.step = read_attr<std::int64_t>(f.get(), "step", H5T_NATIVE_INT64, where);
+  require_step_matches_folder(dir, info.step);
   info.consumed_tokens = read_attr<std::int64_t>(f.get(), "consumed_tokens", H5T_NATIVE_INT64, where);
   info.seed = read_attr<std::uint64_t>(f.get(), "seed", H5T_NATIVE_UINT64, where);
   info.config = read_string_attr(f.get(), "config", where);

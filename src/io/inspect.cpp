@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -63,14 +62,8 @@ std::string resolve_checkpoint(const std::string& path) {
                                        "' does not exist; name a checkpoint folder (checkpoint.dir/step_N) "
                                        "or a checkpoint.dir");
   if (fs::exists(p / format::kManifestName, ec) || fs::exists(p / format::kFileName, ec)) return p.string();
-  std::ifstream latest(p / "latest", std::ios::binary);
-  if (latest) {
-    std::string text;
-    std::getline(latest, text);
-    require(!text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos,
-            "the 'latest' marker in '" + path + "' does not hold a step number; name a step folder instead");
-    return (p / checkpoint_dirname(std::stoll(text))).string();
-  }
+  if (const auto step = read_latest_marker(p.string(), "name a step folder instead"))
+    return (p / checkpoint_dirname(*step)).string();
   std::vector<std::string> steps;
   for (const auto& e : fs::directory_iterator(p, ec))
     if (e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().filename().string());
@@ -118,7 +111,7 @@ VerifyReport verify_checkpoint(const std::string& dir) {
     return report;
   }
   const std::string file = dir + "/" + format::kFileName;
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // read_index checked it
   if (fd < 0) {
     report.problems.push_back("cannot read '" + file + "': " + std::strerror(errno));
     return report;

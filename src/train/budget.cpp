@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 #include "core/types.hpp"
 #include "model/gpt.hpp"
 
@@ -27,7 +27,13 @@ std::string key(const char* name, T value) {
 
 // MemAvailable of this node in bytes, 0 when unknown.
 double mem_available() {
-  std::ifstream in("/proc/meminfo");
+  std::istringstream in;
+  try {
+    // About 1.5 KiB; a limit keeps a strange kernel from costing memory.
+    in.str(read_small_file("/proc/meminfo", kProcFileMaxBytes, {"'/proc/meminfo'", "the memory is unknown"}));
+  } catch (const Error&) {
+    return 0;
+  }
   std::string name;
   double kib = 0;
   std::string unit;
@@ -53,7 +59,8 @@ std::string bytes_text(double bytes) {
 
 double data_bytes(const Config& cfg) {
   if (cfg.data.source == "synthetic") return 0;
-  // A file source is read whole, then held as tokens; so is data.val_path when it is read.
+  // A file source is held as tokens (read in 1 MiB pieces, train/data.cpp);
+  // so is data.val_path when it is read.
   auto file_bytes = [&](const std::string& path) {
     std::error_code ec;
     const auto bytes = std::filesystem::file_size(path, ec);
@@ -61,7 +68,7 @@ double data_bytes(const Config& cfg) {
     const double tokens = cfg.data.source == "text"
                               ? static_cast<double>(bytes)
                               : std::max(0.0, (static_cast<double>(bytes) - kTokenHeaderBytes) / 2);
-    return static_cast<double>(bytes) + tokens * sizeof(token_t);
+    return tokens * sizeof(token_t);
   };
   const bool val_file = cfg.train.eval_every > 0 && !cfg.data.val_path.empty();
   return file_bytes(cfg.data.path) + (val_file ? file_bytes(cfg.data.val_path) : 0.0);

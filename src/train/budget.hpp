@@ -24,7 +24,7 @@ struct MemoryPart {
 // The parts of the busiest stage's estimate, and the data a file source holds.
 std::vector<MemoryPart> memory_parts(const Config& cfg, const RunLayout& layout);
 
-// Bytes a file data source holds in memory (the file, then its tokens); 0
+// Bytes a file data source holds in memory (its tokens); 0
 // for the synthetic source or a file that cannot be read (reported later).
 double data_bytes(const Config& cfg);
 

@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 #include "core/rng.hpp"
 #include "io/digest.hpp"
 
@@ -93,29 +93,32 @@ class StreamSource final : public DataSource {
   io::DataRecord record_;
 };
 
-// `key` names the deck key that gave the path (data.path, data.val_path).
-std::vector<char> read_file(const std::string& key, const std::string& path, const std::string& key_hint) {
-  namespace fs = std::filesystem;
-  const std::string named = key + " = \"" + path + "\"";
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  require(fs::exists(status), named + ": cannot open the file (" + key_hint + ")");
-  require(!fs::is_directory(status),
-          named + " is a folder, not a file (" + key_hint + "); point it at the file itself");
-  require(fs::is_regular_file(status), named + " is not a regular file (" + key_hint + ")");
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  require(in.good(), named + ": cannot open the file (" + key_hint + ")");
-  const std::streamsize size = in.tellg();
-  require(size >= 0, named + ": cannot tell its size (" + key_hint + ")");
-  in.seekg(0);
-  std::vector<char> bytes(static_cast<std::size_t>(size));
-  require(static_cast<bool>(in.read(bytes.data(), size)), named + ": read failed");
-  return bytes;
+// How messages name the file `key` (data.path, data.val_path) gives.
+FileUse data_file(const std::string& key, const std::string& path, const std::string& kind) {
+  return {key + " = \"" + path + "\"", "point " + key + " at " + kind};
 }
 
-io::DataRecord record_of(const std::string& kind, const std::string& path, const std::vector<char>& bytes) {
-  const std::size_t n = std::min(bytes.size(), kDigestBytes);
-  return {kind, path, bytes.size(), io::hex64(io::hash_bytes(bytes.data(), n))};
+constexpr const char* kTextKind = "a text file (data.source = \"text\" reads any file as bytes)";
+constexpr const char* kTokensKind = "an llm.c .bin token file (data.source = \"tokens\")";
+// Read in pieces of this size: a file source costs its tokens, not its bytes as well.
+constexpr std::size_t kPieceBytes = std::size_t{1} << 20;
+
+io::DataRecord record_of(const std::string& kind, const std::string& path, const RegularFile& file) {
+  std::vector<char> head(static_cast<std::size_t>(std::min<std::uint64_t>(file.size(), kDigestBytes)));
+  file.read_exact(0, head.data(), head.size());
+  return {kind, path, file.size(), io::hex64(io::hash_bytes(head.data(), head.size()))};
+}
+
+// Calls take(piece, bytes) on [offset, offset + bytes) of `file`, in pieces of kPieceBytes.
+template <class Take>
+void read_in_pieces(const RegularFile& file, std::uint64_t offset, std::uint64_t bytes, Take take) {
+  std::vector<char> piece(static_cast<std::size_t>(std::min<std::uint64_t>(bytes, kPieceBytes)));
+  for (std::uint64_t done = 0; done < bytes;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes - done, piece.size()));
+    file.read_exact(offset + done, piece.data(), n);
+    take(piece.data(), n);
+    done += n;
+  }
 }
 
 std::string record_text(const io::DataRecord& r) {
@@ -131,43 +134,56 @@ void require_long_enough(std::size_t n, const Config& cfg, const std::string& ke
                          " (needs at least " + std::to_string(need) + "); use a longer file or a smaller seq_len");
 }
 
+// The file's size was bounded before: require_memory_fits counts its tokens
+// (train/budget.hpp); it is read up to that size, however it grows meanwhile.
 std::vector<token_t> read_text(const std::string& key, const std::string& path, const Config& cfg,
                                io::DataRecord& record) {
-  const auto bytes = read_file(key, path, "data.source = \"text\" reads it as bytes");
-  record = record_of("text", path, bytes);
-  std::vector<token_t> tokens(bytes.size());
-  for (std::size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
+  const RegularFile file(path, data_file(key, path, kTextKind));
+  record = record_of("text", path, file);
+  std::vector<token_t> tokens;
+  tokens.reserve(static_cast<std::size_t>(file.size()));
+  read_in_pieces(file, 0, file.size(), [&](const char* bytes, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) tokens.push_back(static_cast<unsigned char>(bytes[i]));
+  });
   require_long_enough(tokens.size(), cfg, key, path);
   return tokens;
 }
 
+// The header is checked against the file's size before any token is read,
+// as llm.c's own loader does: a count that does not match is refused, not trusted.
 std::vector<token_t> read_tokens(const std::string& key, const std::string& path, const Config& cfg,
                                  io::DataRecord& record) {
-  const std::string named = key + " = \"" + path + "\"";
-  const auto bytes = read_file(key, path, "data.source = \"tokens\" expects an llm.c .bin token file");
-  record = record_of("tokens", path, bytes);
+  const FileUse use = data_file(key, path, kTokensKind);
+  const std::string& named = use.name;
+  const RegularFile file(path, use);
   const std::size_t header_bytes = kHeaderInts * sizeof(std::int32_t);
-  require(bytes.size() >= header_bytes, named + ": shorter than the 1024-byte llm.c header; not a token file");
+  require(file.size() >= header_bytes, named + ": its " + std::to_string(file.size()) +
+                                           " bytes are shorter than the 1024-byte llm.c header; not a token file");
   std::int32_t header[kHeaderInts];
-  std::memcpy(header, bytes.data(), header_bytes);
+  file.read_exact(0, header, header_bytes);
   require(header[0] == kTokenFileMagic, named + ": bad magic " + std::to_string(header[0]) +
                                             " (an llm.c token file starts with " + std::to_string(kTokenFileMagic) +
                                             "); is this a .bin written by llm.c's data scripts?");
   require(header[1] == 1, named + ": unsupported token file version " + std::to_string(header[1]) +
                               " (ndmini reads version 1, uint16 tokens)");
-  const std::size_t count = static_cast<std::uint32_t>(header[2]);
-  const std::size_t available = (bytes.size() - header_bytes) / sizeof(std::uint16_t);
-  require(count <= available, named + ": header promises " + std::to_string(count) +
-                                  " tokens but the file holds only " + std::to_string(available) + " (truncated?)");
-  std::vector<token_t> tokens(count);
-  const char* p = bytes.data() + header_bytes;
+  const std::uint64_t count = static_cast<std::uint32_t>(header[2]);
+  const std::uint64_t expected = header_bytes + sizeof(std::uint16_t) * count;
+  require(file.size() == expected,
+          named + ": its header says " + std::to_string(count) + " tokens, " + std::to_string(expected) +
+              " bytes with the header, but the file has " + std::to_string(file.size()) +
+              " bytes; it is truncated or not an llm.c token file (regenerate it with llm.c's data scripts)");
+  record = record_of("tokens", path, file);
+  std::vector<token_t> tokens;
+  tokens.reserve(static_cast<std::size_t>(count));
   token_t largest = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    std::uint16_t t;
-    std::memcpy(&t, p + 2 * i, 2);
-    tokens[i] = t;
-    largest = std::max<token_t>(largest, t);
-  }
+  read_in_pieces(file, header_bytes, file.size() - header_bytes, [&](const char* bytes, std::size_t n) {
+    for (std::size_t i = 0; i + 1 < n; i += 2) {
+      std::uint16_t t;
+      std::memcpy(&t, bytes + i, 2);
+      tokens.push_back(t);
+      largest = std::max<token_t>(largest, t);
+    }
+  });
   require(largest < cfg.model.vocab, named + ": holds token id " + std::to_string(largest) +
                                          " but model.vocab = " + std::to_string(cfg.model.vocab) +
                                          "; raise model.vocab (GPT-2 files need 50257 or more, e.g. 50304)");

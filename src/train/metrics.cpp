@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/regular_file.hpp"
 
 namespace ndmini {
 
@@ -90,13 +91,15 @@ void MetricsWriter::step(const StepRecord& r) {
 void MetricsWriter::summary(const std::string& json_object) { write_line(json_object + "\n"); }
 
 std::int64_t peak_rss_bytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
+  std::string status;
+  try {
+    status = read_small_file("/proc/self/status", kProcFileMaxBytes, {"'/proc/self/status'", "memory is not reported"});
+  } catch (const Error&) {
+    return 0;
+  }
+  const auto at = status.find("VmHWM:");
   long long kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
-  std::fclose(f);
+  if (at == std::string::npos || std::sscanf(status.c_str() + at, "VmHWM: %lld kB", &kb) != 1) return 0;
   return kb * 1024;
 }
 

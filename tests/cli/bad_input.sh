@@ -23,9 +23,9 @@ case "$1" in
     expect_error "model.channels = 64 is out of range: must be divisible by model.heads = 5" \
       train tiny.toml --set model.heads=5 ;;
   missing_deck)
-    expect_error "cannot read deck 'no_such_deck.toml'" train no_such_deck.toml ;;
+    expect_error "deck 'no_such_deck.toml' does not exist; name a .toml file" train no_such_deck.toml ;;
   missing_data)
-    expect_error 'data.path = "absent.txt": cannot open the file' \
+    expect_error 'data.path = "absent.txt" does not exist; point data.path at a text file' \
       train tiny.toml --set data.source=text --set data.path=absent.txt ;;
   short_data)
     printf 'too short' >short.txt
@@ -84,12 +84,9 @@ case "$1" in
     printf '\x00\xff\x1b[2J' >ckpt/latest
     expect_error "does not hold a step number (it holds '\\x00\\xff\\x1b[2J')" train tiny.toml "${QUICK[@]}" --resume
     if grep -q $'\x1b' out.txt; then fail "the marker's raw bytes reached the terminal"; fi ;;
-  deck_folder)
-    mkdir decks
-    expect_error "cannot read deck 'decks': it is a folder; name a .toml file" train decks ;;
   data_path_folder)
     mkdir corpus
-    expect_error 'data.path = "corpus" is a folder, not a file' train tiny.toml --set data.source=text --set data.path=corpus ;;
+    expect_error 'data.path = "corpus" is a folder, not a regular file' train tiny.toml --set data.source=text --set data.path=corpus ;;
   free_space_rounding)
     # 1.95 MiB free: the message must not round it up to 2.0 (nor claim more than there is).
     NDMINI_CKPT_FREE_BYTES=2044723 expect_error "MiB, 1.9 MiB are free" train tiny.toml --set checkpoint.every=1 "${QUICK[@]}"
@@ -161,7 +158,7 @@ case "$1" in
       --set data.path=book.txt --set data.val_path=v.txt --set data.val_fraction=0.1 ;;
   val_path_missing)
     head -c 20000 /dev/urandom | base64 >book.txt
-    expect_error 'data.val_path = "absent.txt": cannot open the file' train tiny.toml --set data.source=text \
+    expect_error 'data.val_path = "absent.txt" does not exist' train tiny.toml --set data.source=text \
       --set data.path=book.txt --set data.val_path=absent.txt --set train.eval_every=2 ;;
   val_fraction_short)
     head -c 2000 /dev/urandom | base64 -w 0 | head -c 2000 >book.txt
