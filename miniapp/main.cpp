@@ -63,6 +63,50 @@ std::string build_info() {
   return out + "}";
 }
 
+// The largest world `check --world` describes (2^20 ranks, more than any
+// machine has today): a bound to print, where CLI11's own is a 309-digit double.
+constexpr int kMaxWorld = 1 << 20;
+
+// The subcommand the parse reached last (the app itself when none).
+CLI::App* innermost(CLI::App* app) {
+  for (auto subs = app->get_subcommands(); !subs.empty(); subs = app->get_subcommands()) app = subs.front();
+  return app;
+}
+
+// One line for a command-line error, in the form of every other error. CLI11
+// says only "A subcommand is required" for a word it does not know: name the
+// word and the choices instead.
+std::string cli_error_text(CLI::App& app, const CLI::ParseError& e) {
+  CLI::App* at = innermost(&app);
+  std::string command;  // "ndmini ckpt info": the names from the root down
+  for (const CLI::App* a = at; a != nullptr; a = a->get_parent())
+    command = a->get_name() + (command.empty() ? "" : " ") + command;
+  const auto subs = at->get_subcommands([](CLI::App*) { return true; });
+  if (at->get_require_subcommand_min() > 0 && at->get_subcommands().empty() && !subs.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < subs.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == subs.size() ? " or " : ", ") + subs[i]->get_name();
+    std::string word, options;
+    for (const std::string& r : at->remaining()) {
+      if (r.rfind('-', 0) == 0)
+        options += " " + r;
+      else if (word.empty())
+        word = r;
+    }
+    const std::string hint = "; '" + command + " --help' describes them";
+    if (!word.empty()) return "unknown subcommand '" + word + "' for " + command + ": expected " + names + hint;
+    return command + " needs a subcommand: " + names + hint +
+           (options.empty() ? "" : " (and does not know the option(s)" + options + ")");
+  }
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    // CLI11 lists the extra arguments in reverse order; say them as typed.
+    std::string extras;
+    for (const std::string& r : app.remaining(true)) extras += " " + r;
+    return command + " does not take:" + extras + "; '" + command + " --help' lists the options";
+  }
+  return std::string(e.what()) + "; '" + command + " --help' lists the options";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,7 +180,19 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   check->add_option("--world", check_world, "Validate the layout for N ranks without launching them")
       ->option_text("N (default: the ranks launched)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            long long n = 0;
+            std::size_t end = 0;
+            try {
+              n = std::stoll(text, &end);
+            } catch (const std::exception&) {
+            }
+            if (end != text.size() || n < 1 || n > kMaxWorld)
+              return "'" + text + "' must be a whole number between 1 and " + std::to_string(kMaxWorld);
+            return std::string();
+          },
+          "1.." + std::to_string(kMaxWorld), "RANKS"));
 
   auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (one process; no job needed)");
   ckpt->require_subcommand(1);
@@ -161,7 +217,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    // --help, --version and --build-info end the parse with exit code 0.
+    const bool success = e.get_exit_code() == 0;
+    if (rank == 0 && success) app.exit(e);
+    if (rank == 0 && !success) std::fprintf(stderr, "ndmini: error: %s\n", cli_error_text(app, e).c_str());
+    const int code = success ? 0 : 2;
     Kokkos::finalize();
     MPI_Finalize();
     return code;
