@@ -82,3 +82,18 @@ no_debris() {
 
 # Fast settings for runs that only exercise checkpoints: no GEMM calibration.
 QUICK=(--set perf.peak_gflops=100)
+
+# rank_pids PID: the ndmini processes of the job whose mpiexec is PID (its descendants).
+rank_pids() {
+  local todo=("$1") pid kids found=()
+  while [ ${#todo[@]} -gt 0 ]; do
+    pid=${todo[0]}
+    todo=("${todo[@]:1}")
+    kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+    for k in $kids; do
+      todo+=("$k")
+      [ "$(ps -o comm= -p "$k" 2>/dev/null)" = ndmini ] && found+=("$k")
+    done
+  done
+  echo "${found[@]}"
+}
