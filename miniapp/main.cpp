@@ -6,8 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iostream>
+#include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +69,32 @@ std::string build_info() {
 // The largest world `check --world` describes (2^20 ranks, more than any
 // machine has today): a bound to print, where CLI11's own is a 309-digit double.
 constexpr int kMaxWorld = 1 << 20;
+
+// The whole number `text` spells, or nothing (no sign but '-', no spaces, no
+// fraction, nothing after it).
+std::optional<long long> whole_number(const std::string& text) {
+  long long n = 0;
+  std::size_t end = 0;
+  try {
+    n = std::stoll(text, &end);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (end != text.size() || std::isspace(static_cast<unsigned char>(text.front()))) return std::nullopt;
+  return n;
+}
+
+// A CLI11 check that the value is a whole number from lo to hi, so a wrong
+// one is a command-line error; `rule` says so as people write it (CLI11's own
+// range prints a 309-digit double as its bound).
+CLI::Validator whole_number_in(long long lo, long long hi, const std::string& rule) {
+  return CLI::Validator(
+      [lo, hi, rule](const std::string& text) {
+        const auto n = whole_number(text);
+        return n && *n >= lo && *n <= hi ? std::string() : "'" + text + "' " + rule;
+      },
+      "");
+}
 
 // The subcommand the parse reached last (the app itself when none).
 CLI::App* innermost(CLI::App* app) {
@@ -172,6 +201,8 @@ int main(int argc, char** argv) {
               "Resume from checkpoint.dir: the step named by 'latest', or STEP if given (put it after the deck)")
           ->option_text("[STEP]");
   resume->expected(0, 1);
+  resume->check(whole_number_in(0, std::numeric_limits<int>::max(),
+                                "must be a step number >= 0 (or nothing, for 'latest'; put --resume after the deck)"));
   train->add_flag("--show-mesh", show_mesh, "Print every rank's mesh coordinates and the groups of each axis");
 
   auto* check = app.add_subcommand("check", "Validate a deck and print what a run would use; runs nothing");
@@ -180,19 +211,7 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   check->add_option("--world", check_world, "Validate the layout for N ranks without launching them")
       ->option_text("N (default: the ranks launched)")
-      ->check(CLI::Validator(
-          [](const std::string& text) {
-            long long n = 0;
-            std::size_t end = 0;
-            try {
-              n = std::stoll(text, &end);
-            } catch (const std::exception&) {
-            }
-            if (end != text.size() || n < 1 || n > kMaxWorld)
-              return "'" + text + "' must be a whole number between 1 and " + std::to_string(kMaxWorld);
-            return std::string();
-          },
-          "1.." + std::to_string(kMaxWorld), "RANKS"));
+      ->check(whole_number_in(1, kMaxWorld, "must be a whole number between 1 and " + std::to_string(kMaxWorld)));
 
   auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (one process; no job needed)");
   ckpt->require_subcommand(1);
@@ -281,17 +300,7 @@ int main(int argc, char** argv) {
       opts.metrics_path = metrics;
       opts.show_mesh = show_mesh;
       opts.resume = resume->count() > 0;
-      if (opts.resume && !resume_step.empty()) {
-        std::size_t end = 0;
-        long long step = -1;
-        try {
-          step = std::stoll(resume_step, &end);
-        } catch (const std::exception&) {
-        }
-        ndmini::require(end == resume_step.size() && step >= 0,
-                        "--resume " + resume_step + ": expected a step number (or nothing, for 'latest')");
-        opts.resume_step = step;
-      }
+      if (opts.resume && !resume_step.empty()) opts.resume_step = *whole_number(resume_step);  // checked by CLI11
       ndmini::train(cfg, opts, MPI_COMM_WORLD);
     }
   } catch (const ndmini::Error& e) {

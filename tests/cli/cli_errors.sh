@@ -57,6 +57,9 @@ case "$1" in
     expect_exit 2 "--bogus" --bogus
     expect_exit 2 "ndmini check does not take: --wrld 3" check tiny.toml --wrld 3
     expect_exit 2 "ndmini train does not take: extra" train tiny.toml extra
+    for step in abc -1 1.5 99999999999; do
+      expect_exit 2 "--resume: '$step' must be a step number >= 0 (or nothing, for 'latest'" train tiny.toml --resume "$step"
+    done
     # Help and version are answers, not errors.
     run 1 --help >out.txt 2>&1 || fail "--help exited non-zero"
     if grep -q "error" out.txt; then fail "--help printed an error"; fi
