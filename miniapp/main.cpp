@@ -66,12 +66,12 @@ std::string build_info() {
   return out + "}";
 }
 
-// The largest world `check --world` describes (2^20 ranks, more than any
-// machine has today): a bound to print, where CLI11's own is a 309-digit double.
+// The largest world `check --world` describes: 2^20 ranks, more than any
+// machine has today.
 constexpr int kMaxWorld = 1 << 20;
 
-// The whole number `text` spells, or nothing (no sign but '-', no spaces, no
-// fraction, nothing after it).
+// The whole number `text` spells (an optional sign and digits, nothing
+// around them), or nothing.
 std::optional<long long> whole_number(const std::string& text) {
   long long n = 0;
   std::size_t end = 0;
