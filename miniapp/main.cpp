@@ -6,8 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iostream>
+#include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +65,76 @@ std::string build_info() {
   out += ", \"mpi_standard\": " + json_string(std::to_string(major) + "." + std::to_string(minor));
   out += ", \"nccl\": " + (nccl.empty() ? std::string("null") : json_string(nccl));
   return out + "}";
+}
+
+// The largest world `check --world` describes: 2^20 ranks, more than any
+// machine has today.
+constexpr int kMaxWorld = 1 << 20;
+
+// The whole number `text` spells (an optional sign and digits, nothing
+// around them), or nothing.
+std::optional<long long> whole_number(const std::string& text) {
+  long long n = 0;
+  std::size_t end = 0;
+  try {
+    n = std::stoll(text, &end);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (end != text.size() || std::isspace(static_cast<unsigned char>(text.front()))) return std::nullopt;
+  return n;
+}
+
+// A CLI11 check that the value is a whole number from lo to hi, so a wrong
+// one is a command-line error; `rule` says so as people write it (CLI11's own
+// range prints a 309-digit double as its bound).
+CLI::Validator whole_number_in(long long lo, long long hi, const std::string& rule) {
+  return CLI::Validator(
+      [lo, hi, rule](const std::string& text) {
+        const auto n = whole_number(text);
+        return n && *n >= lo && *n <= hi ? std::string() : "'" + text + "' " + rule;
+      },
+      "");
+}
+
+// The subcommand the parse reached last (the app itself when none).
+CLI::App* innermost(CLI::App* app) {
+  for (auto subs = app->get_subcommands(); !subs.empty(); subs = app->get_subcommands()) app = subs.front();
+  return app;
+}
+
+// One line for a command-line error, in the form of every other error. CLI11
+// says only "A subcommand is required" for a word it does not know: name the
+// word and the choices instead.
+std::string cli_error_text(CLI::App& app, const CLI::ParseError& e) {
+  CLI::App* at = innermost(&app);
+  std::string command;  // "ndmini ckpt info": the names from the root down
+  for (const CLI::App* a = at; a != nullptr; a = a->get_parent())
+    command = a->get_name() + (command.empty() ? "" : " ") + command;
+  const auto subs = at->get_subcommands([](CLI::App*) { return true; });
+  if (at->get_require_subcommand_min() > 0 && at->get_subcommands().empty() && !subs.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < subs.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == subs.size() ? " or " : ", ") + subs[i]->get_name();
+    std::string word, options;
+    for (const std::string& r : at->remaining()) {
+      if (r.rfind('-', 0) == 0)
+        options += " " + r;
+      else if (word.empty())
+        word = r;
+    }
+    const std::string hint = "; '" + command + " --help' describes them";
+    if (!word.empty()) return "unknown subcommand '" + word + "' for " + command + ": expected " + names + hint;
+    return command + " needs a subcommand: " + names + hint +
+           (options.empty() ? "" : " (and does not know the option(s)" + options + ")");
+  }
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    // CLI11 lists the extra arguments in reverse order; say them as typed.
+    std::string extras;
+    for (const std::string& r : app.remaining(true)) extras += " " + r;
+    return command + " does not take:" + extras + "; '" + command + " --help' lists the options";
+  }
+  return std::string(e.what()) + "; '" + command + " --help' lists the options";
 }
 
 }  // namespace
@@ -129,6 +202,8 @@ int main(int argc, char** argv) {
               "Resume from checkpoint.dir: the step named by 'latest', or STEP if given (put it after the deck)")
           ->option_text("[STEP]");
   resume->expected(0, 1);
+  resume->check(whole_number_in(0, std::numeric_limits<int>::max(),
+                                "must be a step number >= 0 (or nothing, for 'latest'; put --resume after the deck)"));
   train->add_flag("--show-mesh", show_mesh, "Print every rank's mesh coordinates and the groups of each axis");
 
   auto* check = app.add_subcommand("check", "Validate a deck and print what a run would use; runs nothing");
@@ -137,7 +212,7 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   check->add_option("--world", check_world, "Validate the layout for N ranks without launching them")
       ->option_text("N (default: the ranks launched)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number_in(1, kMaxWorld, "must be a whole number between 1 and " + std::to_string(kMaxWorld)));
 
   auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (one process; no job needed)");
   ckpt->require_subcommand(1);
@@ -162,7 +237,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    // --help, --version and --build-info end the parse with exit code 0.
+    const bool success = e.get_exit_code() == 0;
+    if (rank == 0 && success) app.exit(e);
+    if (rank == 0 && !success) std::fprintf(stderr, "ndmini: error: %s\n", cli_error_text(app, e).c_str());
+    const int code = success ? 0 : 2;
     Kokkos::finalize();
     MPI_Finalize();
     return code;
@@ -222,17 +301,7 @@ int main(int argc, char** argv) {
       opts.metrics_path = metrics;
       opts.show_mesh = show_mesh;
       opts.resume = resume->count() > 0;
-      if (opts.resume && !resume_step.empty()) {
-        std::size_t end = 0;
-        long long step = -1;
-        try {
-          step = std::stoll(resume_step, &end);
-        } catch (const std::exception&) {
-        }
-        ndmini::require(end == resume_step.size() && step >= 0,
-                        "--resume " + resume_step + ": expected a step number (or nothing, for 'latest')");
-        opts.resume_step = step;
-      }
+      if (opts.resume && !resume_step.empty()) opts.resume_step = *whole_number(resume_step);  // checked by CLI11
       ndmini::train(cfg, opts, MPI_COMM_WORLD);
     }
   } catch (const ndmini::Error& e) {

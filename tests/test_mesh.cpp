@@ -143,6 +143,40 @@ TEST(ResolveMesh, MinusOneTakesWhatIsLeft) {
 TEST(ResolveMesh, RefusesTwoMinusOnes) {
   expect_refused({"parallel.tp=-1", "parallel.dp_shard=-1"}, 4,
                  {"parallel.dp_shard and parallel.tp are both -1", "at most one"});
+  // Every pair, whatever the world: no -1 is resolved before the count is checked.
+  const std::vector<std::string> keys = {"dp_replicate", "dp_shard", "tp", "cp", "pp"};
+  for (std::size_t a = 0; a < keys.size(); ++a)
+    for (std::size_t b = a + 1; b < keys.size(); ++b)
+      for (int world : {1, 4, 8})
+        expect_refused({"parallel." + keys[a] + "=-1", "parallel." + keys[b] + "=-1"}, world,
+                       {"are both -1", "at most one degree may be -1"});
+}
+
+// Settings that do nothing in the resolved layout are noted, not refused.
+TEST(ResolveLayout, NotesSettingsWithoutEffect) {
+  auto notes = [](const std::vector<std::string>& overrides, int world) {
+    const Config cfg = config_with(overrides);
+    return settings_without_effect(cfg, resolve_layout(cfg, world));
+  };
+  EXPECT_TRUE(notes({}, 1).empty());
+  auto expect_one = [](const std::vector<std::string>& got, const std::string& part) {
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_NE(got[0].find(part), std::string::npos) << "'" << part << "' not in: " << got[0];
+  };
+  expect_one(notes({"parallel.schedule=\"interleaved_1f1b\""}, 1),
+             "parallel.schedule = \"interleaved_1f1b\" has no effect with parallel.pp = 1");
+  expect_one(notes({"parallel.schedule=\"gpipe\"", "parallel.pp=-1"}, 1), "has no effect with parallel.pp = 1");
+  EXPECT_TRUE(notes({"parallel.schedule=\"gpipe\"", "parallel.pp=2"}, 2).empty());
+  expect_one(notes({"parallel.sequence_parallel=true"}, 1),
+             "parallel.sequence_parallel = true has no effect with parallel.tp = 1");
+  expect_one(notes({"parallel.sequence_parallel=true", "parallel.tp=-1", "parallel.dp_shard=2"}, 2),
+             "has no effect with parallel.tp = 1");
+  EXPECT_TRUE(notes({"parallel.sequence_parallel=true", "parallel.tp=2"}, 2).empty());
+  expect_one(notes({"train.steps=3", "train.warmup_steps=4"}, 1),
+             "train.warmup_steps = 4 exceeds train.steps = 3: the run ends in warm-up, at 75% of train.lr");
+  EXPECT_TRUE(notes({"train.steps=4", "train.warmup_steps=4"}, 1).empty());  // the last step reaches train.lr
+  EXPECT_TRUE(notes({"train.steps=0", "train.warmup_steps=4"}, 1).empty());  // no step, nothing to warm up
+  EXPECT_EQ(notes({"parallel.schedule=\"gpipe\"", "parallel.sequence_parallel=true", "train.steps=1"}, 1).size(), 3u);
 }
 
 TEST(ResolveMesh, RefusesMinusOneThatDoesNotDivide) {

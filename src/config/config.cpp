@@ -202,6 +202,10 @@ void check_known_keys(const toml::table& deck, const std::string& origin) {
   }
 }
 
+// comm.timeout_s, seconds (0 disables the deadline).
+constexpr double kMinCommTimeout = 0.1;
+constexpr double kMaxCommTimeout = 7 * 24 * 3600.0;
+
 void check_range(bool ok, const std::string& origin, const std::string& key, const std::string& value,
                  const std::string& rule) {
   if (!ok) throw Error(origin + ": " + key + " = " + value + " is out of range: " + rule);
@@ -324,8 +328,13 @@ void validate(const Config& c, const std::string& origin) {
   check_range(k.every >= 0, origin, "checkpoint.every", s(k.every), "must be >= 0 (0: never)");
   check_range(k.keep >= 1, origin, "checkpoint.keep", s(k.keep), "must be at least 1");
   require(!k.dir.empty(), origin + ": checkpoint.dir must not be empty");
-  check_range(c.comm.timeout_s >= 0, origin, "comm.timeout_s", s(c.comm.timeout_s),
-              "must be >= 0 seconds (0 disables the collective deadline)");
+  // Below 0.1 s a healthy collective would count as a hang; beyond a week no
+  // job runs, and a deadline of now + 1e300 s overflows the clock.
+  const double timeout = c.comm.timeout_s;
+  check_range(timeout == 0 || (timeout >= kMinCommTimeout && timeout <= kMaxCommTimeout), origin, "comm.timeout_s",
+              s(timeout),
+              "must be 0 (no deadline) or between " + s(kMinCommTimeout) + " and " + s(kMaxCommTimeout) +
+                  " seconds (one week)");
   check_range(c.comm.progress_poll_us >= 0 && c.comm.progress_poll_us <= 1e6, origin, "comm.progress_poll_us",
               s(c.comm.progress_poll_us), "must be between 0 (no progress thread) and 1e6 microseconds");
   check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),

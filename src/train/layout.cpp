@@ -34,6 +34,25 @@ RunLayout resolve_layout(const Config& cfg, int world) {
   return l;
 }
 
+std::vector<std::string> settings_without_effect(const Config& cfg, const RunLayout& l) {
+  using std::to_string;
+  std::vector<std::string> notes;
+  const auto& p = cfg.parallel;
+  // "1f1b" is the default, so only a schedule chosen on purpose is worth a word.
+  if (l.split.pp == 1 && p.schedule != "1f1b")
+    notes.push_back("parallel.schedule = \"" + p.schedule + "\" has no effect with parallel.pp = 1 (no pipeline)");
+  if (p.sequence_parallel && l.split.tp == 1)
+    notes.push_back("parallel.sequence_parallel = true has no effect with parallel.tp = 1 (it splits over tp ranks)");
+  const auto& t = cfg.train;
+  if (t.steps > 0 && t.warmup_steps > t.steps) {
+    // learning_rate(): the last step, steps - 1, runs at lr x steps / warmup_steps.
+    notes.push_back("train.warmup_steps = " + to_string(t.warmup_steps) +
+                    " exceeds train.steps = " + to_string(t.steps) + ": the run ends in warm-up, at " +
+                    to_string(100LL * t.steps / t.warmup_steps) + "% of train.lr, and never decays to train.min_lr");
+  }
+  return notes;
+}
+
 std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
   const StagePlan plan(cfg.model.layers, l.split.pp, l.split.virtual_stages);
   const Schedule schedule(l.schedule, l.split.pp, l.split.virtual_stages, l.micro_batches);

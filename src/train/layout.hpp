@@ -3,6 +3,7 @@
 // The layout of a run, resolved and checked once before anything is built:
 // the mesh degrees (mesh/), the model's rules for that split (model/), the
 // pipeline's rules (parallel/pipeline/) and how the global batch divides.
+#include <string>
 #include <vector>
 
 #include "config/config.hpp"
@@ -24,6 +25,10 @@ struct RunLayout {
 
 // Throws Error with one message naming the key and the fix.
 RunLayout resolve_layout(const Config& cfg, int world);
+
+// Settings of the deck that change nothing in this layout, one sentence each
+// (check and train print them as `note:` lines): harmless, so not refused.
+std::vector<std::string> settings_without_effect(const Config& cfg, const RunLayout& layout);
 
 // The memory estimate of every pipeline stage of a layout, and of the
 // busiest one (no allocation).

@@ -103,6 +103,11 @@ std::string describe_recompute(const Config& cfg, const RunLayout& l) {
   return buf;
 }
 
+// One line per setting that does nothing here: worth knowing, not an error.
+void print_notes(const Config& cfg, const RunLayout& layout) {
+  for (const std::string& note : settings_without_effect(cfg, layout)) std::printf("note: %s\n", note.c_str());
+}
+
 }  // namespace
 
 void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) {
@@ -137,6 +142,7 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
   const double data = data_bytes(cfg);
   if (data > 0) std::printf("data in memory    %s per rank (%s)\n", bytes_text(data).c_str(), cfg.data.path.c_str());
   std::printf("memory limit      %s per rank (%s)\n", limit > 0 ? bytes_text(limit).c_str() : "unknown", how.c_str());
+  print_notes(cfg, layout);
   std::printf("deck OK\n");
 }
 
@@ -156,6 +162,7 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   if (layout.recompute == Recompute::block) std::printf("recompute: %s\n", describe_recompute(cfg, layout).c_str());
   std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
   if (show_mesh) std::printf("%s", describe_mesh(layout.mesh, true).c_str());
+  print_notes(cfg, layout);
   std::fflush(stdout);
 }
 

@@ -83,7 +83,7 @@ no_debris() {
 # Fast settings for runs that only exercise checkpoints: no GEMM calibration.
 QUICK=(--set perf.peak_gflops=100)
 
-# The ndmini processes of a job: descendants of its mpiexec.
+# rank_pids PID: the ndmini processes of the job whose mpiexec is PID (its descendants).
 rank_pids() {
   local todo=("$1") pid kids found=()
   while [ ${#todo[@]} -gt 0 ]; do
