@@ -6,8 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/signals.hpp"
 #include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
@@ -66,6 +69,9 @@ std::string build_info() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // From the first moment: a signal during start-up is handled at the first
+  // step boundary, not left to kill a rank (which mpiexec may report as 0).
+  std::optional<ndmini::StopSignals> stop_signals(std::in_place);
   // MPI_THREAD_MULTIPLE lets the comm layer's progress thread (comm/progress.hpp)
   // call MPI beside the model; with less the thread is simply not started.
   int thread_level = MPI_THREAD_SINGLE;
@@ -167,7 +173,15 @@ int main(int argc, char** argv) {
     return code;
   }
 
+  // `check` and `ckpt` have no step boundary to stop at: a signal ends them
+  // at once, as by default.
+  if (!*train) {
+    stop_signals.reset();
+    if (const int sig = ndmini::stop_signal_received(); sig != 0) std::raise(sig);
+  }
+
   int status = 0;
+  bool signalled = false;  // status is the one a stop signal gives (core/signals.hpp)
   if (*ckpt) {
     // One process does the work; the others only learn the outcome.
     if (rank == 0) {
@@ -232,7 +246,8 @@ int main(int argc, char** argv) {
                         "--resume " + resume_step + ": expected a step number (or nothing, for 'latest')");
         opts.resume_step = step;
       }
-      ndmini::train(cfg, opts, MPI_COMM_WORLD);
+      status = ndmini::train(cfg, opts, MPI_COMM_WORLD).exit_status;  // non-zero: a stop signal
+      signalled = status != 0;
     }
   } catch (const ndmini::Error& e) {
     // Errors from the deck and the collective phases are raised on every
@@ -245,6 +260,16 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   Kokkos::finalize();
+  // A signal after the run's last agreement still counts, on this rank.
+  const bool late = status == 0 && ndmini::stop_signal_received() != 0;
+  if (late) status = ndmini::signal_exit_status(ndmini::stop_signal_received());
+  // MPICH's mpiexec drops the ranks' exit statuses once it has forwarded a
+  // signal to them, but keeps MPI_Abort's: hand the status over that way
+  // (once per job; everything is saved and closed by now).
+  if ((signalled && rank == 0) || late) {
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
   MPI_Finalize();
   return status;
 }

@@ -19,21 +19,6 @@ step_losses ref.jsonl >ref_losses.txt
 [ "$(wc -l <ref_losses.txt)" -eq $STEPS ] || fail "the reference logged $(wc -l <ref_losses.txt) steps"
 echo "reference: $STEPS steps in $span s"
 
-# The ndmini processes of a job: descendants of its mpiexec.
-rank_pids() {
-  local todo=("$1") pid kids found=()
-  while [ ${#todo[@]} -gt 0 ]; do
-    pid=${todo[0]}
-    todo=("${todo[@]:1}")
-    kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
-    for k in $kids; do
-      todo+=("$k")
-      [ "$(ps -o comm= -p "$k" 2>/dev/null)" = ndmini ] && found+=("$k")
-    done
-  done
-  echo "${found[@]}"
-}
-
 RANDOM=$((np * 7919 + trials))  # reproducible draws, different per configuration
 good=0
 for ((trial = 1; trial <= trials; trial++)); do
