@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -265,9 +266,12 @@ int main(int argc, char** argv) {
   if (late) status = ndmini::signal_exit_status(ndmini::stop_signal_received());
   // MPICH's mpiexec drops the ranks' exit statuses once it has forwarded a
   // signal to them, but keeps MPI_Abort's: hand the status over that way
-  // (once per job; everything is saved and closed by now).
+  // (once per job; everything is saved and closed by now). It exits at the
+  // abort, dropping output still in transit: give it a moment to pass on
+  // the stop line first.
   if ((signalled && rank == 0) || late) {
     std::fflush(nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     MPI_Abort(MPI_COMM_WORLD, status);
   }
   MPI_Finalize();

@@ -151,7 +151,8 @@ for ((trial = 1; trial <= trials; trial++)); do
     # status still says it was signalled) or, the second one, after the job
     # had stopped at the step boundary.
     if [ "$mode" = once ] && [ $rc -eq $status ] && ! grep -q "stopped after step" "$dir.0.txt"; then
-      grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" || fail "trial $trial: exit $rc, no stop line, and the run did not complete"
+      grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" ||
+        { cat "$dir.0.txt"; fail "trial $trial: SIG$sig to $target: exit $rc, no stop line, and the run did not complete"; }
       echo "trial $trial: SIG$sig at $delay s came after the last step (exit $rc); drawing again"
       continue
     fi
