@@ -245,11 +245,11 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
   return j.dump();
 }
 
-std::string stop_line(const Config& cfg, int signal, std::int64_t steps_done, std::int64_t saved_step,
+std::string stop_line(const Config& cfg, int signal_number, std::int64_t steps_done, std::int64_t saved_step,
                       bool interrupted) {
-  const std::string head = std::string("ndmini: ") + signal_name(signal) + " received";
+  const std::string head = std::string("ndmini: ") + signal_name(signal_number) + " received";
   const std::string of = std::to_string(steps_done) + " of " + std::to_string(cfg.train.steps) + " steps done";
-  const std::string status = "; exit status " + std::to_string(signal_exit_status(signal));
+  const std::string status = "; exit status " + std::to_string(signal_exit_status(signal_number));
   if (!interrupted) return head + " after the last step: the run is complete (" + of + ")" + status;
   std::string saved;
   if (saved_step >= 0)

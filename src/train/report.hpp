@@ -62,7 +62,7 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
 // never takes a signalled run for an undisturbed one). `saved_step`: the
 // step saved at the stop, -1: none; `interrupted`: steps were left (else the
 // signal came after the last step).
-std::string stop_line(const Config& cfg, int signal, std::int64_t steps_done, std::int64_t saved_step,
+std::string stop_line(const Config& cfg, int signal_number, std::int64_t steps_done, std::int64_t saved_step,
                       bool interrupted);
 
 }  // namespace ndmini

@@ -336,10 +336,10 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
     }
     // Only rank 0 writes: a full disk there stops every rank. A stop signal
     // on any rank stops every rank after this same step.
-    const int signal = agree_max(comm, metrics.error(), stop_signal_received());
+    const int agreed_signal = agree_max(comm, metrics.error(), stop_signal_received());
     if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) pending_save = step + 1;
-    if (signal != 0 && step + 1 < t.steps) {
-      stop_signal = signal;
+    if (agreed_signal != 0 && step + 1 < t.steps) {
+      stop_signal = agreed_signal;
       pending_save = saves && cfg.checkpoint.on_signal ? step + 1 : -1;
       break;
     }
@@ -390,13 +390,13 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
                                  result.losses.empty() ? std::nullopt : std::optional(result.losses.back())));
   // A signal after the last step's agreement finds the run complete.
   const int late_signal = agree_max(comm, metrics.error(), stop_signal_received());
-  if (const int signal = stop_signal != 0 ? stop_signal : late_signal; signal != 0) {
+  if (const int signal_number = stop_signal != 0 ? stop_signal : late_signal; signal_number != 0) {
     if (rank == 0)
       std::fprintf(stderr, "%s\n",
-                   stop_line(cfg, signal, result.first_step + static_cast<std::int64_t>(result.losses.size()),
+                   stop_line(cfg, signal_number, result.first_step + static_cast<std::int64_t>(result.losses.size()),
                              stop_signal != 0 ? pending_save : -1, stop_signal != 0)
                        .c_str());
-    result.exit_status = signal_exit_status(signal);
+    result.exit_status = signal_exit_status(signal_number);
   }
   return result;
 }

@@ -177,10 +177,11 @@ for ((trial = 1; trial <= trials; trial++)); do
     grep -q "^ndmini: second signal (SIGTERM): exiting at once with status 143" "$dir.0.txt" ||
       { cat "$dir.0.txt"; fail "trial $trial: no line for the second signal"; }
     saving "$dir" && where="$where, a save cut short"
+    summary="exit $rc, $ended_in s after the second signal, no checkpoint committed yet"
     if [ -f "$dir/latest" ]; then
       "$NDMINI" ckpt verify "$dir" >/dev/null || fail "trial $trial: latest ($(cat "$dir/latest")) does not verify"
+      summary="exit $rc, $ended_in s after the second signal, latest (step $(cat "$dir/latest")) verifies"
     fi
-    summary="exit $rc, $ended_in s after the second signal, latest $(cat "$dir/latest" 2>/dev/null || echo none) verifies"
   fi
   case "$where" in *save*) in_save=$((in_save + 1)) ;; esac
   case "$target" in
