@@ -7,9 +7,10 @@
 // ends the process at once, with the same status convention (a save cut
 // short leaves only debris: `latest` names the previous checkpoint).
 //
-// Exiting normally (MPI_Finalize, then a status) matters under mpiexec: a
-// rank that a signal kills, or that _exits without MPI_Finalize, can be
-// reported as status 0 by MPICH's hydra.
+// Why not simply die of the signal: MPICH's mpiexec reports a job whose
+// ranks a forwarded signal ended as status 0 (it drops the ranks' statuses
+// once it forwarded a signal); the driver hands the status over through
+// MPI_Abort instead, once everything is saved (miniapp/main.cpp).
 namespace ndmini {
 
 // Installs the handler for SIGTERM, SIGINT and SIGUSR1 from construction
