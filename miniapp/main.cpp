@@ -7,6 +7,8 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <limits>
@@ -19,6 +21,7 @@
 #include "comm/mpi_calls.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
+#include "core/signals.hpp"
 #include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
@@ -140,6 +143,9 @@ std::string cli_error_text(CLI::App& app, const CLI::ParseError& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // From the first moment: a signal during start-up is handled at the first
+  // step boundary, not left to kill a rank (which mpiexec may report as 0).
+  std::optional<ndmini::StopSignals> stop_signals(std::in_place);
   // MPI_THREAD_MULTIPLE lets the comm layer's progress thread (comm/progress.hpp)
   // call MPI beside the model; with less the thread is simply not started.
   int thread_level = MPI_THREAD_SINGLE;
@@ -247,7 +253,15 @@ int main(int argc, char** argv) {
     return code;
   }
 
+  // `check` and `ckpt` have no step boundary to stop at: a signal ends them
+  // at once, as by default.
+  if (!*train) {
+    stop_signals.reset();
+    if (const int sig = ndmini::stop_signal_received(); sig != 0) std::raise(sig);
+  }
+
   int status = 0;
+  bool signalled = false;  // status is the one a stop signal gives (core/signals.hpp)
   if (*ckpt) {
     // One process does the work; the others only learn the outcome.
     if (rank == 0) {
@@ -302,7 +316,8 @@ int main(int argc, char** argv) {
       opts.show_mesh = show_mesh;
       opts.resume = resume->count() > 0;
       if (opts.resume && !resume_step.empty()) opts.resume_step = *whole_number(resume_step);  // checked by CLI11
-      ndmini::train(cfg, opts, MPI_COMM_WORLD);
+      status = ndmini::train(cfg, opts, MPI_COMM_WORLD).exit_status;  // non-zero: a stop signal
+      signalled = status != 0;
     }
   } catch (const ndmini::Error& e) {
     // Errors from the deck and the collective phases are raised on every
@@ -315,6 +330,19 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   Kokkos::finalize();
+  // A signal after the run's last agreement still counts, on this rank.
+  const bool late = status == 0 && ndmini::stop_signal_received() != 0;
+  if (late) status = ndmini::signal_exit_status(ndmini::stop_signal_received());
+  // MPICH's mpiexec drops the ranks' exit statuses once it has forwarded a
+  // signal to them, but keeps MPI_Abort's: hand the status over that way
+  // (once per job; everything is saved and closed by now). It exits at the
+  // abort, dropping output still in transit: give it a moment to pass on
+  // the stop line first.
+  if ((signalled && rank == 0) || late) {
+    std::fflush(nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
   MPI_Finalize();
   return status;
 }

@@ -81,6 +81,7 @@ dir = "out"
 every = 5
 keep = 2
 at_start = true
+on_signal = false
 
 [perf]
 peak_gflops = 100.5
@@ -112,6 +113,7 @@ peak_gflops = 100.5
   EXPECT_EQ(c.checkpoint.every, 5);
   EXPECT_EQ(c.checkpoint.keep, 2);
   EXPECT_TRUE(c.checkpoint.at_start);
+  EXPECT_FALSE(c.checkpoint.on_signal);
   EXPECT_DOUBLE_EQ(c.perf.peak_gflops, 100.5);
 
   // The resolved TOML parses back to the same values.
@@ -121,6 +123,7 @@ peak_gflops = 100.5
   EXPECT_EQ(r.data.path, "data/train.bin");
   EXPECT_EQ(r.parallel.schedule, "gpipe");
   EXPECT_EQ(r.model.seq_len, 5);
+  EXPECT_FALSE(r.checkpoint.on_signal);
 }
 
 TEST(Config, DefaultsWhenOnlyTheModelIsGiven) {
@@ -131,6 +134,7 @@ TEST(Config, DefaultsWhenOnlyTheModelIsGiven) {
   EXPECT_EQ(c.train.seed, t.seed);
   EXPECT_EQ(c.data.source, "synthetic");
   EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_TRUE(c.checkpoint.on_signal);  // a pre-empted run saves where it stops
 }
 
 TEST(Config, MissingModelKey) {

@@ -98,14 +98,18 @@ void mpi_blocking(MPI_Comm comm, const char* what, const std::function<void()>& 
   detail::ledger_complete(index);
 }
 
-void agree(MPI_Comm comm, const std::string& local_error) {
+void agree(MPI_Comm comm, const std::string& local_error) { agree_max(comm, local_error, 0); }
+
+int agree_max(MPI_Comm comm, const std::string& local_error, int local_value) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  int mine = local_error.empty() ? size : rank;
-  int first = size;
-  mpi_all_reduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "agreement on errors");
-  if (first == size) return;
+  // One MIN reduction: the lowest failing rank, and the largest value negated.
+  int mine[2] = {local_error.empty() ? size : rank, -local_value};
+  int agreed[2] = {size, 0};
+  mpi_all_reduce(mine, agreed, 2, MPI_INT, MPI_MIN, comm, "agreement on errors");
+  const int first = agreed[0];
+  if (first == size) return -agreed[1];
   std::string message = local_error;
   unsigned long long n = message.size();
   mpi_broadcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm, "the error message's length");

@@ -36,4 +36,9 @@ void agree_on_errors(MPI_Comm comm, const std::function<void()>& body);
 // where this rank succeeded.
 void agree(MPI_Comm comm, const std::string& local_error);
 
+// agree, folding one more rank-local value (>= 0) into the same collective:
+// returns the largest `local_value` of any rank when no rank failed. The
+// training loop agrees on a received stop signal this way at no extra cost.
+int agree_max(MPI_Comm comm, const std::string& local_error, int local_value);
+
 }  // namespace ndmini

@@ -65,6 +65,9 @@ struct CheckpointConfig {
   int every = 0;  // 0: never, N: after every N optimizer steps
   int keep = 3;   // newest checkpoints kept
   bool at_start = false;
+  // SIGTERM, SIGINT or SIGUSR1 (core/signals.hpp): where the run saves
+  // checkpoints, save the state at the step boundary it stops at.
+  bool on_signal = true;
 };
 
 struct CommConfig {

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_calls.hpp"
+#include "core/signals.hpp"
+#include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
 #include "train/budget.hpp"
 #include "train/metrics.hpp"
@@ -251,6 +253,23 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"final_val_step", s.val_loss ? nlohmann::json(s.val_loss->first) : nlohmann::json()},
                       {"eval_ms", s.eval_ms}};
   return j.dump();
+}
+
+std::string stop_line(const Config& cfg, int signal_number, std::int64_t steps_done, std::int64_t saved_step,
+                      bool interrupted) {
+  const std::string head = std::string("ndmini: ") + signal_name(signal_number) + " received";
+  const std::string of = std::to_string(steps_done) + " of " + std::to_string(cfg.train.steps) + " steps done";
+  const std::string status = "; exit status " + std::to_string(signal_exit_status(signal_number));
+  if (!interrupted) return head + " after the last step: the run is complete (" + of + ")" + status;
+  std::string saved;
+  if (saved_step >= 0)
+    saved = "saved checkpoint " + cfg.checkpoint.dir + "/" + io::checkpoint_dirname(saved_step) +
+            " (continue with --resume)";
+  else if (!cfg.checkpoint.on_signal)
+    saved = "no checkpoint saved (checkpoint.on_signal = false)";
+  else
+    saved = "no checkpoint saved (the run saves none: checkpoint.every = 0)";
+  return head + ": stopped after step " + std::to_string(steps_done - 1) + " (" + of + "); " + saved + status;
 }
 
 }  // namespace ndmini

@@ -56,5 +56,13 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
 // The metrics file's last line: {"summary": true, ...}.
 std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
                          std::optional<double> final_loss);
+// The line a run ends with when a stop signal (core/signals.hpp) reached it:
+// the signal, the steps done, the checkpoint saved or why none, the exit
+// status (signal_exit_status(), also when the run is complete: a script
+// never takes a signalled run for an undisturbed one). `saved_step`: the
+// step saved at the stop, -1: none; `interrupted`: steps were left (else the
+// signal came after the last step).
+std::string stop_line(const Config& cfg, int signal_number, std::int64_t steps_done, std::int64_t saved_step,
+                      bool interrupted);
 
 }  // namespace ndmini

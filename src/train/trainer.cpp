@@ -13,6 +13,7 @@
 #include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
+#include "core/signals.hpp"
 #include "core/timer.hpp"
 #include "fault/fault.hpp"
 #include "io/checkpoint.hpp"
@@ -266,6 +267,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   result.first_step = start;
   result.peak_flops = summary.peak.flops_per_rank;
   std::vector<StepStats> steps;
+  int stop_signal = 0;  // agreed at a step boundary with steps left
   for (const auto& g : ctx.reported())
     if (g.comm != nullptr) g.comm->reset_stats();
 
@@ -340,18 +342,25 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
       std::fflush(stdout);
       metrics.step(r);
     }
-    agree(comm, metrics.error());  // only rank 0 writes: a full disk there stops every rank
+    // Only rank 0 writes: a full disk there stops every rank. A stop signal
+    // on any rank stops every rank after this same step.
+    const int agreed_signal = agree_max(comm, metrics.error(), stop_signal_received());
     if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) pending_save = step + 1;
+    if (agreed_signal != 0 && step + 1 < t.steps) {
+      stop_signal = agreed_signal;
+      pending_save = saves && cfg.checkpoint.on_signal ? step + 1 : -1;
+      break;
+    }
   }
   if (pending_save >= 0) {
-    // The final state: the loss of one more batch (forward only, through the
-    // pipeline) shows it sane before it is saved.
+    // The final state (or the one a signal stopped at): the loss of one more
+    // batch (forward only, through the pipeline) shows it sane before it is saved.
     TrainingStage forward_only(model, feed, real(0), layout.micro_batches);  // a loss scale of 0: no backward
-    forward_only.set_step(t.steps);
+    forward_only.set_step(pending_save);
     double local = runner.evaluate(forward_only, layout.micro_batches);
     model.end_evaluation();
-    if (faults.nan_at(t.steps)) local = std::numeric_limits<double>::quiet_NaN();
-    require_finite_state(comm, t.steps, ctx.batch().all_reduce_scalar(local), local, cfg);
+    if (faults.nan_at(pending_save)) local = std::numeric_limits<double>::quiet_NaN();
+    require_finite_state(comm, pending_save, ctx.batch().all_reduce_scalar(local), local, cfg);
     save(pending_save);
   }
   if (opts.capture != nullptr) {
@@ -388,7 +397,16 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   if (rank == 0)
     metrics.summary(summary_json(layout, ctx, summary, static_cast<std::int64_t>(steps.size()),
                                  result.losses.empty() ? std::nullopt : std::optional(result.losses.back())));
-  agree(comm, metrics.error());
+  // A signal after the last step's agreement finds the run complete.
+  const int late_signal = agree_max(comm, metrics.error(), stop_signal_received());
+  if (const int signal_number = stop_signal != 0 ? stop_signal : late_signal; signal_number != 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "%s\n",
+                   stop_line(cfg, signal_number, result.first_step + static_cast<std::int64_t>(result.losses.size()),
+                             stop_signal != 0 ? pending_save : -1, stop_signal != 0)
+                       .c_str());
+    result.exit_status = signal_exit_status(signal_number);
+  }
   return result;
 }
 

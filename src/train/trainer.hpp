@@ -47,10 +47,16 @@ struct TrainResult {
   double peak_flops = 0;                   // per rank, FLOP/s
   std::vector<double> bubble_ms;           // per pipeline stage, median over the timed steps
   std::int64_t peak_activation_bytes = 0;  // the most this rank held in flight
+  // 0, or signal_exit_status() of the stop signal (core/signals.hpp) the
+  // ranks agreed on, at a step boundary or after the last step; the same on
+  // every rank.
+  int exit_status = 0;
 };
 
 // Trains on the ranks of `comm` as the deck says. Throws Error on bad input,
-// missing files and non-finite losses.
+// missing files and non-finite losses. A stop signal received on any rank
+// (core/signals.hpp; the caller installs the handler) stops every rank after
+// the same step, with the state saved where the run saves checkpoints.
 TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm);
 
 }  // namespace ndmini

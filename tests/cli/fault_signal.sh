@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Pre-emption (core/signals.hpp), a checkpoint saved after every step.
+# $1 = ranks, $2 = trials, $3 = "once" or "twice".
+# once: SIGTERM or SIGUSR1 at a random moment (in a step or inside a save),
+#   sent to mpiexec (which forwards it to every rank), to one rank only, or
+#   to every rank (as srun delivers it).
+#   Every time the job exits with 128 + the signal after one line naming the
+#   signal and the checkpoint saved; that checkpoint is `latest` and
+#   verifies; resuming from it to the end gives losses, parameters and AdamW
+#   state bitwise those of an uninterrupted run.
+# twice: SIGTERM, then SIGTERM again 20 ms later, to every rank (as srun
+#   delivers them): the job ends at once (not at the step boundary the first
+#   one waits for; a draw where that boundary and its save came first is
+#   drawn again), non-zero; `latest`, where there is one, verifies, and
+#   resuming from it gives the uninterrupted run bit for bit. (Sent to
+#   MPICH's mpiexec, the status can read 0: it drops the exit statuses of
+#   ranks it forwarded a signal to, and a rank that exits at once cannot
+#   call MPI_Abort; README "Pre-emption and requeue".)
+source "$(dirname "$0")/lib.sh"
+np=$1
+trials=$2
+mode=$3
+STEPS=12
+args=(train tiny.toml --set train.steps=$STEPS --set train.log_every=1 --set train.micro_batch=2
+  --set checkpoint.every=1 --set checkpoint.keep=2 --set parallel.dp_shard="$np" "${QUICK[@]}")
+final=$(printf 'step_%08d' $STEPS)
+
+# ready_ranks JOB: the job's rank PIDs once every rank catches SIGTERM (the
+# handler is installed: bit 14 of SigCgt); fails if the job ends first.
+ready_ranks() {
+  local pids p mask all
+  while kill -0 "$1" 2>/dev/null; do
+    pids=($(rank_pids "$1"))
+    if [ ${#pids[@]} -eq "$np" ]; then
+      all=1
+      for p in "${pids[@]}"; do
+        mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$p/status" 2>/dev/null || true)
+        (((0x${mask:-0} >> 14) & 1)) || all=0
+      done
+      [ $all -eq 1 ] && { echo "${pids[@]}"; return 0; }
+    fi
+    sleep 0.01
+  done
+  return 1
+}
+
+# The uninterrupted run; span: from the handlers' installation to its end.
+run "$np" "${args[@]}" --set checkpoint.dir=ref --metrics ref.jsonl >ref.txt 2>&1 &
+job=$!
+ready_ranks $job >/dev/null || { wait $job || true; cat ref.txt; fail "the reference run ended before its ranks were ready"; }
+t0=$(now)
+wait $job || { cat ref.txt; fail "reference run failed"; }
+span=$(seconds_since "$t0")
+step_losses ref.jsonl >ref_losses.txt
+[ "$(wc -l <ref_losses.txt)" -eq $STEPS ] || fail "the reference logged $(wc -l <ref_losses.txt) steps"
+echo "reference: $STEPS steps in $span s after start-up"
+
+# finish DIR TRIAL: resume from latest (or start afresh where no checkpoint
+# was committed) to the end; every step's loss logged by any part, and the final parameters
+# and AdamW state, must be the reference's bit for bit.
+finish() {
+  local dir=$1 trial=$2 resume=() at
+  if [ -f "$dir/latest" ]; then
+    resume=(--resume)
+    at=$(cat "$dir/latest")
+  fi
+  run "$np" "${args[@]}" --set checkpoint.dir="$dir" "${resume[@]}" --metrics "$dir.1.jsonl" >"$dir.1.txt" 2>&1 ||
+    { cat "$dir.1.txt"; fail "trial $trial: the resumed run failed"; }
+  if [ -n "${at:-}" ]; then
+    grep -q "resumed from $dir/$(printf 'step_%08d' "$at") at step $at " "$dir.1.txt" ||
+      fail "trial $trial: did not resume from latest (step $at)"
+  fi
+  no_debris "$dir"
+  cat "$dir.0.jsonl" "$dir.1.jsonl" 2>/dev/null | grep '"step"' >"$dir.all.jsonl" || true
+  # A step logged twice (run before the signal, again after the resume) must agree with itself too.
+  step_losses "$dir.all.jsonl" | LC_ALL=C sort -u >"$dir.losses.txt"
+  diff <(awk '{ print $1 }' "$dir.losses.txt" | sort -n) <(seq 0 $((STEPS - 1))) >/dev/null ||
+    fail "trial $trial: the logged steps are not each of 0..$((STEPS - 1)) once: $(tr '\n' ' ' <"$dir.losses.txt")"
+  diff "$dir.losses.txt" <(LC_ALL=C sort ref_losses.txt) || fail "trial $trial: losses differ from the reference"
+  h5diff -r "ref/$final/checkpoint.h5" "$dir/$final/checkpoint.h5" /model /model >/dev/null ||
+    fail "trial $trial: parameters differ from the reference"
+  h5diff -r "ref/$final/checkpoint.h5" "$dir/$final/checkpoint.h5" /optimizer /optimizer >/dev/null ||
+    fail "trial $trial: optimizer state differs from the reference"
+}
+
+saving() { ls -a "$1" 2>/dev/null | grep -q '^\.step_.*\.tmp$'; }
+
+RANDOM=$((np * 7919 + trials + ${#mode}))  # reproducible draws, different per configuration
+in_save=0
+to_mpiexec=0 to_one=0 to_every=0
+for ((trial = 1; trial <= trials; trial++)); do
+  dir=trial$trial
+  if [ "$mode" = once ]; then
+    sig=$([ $((RANDOM % 2)) -eq 0 ] && echo TERM || echo USR1)
+    status=$((128 + $(kill -l "$sig")))
+    to=$((RANDOM % 3))  # 0: mpiexec, 1: one rank, 2: every rank
+  else
+    sig=TERM
+    status=143
+  fi
+  draws=0
+  while :; do
+    draws=$((draws + 1))
+    [ $draws -le 5 ] || fail "trial $trial: 5 draws in a row came too late"
+    rm -rf "$dir" "$dir".*
+    delay=$(awk -v r=$RANDOM -v s="$span" 'BEGIN { printf "%.3f", s * r / 32768 }')
+    # mpiexec itself, not run (a function: $! would be a subshell).
+    "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" "$np" "$NDMINI" "${args[@]}" --set checkpoint.dir="$dir" \
+      --metrics "$dir.0.jsonl" >"$dir.0.txt" 2>&1 &
+    job=$!
+    pids=($(ready_ranks $job)) || { wait $job || true; cat "$dir.0.txt"; fail "trial $trial: the job did not start"; }
+    sleep "$delay"
+    where="latest $(cat "$dir/latest" 2>/dev/null || echo none)"
+    alive=1
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || alive=0; done
+    if [ $alive -eq 0 ]; then
+      wait $job || true
+      echo "trial $trial: the job ended before the signal at $delay s; drawing again"
+      span=$delay
+      continue
+    fi
+    if [ "$mode" = once ]; then
+      case $to in
+        0)
+          target=mpiexec
+          kill -"$sig" $job 2>/dev/null || true
+          ;;
+        1)
+          target="rank $((RANDOM % np))"
+          kill -"$sig" "${pids[${target#rank }]}" 2>/dev/null || true
+          ;;
+        2)
+          target="every rank"
+          kill -"$sig" "${pids[@]}" 2>/dev/null || true
+          ;;
+      esac
+      saving "$dir" && where="$where, during a save"
+    else
+      target="every rank, twice"
+      kill -TERM "${pids[@]}" 2>/dev/null || true
+      sleep 0.02
+      t1=$(now)
+      kill -TERM "${pids[@]}" 2>/dev/null || true
+    fi
+    rc=0
+    wait $job || rc=$?
+    [ "$mode" = twice ] && ended_in=$(seconds_since "$t1")
+    [ $rc -ne 0 ] || { cat "$dir.0.txt"; fail "trial $trial: SIG$sig sent to $target but the job exited 0"; }
+    # Too late: the signal came after the last step (the run is complete, the
+    # status still says it was signalled) or, the second one, after the job
+    # had stopped at the step boundary.
+    if [ "$mode" = once ] && [ $rc -eq $status ] && ! grep -q "stopped after step" "$dir.0.txt"; then
+      grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" ||
+        { cat "$dir.0.txt"; fail "trial $trial: SIG$sig to $target: exit $rc, no stop line, and the run did not complete"; }
+      echo "trial $trial: SIG$sig at $delay s came after the last step (exit $rc); drawing again"
+      continue
+    fi
+    if [ "$mode" = twice ] && grep -q "stopped after step" "$dir.0.txt"; then
+      echo "trial $trial: the job stopped at the boundary before the second signal; drawing again"
+      continue
+    fi
+    break
+  done
+  if [ "$mode" = once ]; then
+    [ $rc -eq $status ] || { cat "$dir.0.txt"; fail "trial $trial: exit status $rc, expected $status (128 + SIG$sig)"; }
+    line=$(grep "^ndmini: SIG$sig received: stopped after step" "$dir.0.txt") ||
+      { cat "$dir.0.txt"; fail "trial $trial: no line naming SIG$sig and the step"; }
+    saved=$(echo "$line" | sed -n "s|.*saved checkpoint $dir/step_0*\([0-9][0-9]*\) .*exit status $status\$|\1|p")
+    [ -n "$saved" ] || fail "trial $trial: the line names no saved checkpoint and status: $line"
+    [ "$(cat "$dir/latest")" = "$saved" ] || fail "trial $trial: latest is $(cat "$dir/latest"), the line says $saved"
+    [ "$(step_losses "$dir.0.jsonl" | wc -l)" -eq "$saved" ] || fail "trial $trial: steps logged before the stop != $saved"
+    no_debris "$dir"
+    "$NDMINI" ckpt verify "$dir" >/dev/null || fail "trial $trial: the checkpoint saved at the signal does not verify"
+    summary="exit $rc, saved step $saved"
+  else
+    grep -q "^ndmini: second signal (SIGTERM): exiting at once with status 143" "$dir.0.txt" ||
+      { cat "$dir.0.txt"; fail "trial $trial: no line for the second signal"; }
+    saving "$dir" && where="$where, a save cut short"
+    summary="exit $rc, $ended_in s after the second signal, no checkpoint committed yet"
+    if [ -f "$dir/latest" ]; then
+      "$NDMINI" ckpt verify "$dir" >/dev/null || fail "trial $trial: latest ($(cat "$dir/latest")) does not verify"
+      summary="exit $rc, $ended_in s after the second signal, latest (step $(cat "$dir/latest")) verifies"
+    fi
+  fi
+  case "$where" in *save*) in_save=$((in_save + 1)) ;; esac
+  case "$target" in
+    mpiexec) to_mpiexec=$((to_mpiexec + 1)) ;;
+    rank*) to_one=$((to_one + 1)) ;;
+    *) to_every=$((to_every + 1)) ;;
+  esac
+  finish "$dir" "$trial"
+  echo "trial $trial: SIG$sig to $target at $delay s ($where): $summary; resumed to the end bitwise identical"
+done
+# Negative control: the comparison sees a difference (step 11 against step 12).
+if h5diff -q "ref/$(printf 'step_%08d' $((STEPS - 1)))/checkpoint.h5" "ref/$final/checkpoint.h5" /model /model >/dev/null 2>&1; then
+  fail "steps $((STEPS - 1)) and $STEPS compare equal: the comparison cannot see anything"
+fi
+echo "$trials of $trials trials ($mode, $np ranks): non-zero exit, checkpoint verified, bitwise identical after resume;" \
+  "sent to mpiexec $to_mpiexec, to one rank $to_one, to every rank $to_every; $in_save inside a save"
