@@ -465,12 +465,33 @@ def emit_sbatch(study, study_dir, args):
     return scripts
 
 
+def slurm_seconds(text):
+    """Seconds of a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None if not one."""
+    days, dash, clock = text.rpartition("-")
+    try:
+        parts = [int(x) for x in clock.split(":")]
+        days = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 1 <= len(parts) <= 3:
+        return None
+    if dash:  # after D-, the first field is hours
+        parts += [0] * (3 - len(parts))
+    else:  # MM, MM:SS, HH:MM:SS
+        parts = {1: [0, parts[0], 0], 2: [0] + parts, 3: parts}[len(parts)]
+    return days * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
 def check_numbers(args):
     for name, value, least in (("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
                                ("--global-batch", args.global_batch, 1), ("--micro-batch", args.micro_batch, 1),
                                ("--signal-grace", args.signal_grace, 0)):
         if value is not None and value < least:
             raise st.StudyError(f"{name} {value}: must be at least {least}")
+    limit = slurm_seconds(args.time)
+    if args.emit_sbatch and args.signal_grace and limit is not None and args.signal_grace >= limit:
+        raise st.StudyError(f"--signal-grace {args.signal_grace} s is not less than --time {args.time} ({limit} s): "
+                            f"the signal would stop every run at its start; lower --signal-grace or raise --time")
 
 
 def refusal_note(study, allow_missing):

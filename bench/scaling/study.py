@@ -11,7 +11,8 @@ A study directory holds:
   points/<label>/point.json  one point: ranks, degrees, batch, overrides, placement, and
                              precheck_error when the point was refused before any run
   points/<label>/repK/       one run: stdout.log, stderr.log, metrics.jsonl, exit_code,
-                             hosts, build_info.json, slurm_job_id (under Slurm)
+                             hosts, build_info.json, slurm_job_id (under Slurm), and
+                             interrupted-<job id>/ (the files of a job that stopped it)
   results.csv, results.md, scaling.png   written by the collector
 """
 
