@@ -4,7 +4,8 @@
 and (with matplotlib) scaling.png. scaling.py calls the same code after its
 runs; after --emit-sbatch, run this (or the study's collect.sh) once the
 jobs are done. Points whose runs failed or never ran are listed as failed,
-with their message.
+points refused when the study was planned as refused, with their message.
+Exits 1 when a point has no figures (a refused one only without --allow-missing).
 
   bench/scaling/collect.py runs/fsdp-weak
 """
@@ -21,14 +22,16 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        rows, paths = st.write_outputs(os.path.abspath(argv[0]))
+        study, rows, paths = st.write_outputs(os.path.abspath(argv[0]))
     except st.StudyError as e:
         print(f"collect.py: error: {e}", file=sys.stderr)
         return 2
     with open(paths[1]) as f:
         print(f.read())
+    code, line = st.outcome(study, rows)
     print("wrote " + ", ".join(paths), file=sys.stderr)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    print(f"collect.py: {line}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -22,9 +22,26 @@ collect.sh (which builds the table once the jobs are done).
 
 Layouts (--layout): dp (all ranks on dp_replicate), fsdp (all on dp_shard), or
 fixed degrees AXIS=D,... with the rest of the ranks on dp_replicate or on the
-axis named by rest=AXIS (tp=2; pp=2,tp=2; tp=2,rest=dp_shard). Weak scaling
-multiplies the deck's global batch by ranks / (smallest ranks); strong scaling
-keeps it.
+axis named by rest=AXIS (tp=2; pp=2,tp=2; tp=2,rest=dp_shard).
+
+Batches: the data-parallel degree of a mesh is dp_replicate x dp_shard, and the
+deck's per-rank batch is its train.global_batch over its own data-parallel
+degree (the deck's parallel.dp_replicate x dp_shard as written, after --set;
+1 where unset). Weak scaling keeps that per-rank batch: each point's global
+batch is it times the point's data-parallel degree (tp, cp and pp ranks share
+their data-parallel rank's sequences). Strong scaling keeps the deck's global
+batch. Either way each point's micro-batch is the largest divisor of its
+per-rank batch not above the deck's train.micro_batch, or --micro-batch N.
+
+A point that cannot run (a batch its data-parallel ranks cannot share, or a
+layout `ndmini check` refuses) is refused before anything runs; the others run
+(or are emitted) and the table lists the refused ones with the reason. The
+study then exits 1, unless --allow-missing is given.
+
+Batch scripts ask Slurm for SIGUSR1 --signal-grace seconds before the time
+limit (ndmini saves a checkpoint at the next step boundary and stops); submit
+the point's job.sbatch again and the run resumes from its checkpoint's latest
+(repeats that finished are not run again).
 """
 
 import argparse
@@ -43,13 +60,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_WARMUP = 2
 DEFAULT_TIME = "00:30:00"
+DEFAULT_SIGNAL_GRACE = 120
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("deck", help="input deck (TOML), e.g. inputs/small.toml")
     p.add_argument("--mode", choices=("weak", "strong"), required=True,
-                   help="weak: fixed batch per rank (the global batch grows with the ranks); strong: fixed global batch")
+                   help="weak: fixed batch per data-parallel rank (the global batch grows with dp_replicate x "
+                        "dp_shard); strong: fixed global batch")
     p.add_argument("--ranks", help="rank counts, e.g. 1,2,4,8 (with --layout)")
     p.add_argument("--layout", help="layout rule: dp, fsdp, or AXIS=D,...[,rest=AXIS] (see above)")
     p.add_argument("--point", action="append", default=[], metavar="N:AXIS=D,...",
@@ -57,7 +76,14 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, help="steps per run (default: the deck's train.steps)")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="leading steps dropped from each run")
     p.add_argument("--repeats", type=int, default=1, help="runs per point (median and min-max over them)")
-    p.add_argument("--global-batch", type=int, help="global batch of the smallest point (default: the deck's)")
+    p.add_argument("--global-batch", type=int,
+                   help="the global batch taken as the deck's (default: train.global_batch); weak scaling divides "
+                        "it by the deck's data-parallel degree")
+    p.add_argument("--micro-batch", type=int,
+                   help="micro-batch of every point (default: per point, the largest divisor of its per-rank batch "
+                        "not above the deck's train.micro_batch)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="exit 0 even when points are refused (they are listed in the table with the reason)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="deck override passed to every run (repeatable)")
     p.add_argument("--out", help="study directory (default: runs/<name>)")
@@ -83,6 +109,9 @@ def parse_args(argv):
     g.add_argument("--account", help="#SBATCH --account")
     g.add_argument("--time", default=DEFAULT_TIME, help=f"#SBATCH --time per point (default {DEFAULT_TIME})")
     g.add_argument("--sbatch-line", action="append", default=[], help="extra '#SBATCH ...' option, repeatable")
+    g.add_argument("--signal-grace", type=int, default=DEFAULT_SIGNAL_GRACE, metavar="SECONDS",
+                   help=f"#SBATCH --signal=USR1@SECONDS: ndmini saves a checkpoint and stops that long before the "
+                        f"time limit (default {DEFAULT_SIGNAL_GRACE}; 0: no signal)")
     return p.parse_args(argv)
 
 
@@ -168,6 +197,44 @@ def check_point(exe, deck, overrides, ranks):
     return ""
 
 
+def deck_batch_per_rank(deck_batch, deck_int):
+    """The deck's global batch over its own data-parallel degree (dp_replicate x dp_shard
+    as written, 1 where unset): the sequences each data-parallel rank trains per step."""
+    degrees = {a: deck_int("parallel", a) for a in ("dp_replicate", "dp_shard")}
+    for axis, d in degrees.items():
+        if d is not None and d < 1:
+            raise st.StudyError(f"weak scaling keeps the deck's batch per data-parallel rank, but the deck sets "
+                                f"parallel.{axis} = {d} (what is left of the world), so that batch depends on the "
+                                f"world; give the degree the deck is sized for: --set parallel.{axis}=N")
+    dp = (degrees["dp_replicate"] or 1) * (degrees["dp_shard"] or 1)
+    if deck_batch % dp:
+        raise st.StudyError(f"weak scaling: the deck's global batch {deck_batch} is not a multiple of its "
+                            f"data-parallel degree {dp} (parallel.dp_replicate x dp_shard), so it has no batch per "
+                            f"data-parallel rank; fix the deck or give --global-batch")
+    return deck_batch // dp
+
+
+def point_batch(mode, degrees, deck_batch, batch_per_rank, deck_micro, micro_fixed):
+    """(global batch, batch per data-parallel rank, micro-batch, refusal) of a point;
+    refusal is '' or why the point cannot run."""
+    dp = st.data_parallel(degrees)
+    if mode == "weak":
+        batch, per_rank = batch_per_rank * dp, batch_per_rank
+    else:
+        batch, per_rank = deck_batch, deck_batch // dp
+        if deck_batch % dp:
+            return batch, None, micro_fixed or deck_micro, (
+                f"strong scaling keeps the global batch of {batch} sequences, which {dp} data-parallel ranks "
+                f"(dp_replicate x dp_shard) cannot share; give --global-batch a multiple of {dp}")
+    if not micro_fixed:
+        return batch, per_rank, st.fitted_micro_batch(per_rank, deck_micro), ""
+    if per_rank % micro_fixed:
+        return batch, per_rank, micro_fixed, (
+            f"--micro-batch {micro_fixed} does not divide the {per_rank} sequences of each of the {dp} data-parallel "
+            f"ranks (global batch {batch}); give a divisor of {per_rank}, or leave --micro-batch out to fit it")
+    return batch, per_rank, micro_fixed, ""
+
+
 def build_study(args):
     deck_path = os.path.abspath(args.deck)
     if not os.path.exists(deck_path):
@@ -188,31 +255,31 @@ def build_study(args):
         v = v if v is not None else st.deck_value(deck_text, section, key)
         return int(v) if v is not None else None
 
-    base_batch = args.global_batch or deck_int("train", "global_batch") or 8
-    micro = deck_int("train", "micro_batch") or 4
+    deck_batch = args.global_batch or deck_int("train", "global_batch") or 8  # ndmini's defaults
+    deck_micro = deck_int("train", "micro_batch") or 4
+    batch_per_rank = deck_batch_per_rank(deck_batch, deck_int) if args.mode == "weak" else None
     seq_len = deck_int("model", "seq_len")
     steps = args.steps or deck_int("train", "steps") or 20
     if steps <= args.warmup:
         raise st.StudyError(f"--steps {steps} leaves nothing after --warmup {args.warmup}; raise --steps")
-    n_min = min(n for n, _ in points)
     rpn_default = args.ranks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or None
 
     plan = []
     for ranks, degrees in points:
-        if args.mode == "weak" and (base_batch * ranks) % n_min:
-            raise st.StudyError(f"weak scaling: {ranks} ranks get a global batch of {base_batch} x {ranks} / {n_min}, "
-                                f"not an integer; use rank counts that are multiples of {n_min}")
-        batch = base_batch * ranks // n_min if args.mode == "weak" else base_batch
+        batch, per_rank, micro, refusal = point_batch(args.mode, degrees, deck_batch, batch_per_rank, deck_micro,
+                                                      args.micro_batch)
         rpn = rpn_default or ranks
         nodes = math.ceil(ranks / rpn)
         label = st.point_label(ranks, degrees)
         pdir = os.path.join(study_dir, "points", label)
         overrides = list(args.overrides) + [f"parallel.{a}={degrees[a]}" for a in st.AXES] + [
-            f"train.global_batch={batch}", f"train.steps={steps}", "train.log_every=1"]
+            f"train.global_batch={batch}", f"train.micro_batch={micro}", f"train.steps={steps}",
+            "train.log_every=1"]
         plan.append({"label": label, "ranks": ranks, "degrees": degrees, "global_batch": batch,
-                     "micro_batch": micro, "nodes": nodes, "ranks_per_node": min(rpn, ranks),
-                     "tasks_per_node": min(rpn, ranks), "gpus_per_task": args.gpus_per_task, "dir": pdir,
-                     "overrides": overrides})
+                     "batch_per_rank": per_rank, "micro_batch": micro, "nodes": nodes,
+                     "ranks_per_node": min(rpn, ranks), "tasks_per_node": min(rpn, ranks),
+                     "gpus_per_task": args.gpus_per_task, "dir": pdir, "overrides": overrides,
+                     **({"precheck_error": refusal} if refusal else {})})
     labels = [p["label"] for p in plan]
     if len(set(labels)) != len(labels):
         raise st.StudyError("two points have the same rank count and layout; give each point once")
@@ -223,7 +290,9 @@ def build_study(args):
     study = {"name": name, "mode": args.mode, "deck_name": deck_name, "deck": os.path.join(study_dir, "deck.toml"),
              "overrides": args.overrides, "steps": steps, "warmup": args.warmup, "repeats": args.repeats,
              "seq_len": seq_len, "exe": os.path.abspath(args.exe), "launcher": launcher,
-             "layout_rule": args.layout or "explicit", "points": plan, "provenance": provenance}
+             "layout_rule": args.layout or "explicit", "batch_per_rank": batch_per_rank,
+             "global_batch": deck_batch if args.mode == "strong" else None, "micro_batch_fixed": args.micro_batch,
+             "allow_missing": args.allow_missing, "points": plan, "provenance": provenance}
     return study, study_dir, deck_path
 
 
@@ -239,12 +308,14 @@ def write_plan(study, study_dir, deck_path):
 
 
 def precheck(study, args):
-    """Marks points that ndmini refuses (layout, batch) as failed before any run."""
+    """Marks points that ndmini refuses (layout, batch) as refused before any run."""
     if args.no_check:
         return
     if not os.path.exists(study["exe"]):
         raise st.StudyError(f"{study['exe']}: no ndmini executable; build it, pass --exe, or --no-check")
     for p in study["points"]:
+        if p.get("precheck_error"):  # the harness refused it already
+            continue
         message = check_point(study["exe"], study["deck"], p["overrides"], p["ranks"])
         if message:
             p["precheck_error"] = message
@@ -286,7 +357,8 @@ def run_points(study, args):
             with open(os.path.join(run_dir, "command.txt"), "w") as f:
                 f.write(st.quote(cmd) + "\n")
             print(f"[{p['label']} run {k}/{study['repeats']}] {p['ranks']} ranks, "
-                  f"{st.short_layout(p['degrees'])}, global batch {p['global_batch']}", file=sys.stderr, flush=True)
+                  f"{st.short_layout(p['degrees'])}, global batch {p['global_batch']}, micro-batch {p['micro_batch']}",
+                  file=sys.stderr, flush=True)
             t0 = time.time()
             with open(os.path.join(run_dir, "stdout.log"), "w") as out, \
                     open(os.path.join(run_dir, "stderr.log"), "w") as err:
@@ -322,6 +394,8 @@ def sbatch_script(study, p, args):
     if args.cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={args.cpus_per_task}")
     lines.append(f"#SBATCH --time={args.time}")
+    if args.signal_grace:  # to the job steps (ndmini), not the batch shell: ndmini saves and stops
+        lines.append(f"#SBATCH --signal=USR1@{args.signal_grace}")
     if args.partition:
         lines.append(f"#SBATCH --partition={args.partition}")
     if args.account:
@@ -334,13 +408,30 @@ def sbatch_script(study, p, args):
               "export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}",
               f"for rep in {' '.join(str(k) for k in range(1, study['repeats'] + 1))}; do",
               '  run="$point/rep$rep"',
+              '  [[ "$(cat "$run/exit_code" 2>/dev/null)" == 0 ]] && continue  # finished in an earlier job',
+              "  resume=",
+              '  if [[ -e "$run/ckpt/latest" ]]; then',
+              "    # Stopped by an earlier job with a checkpoint (SIGUSR1 before its time limit): that job's",
+              "    # files move aside, the run resumes from the checkpoint named by 'latest'.",
+              "    resume=--resume",
+              '    before="$run/interrupted-$(cat "$run/slurm_job_id" 2>/dev/null || echo unknown)"',
+              '    mkdir -p "$before"',
+              '    for f in stdout.log stderr.log metrics.jsonl exit_code; do',
+              '      if [[ -e "$run/$f" ]]; then mv "$run/$f" "$before/"; fi',
+              "    done",
+              "  fi",
               '  mkdir -p "$run"',
               '  echo "$SLURM_JOB_ID" > "$run/slurm_job_id"',
               '  scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd" " > "$run/hosts"',
               f"  srun --ntasks=1 --nodes=1 {q([study['exe']])} --build-info > \"$run/build_info.json\" || true",
               "  " + q(srun + train_args(study["exe"], study["deck"], p["overrides"], "")[:-1]) +
-              ' "$run/metrics.jsonl" --set "checkpoint.dir=$run/ckpt" > "$run/stdout.log" 2> "$run/stderr.log"',
-              '  echo $? > "$run/exit_code"',
+              ' "$run/metrics.jsonl" --set "checkpoint.dir=$run/ckpt" $resume > "$run/stdout.log" 2> "$run/stderr.log"',
+              "  code=$?",
+              '  echo $code > "$run/exit_code"',
+              '  if [[ $code -ne 0 && -e "$run/ckpt/latest" ]]; then  # stopped with a checkpoint: the job is ending',
+              '    echo "rep$rep stopped at a checkpoint (exit $code); submit $point/job.sbatch again to resume" >&2',
+              "    exit $code",
+              "  fi",
               "done",
               ""]
     return "\n".join(lines)
@@ -352,7 +443,7 @@ def emit_sbatch(study, study_dir, args):
         if p.get("precheck_error"):
             for k in range(1, study["repeats"] + 1):
                 record_failure(os.path.join(p["dir"], f"rep{k}"), p["precheck_error"])
-            print(f"{p['label']}: not emitted: {p['precheck_error']}", file=sys.stderr)
+            print(f"{p['label']}: refused, not emitted: {p['precheck_error']}", file=sys.stderr)
             continue
         path = os.path.join(p["dir"], "job.sbatch")
         with open(path, "w") as f:
@@ -374,23 +465,67 @@ def emit_sbatch(study, study_dir, args):
     return scripts
 
 
+def slurm_seconds(text):
+    """Seconds of a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None if not one."""
+    days, dash, clock = text.rpartition("-")
+    try:
+        parts = [int(x) for x in clock.split(":")]
+        days = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 1 <= len(parts) <= 3:
+        return None
+    if dash:  # after D-, the first field is hours
+        parts += [0] * (3 - len(parts))
+    else:  # MM, MM:SS, HH:MM:SS
+        parts = {1: [0, parts[0], 0], 2: [0] + parts, 3: parts}[len(parts)]
+    return days * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def check_numbers(args):
+    for name, value, least in (("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
+                               ("--global-batch", args.global_batch, 1), ("--micro-batch", args.micro_batch, 1),
+                               ("--signal-grace", args.signal_grace, 0)):
+        if value is not None and value < least:
+            raise st.StudyError(f"{name} {value}: must be at least {least}")
+    limit = slurm_seconds(args.time)
+    if args.emit_sbatch and args.signal_grace and limit is not None and args.signal_grace >= limit:
+        raise st.StudyError(f"--signal-grace {args.signal_grace} s is not less than --time {args.time} ({limit} s): "
+                            f"the signal would stop every run at its start; lower --signal-grace or raise --time")
+
+
+def refusal_note(study, allow_missing):
+    """' (LABEL: reason; ...)' for the count of refused points in a summary line, and what the exit makes of them."""
+    refused = [p for p in study["points"] if p.get("precheck_error")]
+    if not refused:
+        return ""
+    return (" (" + "; ".join(f"{p['label']}: {p['precheck_error']}" for p in refused) + ")" +
+            ("" if allow_missing else "; exit 1 (--allow-missing accepts a study without them)"))
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if args.repeats < 1 or args.warmup < 0:
-            raise st.StudyError("--repeats must be >= 1 and --warmup >= 0")
+        check_numbers(args)
         study, study_dir, deck_path = build_study(args)
         write_plan(study, study_dir, deck_path)
         precheck(study, args)
         if args.emit_sbatch:
             scripts = emit_sbatch(study, study_dir, args)
             write_plan(study, study_dir, deck_path)
-            print(f"{len(scripts)} batch scripts in {study_dir}/points/*/job.sbatch; submit with "
-                  f"{study_dir}/submit_all.sh, then build the table with {study_dir}/collect.sh")
-            return 0
+            total = len(study["points"])
+            refused = f", {total - len(scripts)} refused" if len(scripts) < total else ""
+            print(f"scaling.py: {len(scripts)} of {total} points emitted{refused}"
+                  f"{refusal_note(study, args.allow_missing)}", file=sys.stderr)
+            if scripts:
+                print(f"{len(scripts)} batch scripts in {study_dir}/points/*/job.sbatch; submit with "
+                      f"{study_dir}/submit_all.sh, then build the table with {study_dir}/collect.sh")
+            else:
+                print(f"no batch script written in {study_dir}: every point was refused")
+            return 0 if len(scripts) == total or (scripts and args.allow_missing) else 1
         run_points(study, args)
         write_plan(study, study_dir, deck_path)
-        rows, paths = st.write_outputs(study_dir)
+        study, rows, paths = st.write_outputs(study_dir)
     except st.StudyError as e:
         print(f"scaling.py: error: {e}", file=sys.stderr)
         return 2
@@ -399,7 +534,9 @@ def main(argv=None):
     if not any(p.endswith(".png") for p in paths):
         print("(no scaling.png: matplotlib is not installed; apt-get install python3-matplotlib)", file=sys.stderr)
     print("wrote " + ", ".join(paths), file=sys.stderr)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    code, line = st.outcome(study, rows)
+    print(f"scaling.py: {line}" + refusal_note(study, args.allow_missing), file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

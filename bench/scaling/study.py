@@ -8,9 +8,11 @@ library only; the figure needs matplotlib and is skipped without it.
 A study directory holds:
   study.json                 the plan: deck, mode, points, steps, warm-up, repeats, provenance
   deck.toml                  the deck as given (its SHA-256 is in the provenance)
-  points/<label>/point.json  one point: ranks, degrees, overrides, command, placement
+  points/<label>/point.json  one point: ranks, degrees, batch, overrides, placement, and
+                             precheck_error when the point was refused before any run
   points/<label>/repK/       one run: stdout.log, stderr.log, metrics.jsonl, exit_code,
-                             hosts, build_info.json, slurm_job_id (under Slurm)
+                             hosts, build_info.json, slurm_job_id (under Slurm), and
+                             interrupted-<job id>/ (the files of a job that stopped it)
   results.csv, results.md, scaling.png   written by the collector
 """
 
@@ -111,6 +113,16 @@ def short_layout(degrees):
     """'dp_replicate=2' or 'dp_shard=2,tp=2'; '1 rank' for the trivial mesh."""
     parts = [f"{a}={degrees[a]}" for a in AXES if degrees[a] > 1]
     return ",".join(parts) if parts else "single"
+
+
+def data_parallel(degrees):
+    """The ranks that share the global batch: dp_replicate x dp_shard."""
+    return degrees["dp_replicate"] * degrees["dp_shard"]
+
+
+def fitted_micro_batch(per_rank, cap):
+    """The largest divisor of a data-parallel rank's batch that is not above cap."""
+    return max(d for d in range(1, min(per_rank, cap) + 1) if per_rank % d == 0)
 
 
 def point_label(ranks, degrees):
@@ -353,7 +365,7 @@ def min_max(values):
 
 
 def collect(study_dir):
-    """Rows of the table, one per point (failed points included), in rank order."""
+    """Rows of the table, one per point (refused and failed points included), in rank order."""
     study = load_study(study_dir)
     rows = []
     for point in study["points"]:
@@ -371,7 +383,10 @@ def collect(study_dir):
             "seq_len": study["seq_len"], "steps": study["steps"], "warmup": study["warmup"],
             "repeats": study["repeats"], "repeats_ok": len(good),
         }
-        if not good:
+        if point.get("precheck_error"):  # refused before any run: no run to read
+            row["status"] = "refused"
+            row["message"] = point["precheck_error"]
+        elif not good:
             row["status"] = "failed"
             row["message"] = "; ".join(sorted({r.get("message", "") for r in runs}))
         else:
@@ -425,6 +440,11 @@ def collect(study_dir):
     return study, rows
 
 
+def measured(rows):
+    """The rows with figures: every run or some of them succeeded."""
+    return [r for r in rows if r["status"] in ("ok", "partial")]
+
+
 def add_scaling(rows):
     """Speed-up and parallel efficiency against the smallest successful point.
 
@@ -433,7 +453,7 @@ def add_scaling(rows):
     same ratio is the scaled speed-up. Ideal = n / n0 either way; efficiency
     = speed-up / ideal (for weak scaling, the per-rank throughput kept).
     """
-    ok = [r for r in rows if r["status"] != "failed"]
+    ok = measured(rows)
     if not ok:
         return
     base = min(ok, key=lambda r: r["ranks"])
@@ -476,24 +496,38 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else "-"
 
 
+def batch_rule(study):
+    """How the study sized each point's batch, for the table's header."""
+    if study["mode"] == "weak" and study.get("batch_per_rank"):
+        return (f"weak scaling: a fixed batch per data-parallel rank ({study['batch_per_rank']} sequences; "
+                f"global batch = {study['batch_per_rank']} x dp_replicate x dp_shard of each point)")
+    if study["mode"] == "strong" and study.get("global_batch"):
+        micro = (f"micro-batch {study['micro_batch_fixed']} at every point" if study.get("micro_batch_fixed")
+                 else "the micro-batch fitted to each point")
+        return f"strong scaling: a fixed global batch ({study['global_batch']} sequences; {micro})"
+    # A study planned by an older harness, which did not record its rule.
+    return {"weak": "weak scaling", "strong": "strong scaling (fixed global batch)"}[study["mode"]]
+
+
 def markdown(study, rows):
-    mode = {"weak": "weak scaling (fixed batch per rank)", "strong": "strong scaling (fixed global batch)"}
-    lines = [f"# {study['name']}: {mode[study['mode']]} of {study['deck_name']}", ""]
-    lines += ["| ranks | layout | tokens/s (min-max) | tokens/s/rank | speed-up | efficiency | exposed comm share "
-              "| step ms: compute / comm (of it bubble); I/O outside the step |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = [f"# {study['name']}: {batch_rule(study)} of {study['deck_name']}", ""]
+    lines += ["| ranks | layout | batch: global / micro | tokens/s (min-max) | tokens/s/rank | speed-up | efficiency "
+              "| exposed comm share | step ms: compute / comm (of it bubble); I/O outside the step |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        if r["status"] == "failed":
-            lines.append(f"| {r['ranks']} | {r['layout']} | failed | | | | | {r['message']} |")
+        batch = f"{r['global_batch']} / {r['micro_batch']}"
+        if r["status"] in ("failed", "refused"):
+            lines.append(f"| {r['ranks']} | {r['layout']} | {batch} | {r['status']} | | | | | {r['message']} |")
             continue
         bubble = fmt(r["bubble_ms"], ".1f") if r["bubble_measured"] else "n/a"
         io = fmt(r["io_ms"], ".1f") if r["io_per_step_measured"] else "n/a"
         lines.append(
-            f"| {r['ranks']} | {r['layout']} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-"
+            f"| {r['ranks']} | {r['layout']} | {batch} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-"
             f"{r['tokens_per_s_max']:.0f}) | {r['tokens_per_s_per_rank']:.0f} | {r['speedup']:.2f} | "
             f"{r['efficiency']:.3f} | {100 * r['exposed_comm_share']:.1f}% | {r['compute_ms']:.1f} / "
             f"{r['exposed_comm_ms']:.1f} ({bubble}) / {io} |")
     p = study["provenance"]
-    ok = [r for r in rows if r["status"] != "failed"]
+    ok = measured(rows)
     first = ok[0] if ok else (rows[0] if rows else {})
     lines += ["", f"Medians over {study['repeats']} run(s) per point of the steps after {study['warmup']} warm-up "
               f"step(s) ({study['steps']} steps per run; min-max over runs). Speed-up and efficiency against the "
@@ -528,7 +562,7 @@ def plot(study, rows, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    ok = [r for r in rows if r["status"] != "failed"]
+    ok = measured(rows)
     if not ok:
         return False
     # One line per layout family (the axes above 1); the single-rank point starts each.
@@ -565,8 +599,19 @@ def plot(study, rows, path):
     return True
 
 
+def outcome(study, rows):
+    """(exit code, one summary line): 0 when every point ran and measured, or when the
+    only missing points were refused and the study was planned with --allow-missing."""
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("ok", "partial", "failed", "refused")}
+    line = f"{counts['ok']} of {len(rows)} points measured"
+    line += "".join(f", {counts[k]} {k}" for k in ("partial", "failed", "refused") if counts[k])
+    missing_allowed = counts["refused"] == 0 or study.get("allow_missing", False)
+    complete = counts["ok"] > 0 and counts["ok"] + counts["refused"] == len(rows) and missing_allowed
+    return (0 if complete else 1), line
+
+
 def write_outputs(study_dir):
-    """results.csv, results.md and (with matplotlib) scaling.png; returns (rows, paths)."""
+    """results.csv, results.md and (with matplotlib) scaling.png; returns (study, rows, paths)."""
     study, rows = collect(study_dir)
     paths = [os.path.join(study_dir, "results.csv"), os.path.join(study_dir, "results.md")]
     write_csv(paths[0], rows)
@@ -575,7 +620,7 @@ def write_outputs(study_dir):
     png = os.path.join(study_dir, "scaling.png")
     if plot(study, rows, png):
         paths.append(png)
-    return rows, paths
+    return study, rows, paths
 
 
 def quote(args):

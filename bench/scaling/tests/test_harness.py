@@ -5,11 +5,22 @@
   test_harness.py smoke      a 1- and 2-rank weak study of the tiny deck end to
                              end (files, columns, figures, provenance, ranks bound
                              to cores), a binding mpiexec cannot take refused, and a
-                             point ndmini refuses recorded as failed with its message
+                             point ndmini refuses recorded as refused with its message
+  test_harness.py batch      each point's global batch and micro-batch (weak: the
+                             deck's batch per data-parallel rank kept; strong: the
+                             global batch kept, the micro-batch fitted or given), and
+                             points refused for their batch: the others still run or
+                             are emitted, the study exits 1 unless --allow-missing
   test_harness.py sbatch     the emitted batch scripts against the fixture in
                              fixtures/sbatch (paths replaced by @STUDY@ and @HARNESS@)
   test_harness.py slurm-run  the emitted scripts run for real with stand-ins for
-                             srun and scontrol (srun -> mpiexec), then collect.sh
+                             srun and scontrol (srun -> mpiexec), a run stopped with a
+                             checkpoint resumed by the next job, then collect.sh
+  test_harness.py examples-help, examples-readme
+                             every scaling.py example of --help / bench/README.md:
+                             planned as written through --emit-sbatch (every point
+                             emitted, batches by the rule), and the local ones run on
+                             their points of at most 2 ranks, a few steps each
 
 Environment: NDMINI (the executable), SOURCE_DIR (the repository), MPIEXEC.
 UPDATE_FIXTURE=1 rewrites the fixture instead of comparing (after a deliberate change).
@@ -23,7 +34,9 @@ import re
 import shutil
 import subprocess
 import sys
+import shlex
 import tempfile
+import tomllib
 
 SOURCE = os.environ.get("SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))))
@@ -50,9 +63,9 @@ def check(cond, msg):
         fail(msg)
 
 
-def run(cmd, env=None, expect=0):
-    print("$ " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+def run(cmd, env=None, expect=0, cwd=None):
+    print(("$ " if cwd is None else f"$ (in {cwd}) ") + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)
     if expect is not None and out.returncode != expect:
@@ -95,7 +108,8 @@ def check_study(study_dir, deck, n_rows, same_python=True):
             check(r[col].strip() != "", f"empty provenance column {col}")
     with open(os.path.join(study_dir, "results.md")) as f:
         md = f.read()
-    check("| ranks | layout | tokens/s" in md and "Provenance:" in md, "results.md lacks the table or provenance")
+    check("| ranks | layout | batch: global / micro | tokens/s" in md and "Provenance:" in md,
+          "results.md lacks the table or provenance")
     return rows
 
 
@@ -103,13 +117,20 @@ def smoke():
     work = tempfile.mkdtemp(prefix="ndmini-harness-")
     try:
         study_dir = os.path.join(work, "weak")
-        run([sys.executable, SCALING, TINY, "--mode", "weak", "--ranks", "1,2", "--layout", "dp", "--steps", "6",
-             "--warmup", "2", "--repeats", "2", "--exe", NDMINI, "--launcher", "mpiexec", "--out", study_dir])
+        out = run([sys.executable, SCALING, TINY, "--mode", "weak", "--ranks", "1,2", "--layout", "dp", "--steps",
+                   "6", "--warmup", "2", "--repeats", "2", "--exe", NDMINI, "--launcher", "mpiexec", "--out",
+                   study_dir])
+        check("scaling.py: 2 of 2 points measured\n" in out.stderr, "the summary line must count the points")
         rows = check_study(study_dir, TINY, 2)
         one, two = rows
         check(one["status"] == "ok" and two["status"] == "ok", "a point failed")
         check((int(one["ranks"]), int(two["ranks"])) == (1, 2), "rows are not the 1- and 2-rank points")
-        check(int(two["global_batch"]) == 2 * int(one["global_batch"]), "weak scaling must double the global batch")
+        # tiny.toml: global batch 8 on one data-parallel rank, so 8 per data-parallel rank.
+        check((one["global_batch"], two["global_batch"]) == ("8", "16"), "weak scaling: 8 sequences per dp rank")
+        check(one["micro_batch"] == two["micro_batch"] == "4", "the deck's micro-batch fits 8 per rank")
+        with open(os.path.join(study_dir, "results.md")) as f:
+            check("weak scaling: a fixed batch per data-parallel rank (8 sequences; global batch = 8 x dp_replicate "
+                  "x dp_shard of each point)" in f.read(), "results.md must state the weak batch rule")
         check(two["dp_replicate"] == "2" and two["layout"] == "dp_replicate=2", f"layout {two['layout']}")
         check(int(two["repeats_ok"]) == 2, "expected both repeats to succeed")
         tps1, tps2 = float(one["tokens_per_s"]), float(two["tokens_per_s"])
@@ -119,10 +140,13 @@ def smoke():
         check(abs(float(two["efficiency"]) - float(two["speedup"]) / 2) < 1e-4, "efficiency = speed-up / 2")
         check(abs(float(two["tokens_per_s_per_rank"]) - tps2 / 2) < 1e-3 * tps2, "tokens/s/rank = tokens/s / 2")
         check(float(two["tokens_per_s_min"]) <= tps2 <= float(two["tokens_per_s_max"]), "median outside min-max")
-        # The breakdown adds up: compute + exposed comm (+ bubble + I/O) = step time.
+        # The breakdown adds up: compute + exposed comm (+ bubble + I/O) = step time, step by step; each
+        # figure is a median of its own, so on a busy machine they add up within the steps' spread.
         parts = sum(float(two[c]) for c in ("compute_ms", "exposed_comm_ms", "bubble_ms", "io_ms"))
-        check(abs(parts - float(two["step_ms"])) < 0.05 * float(two["step_ms"]),
-              f"compute + comm + bubble + I/O = {parts:.2f} ms, step {two['step_ms']} ms")
+        spread = (float(two["step_ms_max"]) - float(two["step_ms_min"]) + float(two["step_ms_p75"]) -
+                  float(two["step_ms_p25"]))
+        check(abs(parts - float(two["step_ms"])) < 0.05 * float(two["step_ms"]) + spread,
+              f"compute + comm + bubble + I/O = {parts:.2f} ms, step {two['step_ms']} ms (spread {spread:.2f} ms)")
         check(float(two["exposed_dp_replicate_ms"]) > 0, "2-rank data parallelism must show dp_replicate time")
         # Each run's files are kept.
         for label in ("n0001_single", "n0002_dp_replicate2"):
@@ -143,23 +167,29 @@ def smoke():
               f"unclear binding error: {out.stderr}")
         check(not os.path.exists(os.path.join(work, "unbindable")), "a refused study must write nothing")
 
-        # A point ndmini refuses (tp=3 does not divide tiny's 4 heads) is a failed row with its message.
+        # A point ndmini refuses (tp=3 does not divide tiny's 4 heads) is a refused row with its message.
         bad_dir = os.path.join(work, "bad")
-        run([sys.executable, SCALING, TINY, "--mode", "strong", "--point", "1:tp=1", "--point", "3:tp=3", "--steps",
-             "4", "--warmup", "1", "--exe", NDMINI, "--launcher", "mpiexec", "--out", bad_dir], expect=1)
+        out = run([sys.executable, SCALING, TINY, "--mode", "strong", "--point", "1:tp=1", "--point", "3:tp=3",
+                   "--steps", "4", "--warmup", "1", "--exe", NDMINI, "--launcher", "mpiexec", "--out", bad_dir],
+                  expect=1)
+        check("scaling.py: 1 of 2 points measured, 1 refused (n0003_tp3: " in out.stderr,
+              "the summary line must count the refused point and give its reason")
         rows = read_csv(os.path.join(bad_dir, "results.csv"))
-        check([r["status"] for r in rows] == ["ok", "failed"], f"statuses {[r['status'] for r in rows]}")
-        check("parallel.tp" in rows[1]["message"], f"the failure must name parallel.tp: {rows[1]['message']}")
+        check([r["status"] for r in rows] == ["ok", "refused"], f"statuses {[r['status'] for r in rows]}")
+        check("parallel.tp" in rows[1]["message"], f"the refusal must name parallel.tp: {rows[1]['message']}")
+        check(not os.path.exists(os.path.join(bad_dir, "points", "n0003_tp3", "rep1", "metrics.jsonl")),
+              "a refused point must not run")
         with open(os.path.join(bad_dir, "results.md")) as f:
-            check("| 3 | tp=3 | failed |" in f.read(), "results.md must list the failed point")
-        print("ok: weak study of 1 and 2 ranks on bound cores, a refused binding, and a failed point recorded")
+            check("| 3 | tp=3 | 8 / 4 | refused |" in f.read(), "results.md must list the refused point")
+        print("ok: weak study of 1 and 2 ranks on bound cores, a refused binding, and a refused point recorded")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def emit(study_dir, exe, extra):
+def emit(study_dir, exe, extra, expect=0):
+    """An emitted study of tiny.toml; weak unless extra gives --mode (argparse keeps the last)."""
     return run([sys.executable, SCALING, TINY, "--mode", "weak", "--exe", exe, "--emit-sbatch", study_dir,
-                "--name", "fixture"] + extra)
+                "--name", "fixture"] + extra, expect=expect)
 
 
 FIXTURE_ARGS = ["--ranks", "4,8,16", "--layout", "tp=2,rest=dp_shard", "--set", "train.micro_batch=1", "--steps",
@@ -205,20 +235,42 @@ def sbatch():
                 sys.stderr.writelines(difflib.unified_diff(want[rel].splitlines(True), got[rel].splitlines(True),
                                                            "fixture/" + rel, "emitted/" + rel))
                 fail(f"{rel} differs from the fixture (UPDATE_FIXTURE=1 rewrites it after a deliberate change)")
-        # What the fixture pins down, spelled out: placement per point.
-        for rel, nodes, tasks in (("n0004_dp_shard2_tp2", 1, 4), ("n0008_dp_shard4_tp2", 1, 8),
-                                  ("n0016_dp_shard8_tp2", 2, 8)):
+        # What the fixture pins down, spelled out: placement and batch per point (tiny.toml: 8 sequences per
+        # data-parallel rank, micro-batch 1 by --set), the signal before the time limit, and the resume.
+        for rel, nodes, tasks, batch in (("n0004_dp_shard2_tp2", 1, 4, 16), ("n0008_dp_shard4_tp2", 1, 8, 32),
+                                         ("n0016_dp_shard8_tp2", 2, 8, 64)):
             text = got[os.path.join("points", rel, "job.sbatch")]
             check(f"#SBATCH --nodes={nodes}\n" in text and f"#SBATCH --ntasks-per-node={tasks}\n" in text,
                   f"{rel}: expected {nodes} node(s) of {tasks} tasks")
-        # pp x tp with the rest on dp_replicate: the degrees reach ndmini as they are
-        # (today's ndmini refuses pp > 1; the harness does not second-guess it).
+            check(f"--set train.global_batch={batch} --set train.micro_batch=1 " in text,
+                  f"{rel}: expected global batch {batch}, micro-batch 1")
+            check("#SBATCH --signal=USR1@120\n" in text, f"{rel}: no SIGUSR1 120 s before the time limit")
+            check('if [[ -e "$run/ckpt/latest" ]]; then' in text and " $resume > " in text,
+                  f"{rel}: --resume must depend on the checkpoint's 'latest'")
+        # --signal-grace sets the lead; 0 asks for no signal.
+        for grace, want in (("300", "#SBATCH --signal=USR1@300\n"), ("0", None)):
+            gdir = os.path.join(work, f"grace{grace}")
+            emit(gdir, "/opt/ndmini/bin/ndmini", ["--ranks", "2", "--layout", "dp", "--no-check", "--signal-grace",
+                                                 grace])
+            with open(os.path.join(gdir, "points", "n0002_dp_replicate2", "job.sbatch")) as f:
+                text = f.read()
+            if want:
+                check(want in text, f"--signal-grace {grace}: expected {want.strip()}")
+            else:
+                check("--signal" not in text, "--signal-grace 0 must ask for no signal")
+        # A lead as long as the time limit would stop every run at its start: refused.
+        out = emit(os.path.join(work, "short"), "/opt/ndmini/bin/ndmini", ["--ranks", "2", "--layout", "dp",
+                                                                          "--no-check", "--time", "2"], expect=2)
+        check("--signal-grace 120 s is not less than --time 2 (120 s)" in out.stderr, f"unclear: {out.stderr}")
+        check(not os.path.exists(os.path.join(work, "short")), "a refused study must write nothing")
+        # pp x tp with the rest on dp_replicate: the degrees reach ndmini as they are, and the
+        # global batch is 8 per data-parallel rank times dp_replicate = 2.
         pp_dir = os.path.join(work, "pp")
         emit(pp_dir, "/opt/ndmini/bin/ndmini", ["--ranks", "8", "--layout", "pp=2,tp=2", "--no-check"])
         with open(os.path.join(pp_dir, "points", "n0008_pp2_dp_replicate2_tp2", "job.sbatch")) as f:
             text = f.read()
         for want in ("--set parallel.pp=2", "--set parallel.dp_replicate=2", "--set parallel.tp=2",
-                     "--set parallel.dp_shard=1", "--set train.global_batch=8"):
+                     "--set parallel.dp_shard=1", "--set train.global_batch=16"):
             check(want in text, f"the pp=2,tp=2 point must pass '{want}'")
         print(f"ok: {len(got)} emitted files match the fixture; pp x tp degrees passed through")
     finally:
@@ -240,6 +292,11 @@ hostname
 """
 
 
+def run_jobs(scripts, env, job_id, expect):
+    """Runs every point's batch script as sbatch would (#SBATCH lines are comments to bash)."""
+    return [run(["bash", script], env=dict(env, SLURM_JOB_ID=job_id), expect=expect) for script in scripts]
+
+
 def slurm_run():
     work = tempfile.mkdtemp(prefix="ndmini-slurm-")
     try:
@@ -250,14 +307,48 @@ def slurm_run():
                 f.write(text)
             os.chmod(os.path.join(bindir, name), 0o755)
         study_dir = os.path.join(work, "study")
-        emit(study_dir, NDMINI, ["--ranks", "1,2", "--layout", "fsdp", "--steps", "5", "--warmup", "1"])
-        env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"], SLURM_JOB_ID="4242",
-                   SLURM_JOB_NODELIST="fake[1]", MPIEXEC=os.environ.get("MPIEXEC", "mpiexec"))
+        # Checkpoints every 2 steps, so that a run stopped at step 3 has one to resume from.
+        emit(study_dir, NDMINI, ["--ranks", "1,2", "--layout", "fsdp", "--steps", "5", "--warmup", "1", "--repeats",
+                                 "2", "--set", "checkpoint.every=2", "--set", "perf.peak_gflops=100"])
+        env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"], SLURM_JOB_NODELIST="fake[1]",
+                   MPIEXEC=os.environ.get("MPIEXEC", "mpiexec"))
         with open(os.path.join(study_dir, "submit_all.sh")) as f:
             scripts = [line.split(" ", 1)[1].strip().strip("'") for line in f if line.startswith("sbatch ")]
         check(len(scripts) == 2, f"submit_all.sh submits {len(scripts)} scripts, expected 2")
-        for script in scripts:
-            run(["bash", script], env=env)  # what sbatch would run (#SBATCH lines are comments to bash)
+        points = [os.path.dirname(script) for script in scripts]
+
+        # Job 4241 ends early: a stand-in for SIGUSR1 before the time limit, rank 0 dies at step 3 after the
+        # checkpoint of step 2 (the study's copy of the deck carries the fault for this job only).
+        deck = os.path.join(study_dir, "deck.toml")
+        with open(deck) as f:
+            deck_text = f.read()
+        with open(deck, "a") as f:
+            f.write("\n[fault]\nkind = \"kill\"\nrank = 0\nstep = 3\n")
+        for point, out in zip(points, run_jobs(scripts, env, "4241", expect=None)):
+            check(out.returncode != 0, f"{point}: a job whose run stopped must exit non-zero")
+            check("rep1 stopped at a checkpoint" in out.stderr and "job.sbatch again to resume" in out.stderr,
+                  f"{point}: the job must say how to resume: {out.stderr}")
+            check(os.path.exists(os.path.join(point, "rep1", "ckpt", "latest")), f"{point}: no checkpoint")
+            check(not os.path.exists(os.path.join(point, "rep2")), f"{point}: rep2 must wait for the next job")
+        with open(deck, "w") as f:
+            f.write(deck_text)
+
+        # Job 4242 resumes rep1 from 'latest' (step 2), keeps job 4241's files aside, and runs rep2 afresh.
+        run_jobs(scripts, env, "4242", expect=0)
+        for point in points:
+            log = read_text(os.path.join(point, "rep1", "stdout.log"))
+            check("checkpoint: resumed from" in log and " at step 2 " in log, f"{point}: rep1 did not resume")
+            check("fault: kill fired" in read_text(os.path.join(point, "rep1", "interrupted-4241", "stderr.log")),
+                  f"{point}: job 4241's log must be kept aside")
+            check("resumed" not in read_text(os.path.join(point, "rep2", "stdout.log")),
+                  f"{point}: rep2 had no checkpoint to resume from")
+        # Job 4243 finds every repeat finished and runs nothing again.
+        run_jobs(scripts, env, "4243", expect=0)
+        for point in points:
+            for rep in ("rep1", "rep2"):
+                check(read_text(os.path.join(point, rep, "slurm_job_id")) == "4242",
+                      f"{point}/{rep}: a finished repeat must not run again")
+
         run([os.path.join(study_dir, "collect.sh")])
         rows = check_study(study_dir, TINY, 2, same_python=False)
         check(all(r["status"] == "ok" for r in rows), f"statuses {[r['status'] for r in rows]}")
@@ -266,13 +357,235 @@ def slurm_run():
         check(float(rows[1]["exposed_fsdp_ms"]) > 0, "2-rank FSDP must show fsdp time")
         with open(os.path.join(study_dir, "points", rows[1]["label"], "rep1", "build_info.json")) as f:
             check(json.load(f).get("name") == "ndmini", "build_info.json must hold ndmini --build-info")
-        print("ok: emitted scripts ran (srun stand-in) and collect.sh built the table")
+        print("ok: emitted scripts ran (srun stand-in), a stopped run resumed in the next job, finished repeats "
+              "kept, and collect.sh built the table")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def read_text(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+# --- The examples of --help and bench/README.md ----------------------------------------
+
+LOCAL_RANKS = 2  # the most ranks a local example runs with here
+
+
+def example_commands(text):
+    """The scaling.py command lines of a text (backslash continuations joined), as argument lists."""
+    commands, pending = [], None
+    for line in text.splitlines():
+        line = line.strip()
+        if pending is None and not line.startswith("bench/scaling/scaling.py "):
+            continue
+        pending = (pending + " " if pending else "") + line.rstrip("\\").strip()
+        if not line.endswith("\\"):
+            commands.append(shlex.split(pending)[1:])
+            pending = None
+    return commands
+
+
+def option_values(args, name):
+    """The values of an option given as NAME VALUE (every occurrence)."""
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+
+
+def without(args, *names):
+    """args less every NAME VALUE pair of the given options."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def expected_points(args):
+    """The rank count of every point an example plans, read from its arguments."""
+    if option_values(args, "--point"):
+        return [int(p.split(":", 1)[0]) for p in option_values(args, "--point")]
+    return sorted({int(r) for r in option_values(args, "--ranks")[-1].split(",")})
+
+
+def run_examples(where, commands, least):
+    check(len(commands) >= least, f"{len(commands)} scaling.py examples found in {where}, expected {least} or more")
+    work = tempfile.mkdtemp(prefix="ndmini-examples-")
+    try:
+        for k, args in enumerate(commands):
+            print(f"--- example {k + 1} of {where}: scaling.py {shlex.join(args)}", flush=True)
+            mode = option_values(args, "--mode")[-1]
+            deck = os.path.join(SOURCE, args[0])
+            sets = option_values(args, "--set")
+            # As written, through --emit-sbatch: every point passes `ndmini check` and gets its batch script.
+            plan_dir = os.path.join(work, f"plan{k}")
+            ranks = expected_points(args)
+            out = run([sys.executable, SCALING] + without(args, "--out", "--emit-sbatch") +
+                  ["--emit-sbatch", plan_dir, "--exe", NDMINI], cwd=SOURCE)
+            n = len(ranks)
+            check(f"scaling.py: {n} of {n} points emitted\n" in out.stderr, f"example {k + 1}: not every point emitted")
+            check(len(planned_points(plan_dir)) == n and all(os.path.exists(os.path.join(p["dir"], "job.sbatch"))
+                                                              for p in planned_points(plan_dir)),
+                  f"example {k + 1}: expected {n} batch scripts")
+            check_batch_rule(plan_dir, mode, deck, sets, micro=(int(option_values(args, "--micro-batch")[-1])
+                                                                if "--micro-batch" in args else None))
+            if "--emit-sbatch" in args:
+                continue  # a cluster example: its batch scripts are what it makes
+            # Locally: its points of at most LOCAL_RANKS ranks, 3 steps each, one run; a collective stuck for a
+            # minute ends the run with ndmini's diagnosis (comm.timeout_s) instead of the test's timeout.
+            local = without(args, "--out", "--ranks", "--point", "--steps", "--warmup", "--repeats")
+            if "--point" in args:
+                kept = [p for p in option_values(args, "--point") if int(p.split(":", 1)[0]) <= LOCAL_RANKS]
+                local += [a for p in kept for a in ("--point", p)]
+            else:
+                kept = [r for r in ranks if r <= LOCAL_RANKS]
+                local += ["--ranks", ",".join(map(str, kept))]
+            check(kept, f"example {k + 1}: no point of at most {LOCAL_RANKS} ranks to run here")
+            run_dir = os.path.join(work, f"run{k}")
+            out = run([sys.executable, SCALING] + local + [
+                "--steps", "3", "--warmup", "1", "--repeats", "1", "--set", "perf.peak_gflops=100", "--set",
+                "comm.timeout_s=60", "--exe", NDMINI, "--launcher", "mpiexec", "--out", run_dir], cwd=SOURCE)
+            m = len(kept)
+            check(f"scaling.py: {m} of {m} points measured\n" in out.stderr, f"example {k + 1}: not every point ran")
+            rows = read_csv(os.path.join(run_dir, "results.csv"))
+            check(len(rows) == m and all(r["status"] == "ok" and float(r["tokens_per_s"]) > 0 for r in rows),
+                  f"example {k + 1}: statuses {[r['status'] for r in rows]}")
+            check_batch_rule(run_dir, mode, deck, sets)
+        print(f"ok: {len(commands)} examples of {where} planned with every point, the local ones run")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def examples_help():
+    text = subprocess.run([sys.executable, SCALING, "--help"], capture_output=True, text=True, check=True).stdout
+    run_examples("scaling.py --help", example_commands(text), 4)
+
+
+def examples_readme():
+    with open(os.path.join(SOURCE, "bench", "README.md")) as f:
+        run_examples("bench/README.md", example_commands(f.read()), 4)
+
+
+# --- Batch sizes ---------------------------------------------------------------------
+
+
+def deck_numbers(deck, overrides=()):
+    """(global batch, micro-batch, data-parallel degree) of a deck after --set overrides."""
+    with open(deck, "rb") as f:
+        d = tomllib.load(f)
+    values = {"train.global_batch": d.get("train", {}).get("global_batch", 8),
+              "train.micro_batch": d.get("train", {}).get("micro_batch", 4),
+              "parallel.dp_replicate": d.get("parallel", {}).get("dp_replicate", 1),
+              "parallel.dp_shard": d.get("parallel", {}).get("dp_shard", 1)}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key in values:
+            values[key] = int(value)
+    return (values["train.global_batch"], values["train.micro_batch"],
+            values["parallel.dp_replicate"] * values["parallel.dp_shard"])
+
+
+def planned_points(study_dir):
+    with open(os.path.join(study_dir, "study.json")) as f:
+        return json.load(f)["points"]
+
+
+def check_batch_rule(study_dir, mode, deck, overrides=(), micro=None):
+    """Every point's global batch and micro-batch against the rule, worked out here from the deck."""
+    deck_batch, deck_micro, deck_dp = deck_numbers(deck, overrides)
+    for p in planned_points(study_dir):
+        dp = p["degrees"]["dp_replicate"] * p["degrees"]["dp_shard"]
+        want = deck_batch // deck_dp * dp if mode == "weak" else deck_batch
+        check(p["global_batch"] == want, f"{p['label']}: global batch {p['global_batch']}, the rule gives {want}")
+        per_rank = want // dp
+        want_micro = micro or max(m for m in range(1, deck_micro + 1) if per_rank % m == 0)
+        check(p["micro_batch"] == want_micro, f"{p['label']}: micro-batch {p['micro_batch']}, expected {want_micro}")
+        if "precheck_error" not in p:  # what the run gets: its batch script, or its command line
+            script = os.path.join(p["dir"], "job.sbatch")
+            text = read_text(script if os.path.exists(script) else os.path.join(p["dir"], "rep1", "command.txt"))
+            check(f"train.global_batch={want}" in text and f"train.micro_batch={want_micro}" in text,
+                  f"{p['label']}: the run must get global batch {want} and micro-batch {want_micro}")
+
+
+def batch():
+    work = tempfile.mkdtemp(prefix="ndmini-batch-")
+    try:
+        # Weak: a deck sized for dp_shard=2 (tiny's 8 sequences: 4 per data-parallel rank); tp ranks share theirs.
+        d = os.path.join(work, "weak")
+        sets = ["--set", "parallel.dp_shard=2"]
+        points = ["--point", "1:tp=1", "--point", "2:dp_replicate=2", "--point", "2:tp=2", "--point",
+                  "4:dp_shard=2,tp=2"]
+        out = emit(d, NDMINI, points + sets)
+        check("scaling.py: 4 of 4 points emitted\n" in out.stderr, "all four weak points must be emitted")
+        check([p["global_batch"] for p in planned_points(d)] == [4, 8, 4, 8], "weak: 4 sequences per dp rank")
+        check_batch_rule(d, "weak", TINY, ["parallel.dp_shard=2"])
+        # A deck whose data-parallel degree is 'the rest' has no batch per rank: refused before anything.
+        out = emit(os.path.join(work, "rest"), NDMINI, ["--ranks", "2", "--layout", "dp", "--set",
+                                                        "parallel.dp_shard=-1"], expect=2)
+        check("parallel.dp_shard = -1" in out.stderr and "--set parallel.dp_shard=N" in out.stderr,
+              f"unclear refusal of a -1 degree: {out.stderr}")
+
+        # Strong: global batch 12 kept; micro-batch the largest divisor of 12 / dp not above the deck's 4.
+        d = os.path.join(work, "strong")
+        sets = ["--set", "train.global_batch=12"]
+        emit(d, NDMINI, ["--mode", "strong", "--ranks", "1,2,4", "--layout", "fsdp"] + sets)
+        check([p["micro_batch"] for p in planned_points(d)] == [4, 3, 3], "strong: micro-batches 4, 3, 3")
+        check_batch_rule(d, "strong", TINY, ["train.global_batch=12"])
+
+        # --micro-batch 2 for every point: 3 sequences per rank (4 ranks) cannot take it, that point is refused
+        # and the others emitted; exit 1, or 0 with --allow-missing.
+        for allow, code in (([], 1), (["--allow-missing"], 0)):
+            d = os.path.join(work, f"micro{len(allow)}")
+            out = emit(d, NDMINI, ["--mode", "strong", "--ranks", "1,2,4", "--layout", "fsdp", "--micro-batch", "2"]
+                       + sets + allow, expect=code)
+            check("scaling.py: 2 of 3 points emitted, 1 refused (n0004_dp_shard4: --micro-batch 2 does not divide "
+                  "the 3 sequences" in out.stderr, f"the summary must count and explain the refusal: {out.stderr}")
+            check(("exit 1 (--allow-missing" in out.stderr) == (not allow), "the exit hint goes with the exit code")
+            check(sorted(os.listdir(os.path.join(d, "points", "n0004_dp_shard4"))) == ["point.json", "rep1"],
+                  "a refused point has no batch script")
+            with open(os.path.join(d, "submit_all.sh")) as f:
+                check(f.read().count("sbatch ") == 2, "submit_all.sh must submit the 2 emitted points")
+            check_batch_rule(d, "strong", TINY, ["train.global_batch=12"], micro=2)
+        # Every point refused: nothing to submit, exit 1 even with --allow-missing.
+        out = emit(os.path.join(work, "none"), NDMINI, ["--mode", "strong", "--ranks", "1,2", "--layout", "dp",
+                                                        "--micro-batch", "3", "--allow-missing"], expect=1)
+        check("scaling.py: 0 of 2 points emitted, 2 refused" in out.stderr, "all refused must say 0 of 2")
+
+        # Locally: a global batch of 8 that 3 data-parallel ranks cannot share. The 1-rank point still runs, the
+        # table gives the reason, the study exits 1; with --allow-missing 0.
+        for allow, code in (([], 1), (["--allow-missing"], 0)):
+            d = os.path.join(work, f"local{len(allow)}")
+            out = run([sys.executable, SCALING, TINY, "--mode", "strong", "--ranks", "1,3", "--layout", "dp",
+                       "--steps", "3", "--warmup", "1", "--set", "perf.peak_gflops=100", "--exe", NDMINI,
+                       "--launcher", "mpiexec", "--out", d] + allow, expect=code)
+            check("scaling.py: 1 of 2 points measured, 1 refused (n0003_dp_replicate3: strong scaling keeps the "
+                  "global batch of 8 sequences, which 3 data-parallel ranks" in out.stderr,
+                  f"the summary must count and explain the refusal: {out.stderr}")
+            rows = read_csv(os.path.join(d, "results.csv"))
+            check([r["status"] for r in rows] == ["ok", "refused"], f"statuses {[r['status'] for r in rows]}")
+            check("--global-batch a multiple of 3" in rows[1]["message"], f"message {rows[1]['message']}")
+            with open(os.path.join(d, "results.md")) as f:
+                md = f.read()
+            check("strong scaling: a fixed global batch (8 sequences; the micro-batch fitted to each point)" in md,
+                  "results.md must state the strong batch rule")
+            check("| 3 | dp_replicate=3 | 8 / 4 | refused | | | | | strong scaling keeps" in md,
+                  "results.md must list the refused point with its reason")
+            check(not os.path.exists(os.path.join(d, "points", "n0003_dp_replicate3", "rep1", "command.txt")),
+                  "a refused point must not run")
+            # collect.py rebuilds the same table with the same verdict.
+            run([sys.executable, os.path.join(HARNESS, "collect.py"), d], expect=code)
+        print("ok: weak and strong batches follow the rule; refused points listed, the rest run; exit codes")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    cases = {"smoke": smoke, "sbatch": sbatch, "slurm-run": slurm_run}
+    cases = {"smoke": smoke, "batch": batch, "sbatch": sbatch, "slurm-run": slurm_run,
+             "examples-help": examples_help, "examples-readme": examples_readme}
     if len(sys.argv) != 2 or sys.argv[1] not in cases:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(cases)}")
     cases[sys.argv[1]]()
