@@ -85,6 +85,13 @@ class Ndmini(CMakePackage, CudaPackage):
             depends_on(f"kokkos-kernels+cuda+cublas cuda_arch={_arch}")
             depends_on(f"nccl+cuda cuda_arch={_arch}", when="+nccl")
 
+    # ndmini compiles with Kokkos' nvcc_wrapper (CMAKE_CXX_COMPILER below). kokkos+wrapper takes
+    # kokkos-nvcc-wrapper at any version, and the concretizer chose the newest (5.1.1) next to
+    # Kokkos 4.6.01: pin it to the Kokkos version (one line per Kokkos allowed with +cuda; 4.6.01
+    # is the only one). Spack's kokkos@4.6.01 conflicts with cuda@13 (CUDA 13 needs Kokkos 4.7.1),
+    # so +cuda builds with a CUDA 12 toolkit (cuda@12.9 as concretized).
+    depends_on("kokkos-nvcc-wrapper@=4.6.01", type="build", when="+cuda ^kokkos@=4.6.01")
+
     conflicts("+nccl", when="~cuda", msg="NCCL collectives need the CUDA build (+cuda)")
 
     sanity_check_is_file = [join_path("bin", "ndmini")]
