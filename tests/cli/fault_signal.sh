@@ -146,6 +146,13 @@ for ((trial = 1; trial <= trials; trial++)); do
     rc=0
     wait $job || rc=$?
     [ "$mode" = twice ] && ended_in=$(seconds_since "$t1")
+    # Too late: a (first) signal after the run's last agreement, with every
+    # step done and saved, finds the job completing; it exits 0 (nothing was lost).
+    if [ $rc -eq 0 ] && grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" && ! grep -q "second signal" "$dir.0.txt"; then
+      echo "trial $trial: SIG$sig at $delay s came after the run's end (exit 0, all done); drawing again"
+      span=$delay
+      continue
+    fi
     [ $rc -ne 0 ] || { cat "$dir.0.txt"; fail "trial $trial: SIG$sig sent to $target but the job exited 0"; }
     # Too late: the signal came after the last step (the run is complete, the
     # status still says it was signalled) or, the second one, after the job
