@@ -80,21 +80,6 @@ no_debris() {
   if ls -a "$dir" | grep -Eq '^\.step_.*\.(tmp|old)$'; then fail "debris left in $dir: $(ls -a "$dir" | tr '\n' ' ')"; fi
 }
 
-# rank_pids MPIEXEC_PID: the ndmini processes of a job: descendants of its mpiexec.
-rank_pids() {
-  local todo=("$1") pid kids found=()
-  while [ ${#todo[@]} -gt 0 ]; do
-    pid=${todo[0]}
-    todo=("${todo[@]:1}")
-    kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
-    for k in $kids; do
-      todo+=("$k")
-      [ "$(ps -o comm= -p "$k" 2>/dev/null)" = ndmini ] && found+=("$k")
-    done
-  done
-  echo "${found[@]}"
-}
-
 # Fast settings for runs that only exercise checkpoints: no GEMM calibration.
 QUICK=(--set perf.peak_gflops=100)
 
