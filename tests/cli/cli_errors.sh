@@ -16,7 +16,7 @@ expect_exit() {
   run 1 "$@" >out.txt 2>&1 || rc=$?
   cat out.txt
   [ "$rc" -eq "$want_rc" ] || fail "expected exit status $want_rc, got $rc for: ndmini $*"
-  [ "$(wc -l <out.txt)" -eq 1 ] || fail "expected one line of output for: ndmini $*"
+  [ "$(own_lines out.txt | wc -l)" -eq 1 ] || fail "expected one line of output for: ndmini $*"
   grep -q "^ndmini: error: " out.txt || fail "the message does not begin with 'ndmini: error:'"
   grep -qF -- "$want" out.txt || fail "expected the message to contain: $want"
   echo "ok: exit $rc with '$want'"

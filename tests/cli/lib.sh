@@ -80,6 +80,14 @@ no_debris() {
   if ls -a "$dir" | grep -Eq '^\.step_.*\.(tmp|old)$'; then fail "debris left in $dir: $(ls -a "$dir" | tr '\n' ' ')"; fi
 }
 
+# own_lines FILE: the lines of ndmini's output, without the notice Kokkos'
+# OpenMP backend prints at start-up when OMP_PROC_BIND is unset (its
+# message, not ndmini's; the Serial backend prints none).
+own_lines() {
+  grep -v -E '^(Kokkos::OpenMP::initialize WARNING|  In general, for best performance|  For best performance with OpenMP|  For unit testing set OMP_PROC_BIND|MPI detected: For OpenMP binding)' "$1" |
+    grep -v '^$' || true
+}
+
 # Fast settings for runs that only exercise checkpoints: no GEMM calibration.
 QUICK=(--set perf.peak_gflops=100)
 
