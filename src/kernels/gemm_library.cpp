@@ -54,9 +54,9 @@ std::string blas_kernel_warning(const std::string& core, const CpuFeatures& cpu)
   // The kernel that matches: Cooper Lake's has the AVX512-BF16 extensions too.
   const char* fix = cpu.avx512_bf16 ? "Cooperlake" : cpu.avx512f ? "SkylakeX" : "Haswell";
   return "OpenBLAS runs its " + core + " kernel on a CPU with " + (cpu.avx512f ? "AVX-512" : "AVX2") +
-         " (its release predates this CPU model), so fp32 matrix products and the calibrated peak run several times "
-         "slower than they can. Fix: export OPENBLAS_CORETYPE=" +
-         fix + " before the run (e.g. in the batch script, or srun --export=ALL,OPENBLAS_CORETYPE=" + fix + ")";
+         ": fp32 products, and the peak MFU is calibrated against, run well below this CPU's speed (an OpenBLAS "
+         "older than the CPU model, or OPENBLAS_CORETYPE, picked that kernel). Fix: export OPENBLAS_CORETYPE=" +
+         fix + " before the run (in the batch script, or srun --export=ALL,OPENBLAS_CORETYPE=" + fix + ")";
 }
 
 std::string describe_gemm_libraries() {

@@ -10,6 +10,7 @@
 #include "comm/mpi_calls.hpp"
 #include "core/signals.hpp"
 #include "io/checkpoint.hpp"
+#include "kernels/gemm_library.hpp"
 #include "model/gpt.hpp"
 #include "train/budget.hpp"
 #include "train/metrics.hpp"
@@ -145,6 +146,7 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
   if (data > 0) std::printf("data in memory    %s per rank (%s)\n", bytes_text(data).c_str(), cfg.data.path.c_str());
   std::printf("memory limit      %s per rank (%s)\n", limit > 0 ? bytes_text(limit).c_str() : "unknown", how.c_str());
   print_notes(cfg, layout);
+  std::printf("%s", kernels::gemm_machine_lines().c_str());
   std::printf("deck OK\n");
 }
 
@@ -163,6 +165,7 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   if (layout.split.cp > 1) std::printf("context: %s\n", describe_context(cfg, layout).c_str());
   if (layout.recompute == Recompute::block) std::printf("recompute: %s\n", describe_recompute(cfg, layout).c_str());
   std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
+  std::printf("%s", kernels::gemm_machine_lines().c_str());
   if (show_mesh) std::printf("%s", describe_mesh(layout.mesh, true).c_str());
   print_notes(cfg, layout);
   std::fflush(stdout);
