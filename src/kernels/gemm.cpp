@@ -77,10 +77,13 @@ onednn::Operand operand(const void* data, int ld, std::size_t stride) {
   return {data, ld, static_cast<long long>(stride)};
 }
 
-// fp32 through oneDNN instead of BLAS: where bench_gemm_routes measured it
-// faster on one core of the CPU kind this was tuned on (bench/README.md,
-// "fp32 route"). A pure function of the shape, so every rank of a layout and
-// every run of a shape takes the same route (and gets the same bits).
+// fp32 through oneDNN instead of BLAS? Measured shape by shape on one core
+// (bench_gemm_routes, bench/README.md "fp32 route"): the two tie on most of
+// the model's products, oneDNN leads by 10-30% on the batched attention heads
+// (1-3% of a step), BLAS by up to 29% on the largest (the LM head). BLAS for
+// every shape for now: the small gain does not pay for changing every fp32
+// bit of a run. A pure function of the shape when it changes, so every rank
+// of a layout and every run of a shape takes the same route.
 bool use_onednn_fp32(const char* transa, const char* transb, std::size_t m, std::size_t n, std::size_t k, int count) {
   if (g_route != HostGemmRoute::by_shape) return g_route == HostGemmRoute::onednn;
   (void)transa, (void)transb, (void)m, (void)n, (void)k, (void)count;
@@ -174,10 +177,15 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
     View1D wc = beta != 0 ? widened(c.data(), n) : uninitialized("ndmini::bf16_widened", n);
     product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, Slice2D(wc.data(), c.extent(0), c.extent(1)),
             stride_c, count);
+    // Only the matrices' own elements: what lies between them belongs to someone else.
     bf16* cp = c.data();
     const real* wcp = wc.data();
+    const std::size_t rows = c.extent(0), cols = c.extent(1), ld = c.stride(0);
     Kokkos::parallel_for(
-        "ndmini::bf16_narrow", Range(0, n), KOKKOS_LAMBDA(const std::size_t i) { cp[i] = bf16(wcp[i]); });
+        "ndmini::bf16_narrow", Range(0, count * rows * cols), KOKKOS_LAMBDA(const std::size_t i) {
+          const std::size_t at = i / (rows * cols) * stride_c + i % (rows * cols) / cols * ld + i % cols;
+          cp[at] = bf16(wcp[at]);
+        });
   } else {
     product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, c, stride_c, count);
   }
