@@ -3,10 +3,10 @@
 // model goes through gemm() / gemm_strided_batched() here. A CUDA build with
 // cuBLAS (NDMINI_HAVE_CUBLAS) calls cublasGemmEx / cublasGemmStridedBatchedEx
 // on Kokkos' CUDA stream with one handle per process; every other build
-// calls KokkosBlas::gemm (BLAS on the host), or oneDNN's matmul where the
-// build has oneDNN and it is the faster of the two for the shape
-// (use_onednn_fp32 below). bf16 products (gemm_bf16*) go to oneDNN, or are
-// emulated through the fp32 route.
+// calls KokkosBlas::gemm (BLAS on the host), or oneDNN's matmul for the
+// shapes use_onednn_fp32 below picks (none today) in a build with oneDNN.
+// bf16 products (gemm_bf16*) go to oneDNN, or are emulated through the fp32
+// route.
 #include <string>
 #include <type_traits>
 
@@ -83,7 +83,8 @@ onednn::Operand operand(const void* data, int ld, std::size_t stride) {
 // (1-3% of a step), BLAS by up to 29% on the largest (the LM head). BLAS for
 // every shape for now: the small gain does not pay for changing every fp32
 // bit of a run. A pure function of the shape when it changes, so every rank
-// of a layout and every run of a shape takes the same route.
+// of a layout and every run of a shape takes the same route. (The banner's
+// words for the route are in gemm_library.cpp.)
 bool use_onednn_fp32(const char* transa, const char* transb, std::size_t m, std::size_t n, std::size_t k, int count) {
   if (g_route != HostGemmRoute::by_shape) return g_route == HostGemmRoute::onednn;
   (void)transa, (void)transb, (void)m, (void)n, (void)k, (void)count;

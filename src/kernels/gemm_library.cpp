@@ -76,7 +76,7 @@ std::string describe_gemm_libraries() {
     s += "BLAS (not OpenBLAS: no kernel name)";
   }
 #ifdef NDMINI_HAVE_ONEDNN
-  s += " | " + onednn::describe() + " | fp32 products by shape, bf16 through oneDNN";
+  s += " | " + onednn::describe() + " | fp32 through BLAS, bf16 through oneDNN";
 #else
   s += " | no oneDNN: fp32 products through BLAS, bf16 emulated";
 #endif

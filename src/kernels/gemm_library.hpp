@@ -17,7 +17,7 @@ struct CpuFeatures {
 CpuFeatures cpu_features();
 
 // One line, e.g. "gemm: OpenBLAS 0.3.21 kernel Cooperlake, 1 thread | oneDNN
-// 2.6.3, ISA avx512_core_bf16 | fp32 by shape, bf16 oneDNN" (cuBLAS in a CUDA
+// 2.6.3, ISA avx512_core_bf16 | fp32 through BLAS, bf16 through oneDNN" (cuBLAS in a CUDA
 // build). The BLAS part names the library only when it is OpenBLAS (others
 // expose no kernel name).
 std::string describe_gemm_libraries();

@@ -38,7 +38,7 @@ class Ndmini(CMakePackage, CudaPackage):
     variant(
         "onednn",
         default=False,
-        description="Host matrix products through oneDNN: bf16 on AMX/AVX512-BF16, fp32 where faster than BLAS",
+        description="bf16 host matrix products through oneDNN (AMX, AVX512-BF16)",
     )
 
     depends_on("c", type="build")  # MPI's C component
