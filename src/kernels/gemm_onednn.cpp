@@ -14,6 +14,12 @@
 #error "ndmini's oneDNN layer is written against the oneDNN 2.x API (output scales, matmul::desc)"
 #endif
 
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+// The OpenMP runtime oneDNN was built with (loaded with it): how many threads
+// its products will use. Weak, so ndmini needs no OpenMP flags of its own.
+extern "C" int omp_get_max_threads(void) __attribute__((weak));
+#endif
+
 namespace ndmini::kernels::onednn {
 namespace {
 
@@ -127,8 +133,15 @@ std::string describe() {
   }();
   for (const auto& [value, label] : kIsa)
     if (value == isa) name = label;
+  std::string threads;
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+  if (omp_get_max_threads) {
+    const int n = omp_get_max_threads();
+    threads = ", " + std::to_string(n) + (n == 1 ? " thread" : " threads") + " (OpenMP)";
+  }
+#endif
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         ", ISA " + name;
+         ", ISA " + name + threads;
 }
 
 }  // namespace ndmini::kernels::onednn

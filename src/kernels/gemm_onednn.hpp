@@ -44,8 +44,9 @@ struct Output {
 const std::string& gemm(char transa, char transb, int m, int n, int k, float alpha, Type in, Operand a, Operand b,
                         float beta, Type out, Output c, int count);
 
-// oneDNN's version and the instruction set it dispatches to on this CPU,
-// e.g. "oneDNN 2.6.3, ISA avx512_core_bf16".
+// oneDNN's version, the instruction set it dispatches to on this CPU and,
+// with its OpenMP runtime, its threads: "oneDNN 2.6.3, ISA avx512_core_bf16,
+// 1 thread (OpenMP)".
 std::string describe();
 
 }  // namespace ndmini::kernels::onednn
