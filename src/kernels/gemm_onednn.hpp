@@ -39,7 +39,7 @@ struct Output {
 // C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, op = 'N' or 'T';
 // C_i is row-major [m, n], k the inner size; A and B of type `in`, C of type
 // `out`. Synchronous. Returns oneDNN's name of the implementation it ran (e.g.
-// "brg:avx512_core_bf16"). Throws ndmini::Error when oneDNN has no
+// "brg:avx512_core_bf16"; valid until the next call). Throws ndmini::Error when oneDNN has no
 // implementation for the problem on this CPU (bf16 needs at least AVX-512).
 const std::string& gemm(char transa, char transb, int m, int n, int k, float alpha, Type in, Operand a, Operand b,
                         float beta, Type out, Output c, int count);

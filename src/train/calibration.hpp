@@ -21,11 +21,12 @@ struct GemmCalibration {
   double best_flops = 0;          // the peak: the fastest of the timed runs
   std::vector<double> run_flops;  // every timed run (the warm-up excluded), in order
 };
-// Times `runs` products C = A B^T of 1024 x 1024 matrices in `precision`
-// through the model's GEMM route (cuBLAS on a GPU), after one untimed warm-up,
-// and keeps the BEST: a busy core can only make a run slower, so the best run
-// is the closest to what the hardware does, and no run of the calibration
-// product reads above it (MFU <= 1 for it by construction).
+// Times `runs` products of 1024 x 1024 matrices in `precision` through the
+// model's GEMM route (cuBLAS on a GPU), C = A B^T, A^T B and A B in turn (the
+// model's three uses of a weight), after an untimed warm-up of each, and
+// keeps the BEST: a busy core can only make a run slower, so the best run is
+// the closest to what the hardware does, and no run of the calibration reads
+// above it (MFU <= 1 for it by construction).
 GemmCalibration calibrate_gemm(GemmPrecision precision = GemmPrecision::fp32, int runs = 12);
 // calibrate_gemm(precision).best_flops.
 double calibrate_gemm_flops(GemmPrecision precision = GemmPrecision::fp32);
