@@ -79,7 +79,7 @@ onednn::Operand operand(const void* data, int ld, std::size_t stride) {
 
 // fp32 through oneDNN instead of BLAS? Measured shape by shape on one core
 // (bench_gemm_routes, bench/README.md "fp32 route"): the two tie on most of
-// the model's products, oneDNN leads by 10-30% on the batched attention heads
+// the model's products, oneDNN leads by 7-30% on the batched attention heads
 // (1-3% of a step), BLAS by up to 29% on the largest (the LM head). BLAS for
 // every shape for now: the small gain does not pay for changing every fp32
 // bit of a run. A pure function of the shape when it changes, so every rank
