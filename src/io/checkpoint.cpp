@@ -46,9 +46,10 @@
 #include <thread>
 #include <utility>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "core/regular_file.hpp"
+#include "core/timer.hpp"
 #include "io/digest.hpp"
 #include "io/format.hpp"
 
@@ -75,9 +76,6 @@ constexpr std::uint64_t kReadAheadBytes = std::uint64_t{256} << 20;
 constexpr std::uint64_t kReadPieceBytes = std::uint64_t{16} << 20;
 constexpr int kLoadThreads = 2;
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::uint64_t product(const std::vector<std::uint64_t>& dims) {
   std::uint64_t n = 1;
@@ -250,7 +248,7 @@ std::vector<Tensor> agreed_order(MPI_Comm comm, const std::vector<TensorSlab>& t
                                  bool loading) {
   std::vector<Tensor> order;
   agree_on_errors(comm, [&] { order = group_blocks(tensors, loading); });
-  const std::uint64_t mine = mix64(fingerprint(order) ^ extra);
+  const std::uint64_t mine = splitmix64(fingerprint(order) ^ extra);
   std::uint64_t lo = 0, hi = 0;
   mpi_all_reduce(&mine, &lo, 1, MPI_UINT64_T, MPI_MIN, comm, "the checkpoint's tensor set (min)");
   mpi_all_reduce(&mine, &hi, 1, MPI_UINT64_T, MPI_MAX, comm, "the checkpoint's tensor set (max)");

@@ -2,9 +2,9 @@
 #include "train/calibration.hpp"
 
 #include <algorithm>
-#include <chrono>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
+#include "core/timer.hpp"
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
 
@@ -14,7 +14,6 @@ double calibrate_gemm_flops() {
   // A square SGEMM the size of the larger model GEMMs; best of a few runs
   // after one warm-up, about 0.2 s in total at 100 GFLOP/s. Best, not
   // median: a busy core can only make a run slower.
-  using Clock = std::chrono::steady_clock;
   constexpr int kN = 1024, kRuns = 12;
   View2D a("ndmini::calib_a", kN, kN), b("ndmini::calib_b", kN, kN), c("ndmini::calib_c", kN, kN);
   Kokkos::deep_copy(a, 0.5f);
@@ -25,7 +24,7 @@ double calibrate_gemm_flops() {
     const auto t0 = Clock::now();
     kernels::gemm("N", "T", 1.0f, a, b, 0.0f, c);  // the model's GEMM path (cuBLAS on a GPU)
     Kokkos::fence();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = seconds_since(t0);
     if (rep > 0) best = std::max(best, 2.0 * kN * kN * kN / s);
   }
   return best;

@@ -7,7 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/signals.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
