@@ -69,6 +69,24 @@ struct CheckpointInfo {
   DataRecord data;
 };
 
+// The one list of CheckpointInfo's fields: calls f(name, field) for each, in
+// the order of the HDF5 root attributes, `name` being the attribute's. Hash,
+// broadcast, the HDF5 file and `ndmini ckpt info` all walk this list, so a
+// new field cannot be forgotten by one of them. Fields are std::int64_t,
+// std::uint64_t or std::string; Info is CheckpointInfo, const or not.
+template <class Info, class F>
+void for_each_field(Info& info, F&& f) {
+  f("step", info.step);
+  f("consumed_tokens", info.consumed_tokens);
+  f("seed", info.seed);
+  f("config", info.config);
+  f("layout", info.layout);
+  f("data_source", info.data.kind);
+  f("data_path", info.data.path);
+  f("data_bytes", info.data.bytes);
+  f("data_digest", info.data.digest);
+}
+
 // The phases of a save, in order. The names are those of the deck's
 // fault.phase and of the error messages.
 enum class SavePhase { create, write, close, rename, latest };
