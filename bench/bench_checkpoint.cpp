@@ -36,6 +36,8 @@
 namespace {
 
 namespace fs = std::filesystem;
+using ndmini::Clock;
+using ndmini::seconds_since;
 constexpr double kGB = 1e9;
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 

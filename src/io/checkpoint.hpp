@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "config/config.hpp"
+
 namespace ndmini::io {
 
 // One block of one global float32 tensor that a rank holds: the row-major
@@ -87,10 +89,8 @@ void for_each_field(Info& info, F&& f) {
   f("data_digest", info.data.digest);
 }
 
-// The phases of a save, in order. The names are those of the deck's
-// fault.phase and of the error messages.
-enum class SavePhase { create, write, close, rename, latest };
-const char* phase_name(SavePhase p);
+// The phases of a save, in order: ndmini::SavePhase (config/config.hpp),
+// whose names are those of the deck's fault.phase and of the error messages.
 
 // Seconds spent in each part of a save (the slowest rank's), for benchmarks.
 struct SaveTimes {

@@ -96,22 +96,6 @@ std::uint64_t info_hash(const CheckpointInfo& info, int keep) {
 
 }  // namespace
 
-const char* phase_name(SavePhase p) {
-  switch (p) {
-    case SavePhase::create:
-      return "create";
-    case SavePhase::write:
-      return "write";
-    case SavePhase::close:
-      return "close";
-    case SavePhase::rename:
-      return "rename";
-    case SavePhase::latest:
-      return "latest";
-  }
-  return "?";
-}
-
 void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
                      const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options) {
   const auto t_start = Clock::now();
@@ -140,7 +124,7 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
         if (options.hook) options.hook(p, info.step, file);
         body();
       } catch (const std::exception& e) {
-        throw Error(std::string("phase '") + phase_name(p) + "' on rank " + std::to_string(rank) + ": " + e.what());
+        throw Error(std::string("phase '") + name_of(p) + "' on rank " + std::to_string(rank) + ": " + e.what());
       }
     });
     if (seconds) *seconds += seconds_since(t0);
