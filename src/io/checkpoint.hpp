@@ -13,6 +13,11 @@
 // collective call. An I/O error on any rank (a full disk, a failed sync or
 // rename) therefore reaches every rank as the same ndmini::Error, naming the
 // file and the phase, within one phase; no rank is left waiting.
+//
+// Where it lives: io/save.cpp and io/load.cpp (the protocols), io/folder.cpp
+// (the folder's policy: latest, keep-K, debris, free space, the lock),
+// io/slabs.cpp (slab order, the checks across ranks, digests),
+// io/raw_file.hpp (MPI-IO and pread), io/format.hpp (the HDF5 file, the manifest).
 #include <mpi.h>
 
 #include <cstdint>
