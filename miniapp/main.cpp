@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"

@@ -121,7 +121,7 @@ TEST(Guards, MetricsWriteErrorsAreKept) {
 TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   FaultConfig f;
   EXPECT_TRUE(fault::FaultPlan(f, 0, 2).none());
-  f.kind = "nan";
+  f.kind = FaultKind::nan;
   f.rank = 1;
   f.step = 3;
   EXPECT_FALSE(fault::FaultPlan(f, 0, 2).nan_at(3));  // another rank
@@ -130,7 +130,7 @@ TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   EXPECT_TRUE(
       contains(error_of([&] { fault::FaultPlan(f, 0, 1); }), "fault.rank = 1 is not a rank of this job (1 rank)"));
 
-  f.kind = "skip_collective";
+  f.kind = FaultKind::skip_collective;
   const fault::FaultPlan skip(f, 0, 4);
   EXPECT_TRUE(skip.skip_collective_at(3, 1));
   EXPECT_FALSE(skip.skip_collective_at(3, 0));
@@ -138,15 +138,15 @@ TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   EXPECT_FALSE(skip.nan_at(3));
   EXPECT_FALSE(static_cast<bool>(skip.save_hook()));
 
-  f.kind = "enospc";
-  f.phase = "close";
+  f.kind = FaultKind::enospc;
+  f.phase = SavePhase::close;
   f.rank = 0;
   f.step = 4;
   const auto hook = fault::FaultPlan(f, 0, 2).save_hook();
   ASSERT_TRUE(static_cast<bool>(hook));
-  EXPECT_NO_THROW(hook(io::SavePhase::write, 4, "f.h5"));
-  EXPECT_NO_THROW(hook(io::SavePhase::close, 2, "f.h5"));
-  const std::string msg = error_of([&] { hook(io::SavePhase::close, 4, "ckpt/.step_00000004.tmp/checkpoint.h5"); });
+  EXPECT_NO_THROW(hook(SavePhase::write, 4, "f.h5"));
+  EXPECT_NO_THROW(hook(SavePhase::close, 2, "f.h5"));
+  const std::string msg = error_of([&] { hook(SavePhase::close, 4, "ckpt/.step_00000004.tmp/checkpoint.h5"); });
   EXPECT_EQ(msg,
             "'ckpt/.step_00000004.tmp/checkpoint.h5': No space left on device (injected by fault.kind = \"enospc\")");
   EXPECT_FALSE(static_cast<bool>(fault::FaultPlan(f, 1, 2).save_hook()));  // not aimed at rank 1

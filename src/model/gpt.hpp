@@ -65,10 +65,6 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m);
 ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp = 1, int tp_rank = 0,
                              int shards = 1);
 
-// Activation recomputation: "block" keeps only each block's input during the
-// forward and recomputes the block in its backward.
-enum class Recompute { none, block };
-
 // Bytes per rank, from the same sizes the model allocates: parameters,
 // gradients and AdamW state; the activations one micro-batch keeps in one
 // chunk (the largest chunk of the stage); and scratch. `fsdp` is the FSDP

@@ -2,10 +2,10 @@
 #include "train/calibration.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
+#include "core/timer.hpp"
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
 
@@ -16,7 +16,6 @@ const char* precision_name(GemmPrecision precision) { return precision == GemmPr
 GemmCalibration calibrate_gemm(GemmPrecision precision, int runs) {
   // Square products the size of the larger model GEMMs: about 0.2 s in all
   // at 100 GFLOP/s in fp32.
-  using Clock = std::chrono::steady_clock;
   constexpr int kN = 1024;
   View2D a("ndmini::calib_a", kN, kN), b("ndmini::calib_b", kN, kN), c("ndmini::calib_c", kN, kN);
   Kokkos::deep_copy(a, 0.5f);
@@ -47,7 +46,7 @@ GemmCalibration calibrate_gemm(GemmPrecision precision, int runs) {
     else
       kernels::gemm(ta, tb, 1.0f, a, b, 0.0f, c);
     Kokkos::fence();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = seconds_since(t0);
     if (rep < 0) continue;
     cal.run_flops.push_back(2.0 * kN * kN * kN / s);
     cal.best_flops = std::max(cal.best_flops, cal.run_flops.back());

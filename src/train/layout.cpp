@@ -17,7 +17,7 @@ RunLayout resolve_layout(const Config& cfg, int world) {
   l.split.virtual_stages = p.virtual_stages;
   l.split.sequence_parallel = p.sequence_parallel;
   l.fsdp = l.mesh.degree_of(Axis::dp_shard) * l.split.cp;
-  l.recompute = t.recompute == "block" ? Recompute::block : Recompute::none;
+  l.recompute = t.recompute;
   check_model_split(cfg.model, l.split);
 
   // Each data-parallel rank runs whole micro-batches of distinct sequences.
@@ -28,7 +28,7 @@ RunLayout resolve_layout(const Config& cfg, int world) {
               "micro_batch = " + to_string(unit) + " (each data-parallel rank runs whole micro-batches)");
   l.micro_batches = static_cast<int>(t.global_batch / unit);
 
-  const ScheduleKind kind = schedule_kind(p.schedule);
+  const ScheduleKind kind = p.schedule;
   check_schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches, cfg.model.layers);
   l.schedule = Schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches).kind();  // none when pp = 1
   return l;
@@ -39,8 +39,9 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
   std::vector<std::string> notes;
   const auto& p = cfg.parallel;
   // "1f1b" is the default, so only a schedule chosen on purpose is worth a word.
-  if (l.split.pp == 1 && p.schedule != "1f1b")
-    notes.push_back("parallel.schedule = \"" + p.schedule + "\" has no effect with parallel.pp = 1 (no pipeline)");
+  if (l.split.pp == 1 && p.schedule != ScheduleKind::one_f_one_b)
+    notes.push_back("parallel.schedule = \"" + std::string(name_of(p.schedule)) +
+                    "\" has no effect with parallel.pp = 1 (no pipeline)");
   if (p.sequence_parallel && l.split.tp == 1)
     notes.push_back("parallel.sequence_parallel = true has no effect with parallel.tp = 1 (it splits over tp ranks)");
   const auto& t = cfg.train;

@@ -7,7 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/signals.hpp"
 #include "io/checkpoint.hpp"
 #include "kernels/gemm_library.hpp"
@@ -83,8 +83,8 @@ namespace {
 
 // "1f1b schedule, 4 micro-batches | stage 0: layers 0-2 (+embedding) | ..."
 std::string describe_pipeline(const Config& cfg, const RunLayout& l) {
-  return std::string(schedule_name(l.schedule)) + " schedule, " + std::to_string(l.micro_batches) +
-         " micro-batches | " + StagePlan(cfg.model.layers, l.split.pp, l.split.virtual_stages).describe();
+  return std::string(name_of(l.schedule)) + " schedule, " + std::to_string(l.micro_batches) + " micro-batches | " +
+         StagePlan(cfg.model.layers, l.split.pp, l.split.virtual_stages).describe();
 }
 
 // "4 chunks of 16 tokens per sequence; cp rank i holds chunks i and 3-i"
@@ -235,7 +235,7 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"ranks", world},
                       {"ranks_per_node", ctx.mesh().ranks_per_node()},
                       {"mesh", layout.mesh.str()},
-                      {"schedule", schedule_name(layout.schedule)},
+                      {"schedule", name_of(layout.schedule)},
                       {"micro_batches", layout.micro_batches},
                       {"median_step_ms", s.median_step_ms},
                       {"tokens_per_s", s.tokens_per_s},

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "kernels/kernels.hpp"

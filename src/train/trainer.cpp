@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "comm/communicator.hpp"
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"

@@ -26,13 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "config/config.hpp"
+
 namespace ndmini {
 
-enum class ScheduleKind { none, gpipe, one_f_one_b, interleaved };
-
-// Parses a parallel.schedule value ("gpipe", "1f1b", "interleaved_1f1b").
-ScheduleKind schedule_kind(const std::string& name);
-const char* schedule_name(ScheduleKind kind);
+// ScheduleKind and its names: config/config.hpp (parsed with the deck).
 
 // The layers of one chunk and what else it runs.
 struct Chunk {
