@@ -138,6 +138,29 @@ TEST(ResolveMesh, MinusOneTakesWhatIsLeft) {
   EXPECT_EQ(pp.degree_of(Axis::pp), 2);
 }
 
+// The layout holds the degrees once, with the split the deck asks for, and
+// the stage plan and schedule built from them.
+TEST(ResolveLayout, OneValueForTheDegreesAndThePipeline) {
+  const RunLayout l = resolve_layout(
+      config_with({"model.layers=4", "parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                   "parallel.virtual_stages=2", "parallel.schedule=\"interleaved_1f1b\"", "parallel.dp_shard=-1"}),
+      8);
+  EXPECT_EQ(l.dims.pp, 2);
+  EXPECT_EQ(l.dims.dp_shard, 2);
+  EXPECT_TRUE(l.dims.sequence_parallel);
+  EXPECT_EQ(l.dims.virtual_stages, 2);
+  EXPECT_TRUE(l.dims.enabled(Axis::pp));
+  EXPECT_FALSE(l.dims.enabled(Axis::cp));
+  EXPECT_EQ(l.plan.pp(), l.dims.pp);
+  EXPECT_EQ(l.plan.virtual_stages(), l.dims.virtual_stages);
+  EXPECT_EQ(l.schedule.kind(), ScheduleKind::interleaved);
+  EXPECT_EQ(l.schedule.micro_batches(), l.micro_batches);
+  // One rank: no pipeline, whatever the deck's schedule.
+  const RunLayout one = resolve_layout(config_with({}), 1);
+  EXPECT_EQ(one.schedule.kind(), ScheduleKind::none);
+  EXPECT_EQ(one.plan.chunks(), 1);
+}
+
 TEST(ResolveMesh, RefusesTwoMinusOnes) {
   expect_refused({"parallel.tp=-1", "parallel.dp_shard=-1"}, 4,
                  {"parallel.dp_shard and parallel.tp are both -1", "at most one"});
@@ -308,6 +331,11 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
     EXPECT_EQ(members(mesh.fsdp()), fsdp);
     EXPECT_EQ(members(mesh.batch()), batch);
     EXPECT_EQ(members(mesh.norm()), norm);
+    // The degrees' accessors name the sizes of the groups the mesh builds.
+    EXPECT_EQ(static_cast<std::size_t>(shape.fsdp()), fsdp.size());
+    EXPECT_EQ(static_cast<std::size_t>(shape.batch()), batch.size());
+    EXPECT_EQ(static_cast<std::size_t>(shape.norm()), norm.size());
+    EXPECT_EQ(shape.data_parallel(), shape.degree_of(Axis::dp_replicate) * shape.degree_of(Axis::dp_shard));
 
     // The tied wte: the first and the last stage of this rank's pipeline, first stage first.
     const int stage = mine[static_cast<int>(Axis::pp)];
