@@ -154,6 +154,15 @@ class Trainer {
   LossSum evaluate(TrainingStage& stage, std::int64_t first_step, int batches, bool poison = false);
   void setup();
   void resume();
+  void announce();
+  void build_pipeline();
+  struct StepLoss {
+    double loss = 0, grad_norm = 0;
+  };
+  StepLoss compute_gradients(std::int64_t step);
+  double update(std::int64_t step, double grad_norm);
+  void agree_on_stop(std::int64_t step);
+  void summarise();
   void save(std::int64_t step);
   std::optional<double> validate_if_due(std::int64_t step, double* eval_ms);
   double mfu(double tokens_per_s) const;
@@ -213,12 +222,20 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
   if (opts_.resume) resume();
   // Opened after a resume succeeded, so a failed resume leaves the old file alone.
   agree_on_errors(comm_, [&] { metrics_ = std::make_unique<MetricsWriter>(rank_ == 0 ? opts_.metrics_path : ""); });
+  announce();
+  build_pipeline();
+  result_.first_step = next_step_;
+  reset_comm_stats();
+}
 
+// The figures the report needs from the start, and the banner.
+void Trainer::announce() {
   const auto& t = cfg_.train;
   result_.peak = peak_flops(cfg_.perf, comm_);
   result_.state_bytes =
       static_cast<std::int64_t>(model_->store().persistent_bytes() + 2 * opt_->exp_avg.extent(0) * sizeof(real));
   result_.mem_bytes = estimate_memory(cfg_, layout_).total();
+  result_.ideal_bubble = layout_.schedule.ideal_bubble();
   const std::string validation = sources_.validation ? "every " + std::to_string(t.eval_every) +
                                                            " steps and at the last, " + std::to_string(t.eval_batches) +
                                                            " global batch(es) of " + sources_.validation->describe()
@@ -228,8 +245,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
   if (speak_ && next_step_ >= t.steps)
     std::printf("checkpoint: step %lld is train.steps = %d; nothing left to train (raise train.steps to go on)\n",
                 static_cast<long long>(next_step_), t.steps);
+}
 
-  result_.ideal_bubble = layout_.schedule.ideal_bubble();
+// The layout's schedule run over this rank's model, fed with this rank's
+// share of the training batches and, for the validation loss, of the held-out ones.
+void Trainer::build_pipeline() {
+  const auto& t = cfg_.train;
   runner_ = std::make_unique<PipelineRunner>(ctx_->pp(), layout_.plan, layout_.schedule);
   const int local_batch = t.global_batch / layout_.dims.data_parallel();
   const int first_sequence = ctx_->data_parallel_index() * local_batch;
@@ -242,8 +263,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
         std::make_unique<MicroBatchFeed>(*sources_.validation, model_->cp_layout(), t.micro_batch, first_sequence);
     val_stage_ = std::make_unique<TrainingStage>(*model_, *val_feed_, real(0), layout_.micro_batches);
   }
-  result_.first_step = next_step_;
-  reset_comm_stats();
 }
 
 // The mesh's communicators, the checks that refuse a run before anything
@@ -344,6 +363,9 @@ std::optional<double> Trainer::validate_if_due(std::int64_t step, double* eval_m
   return val_loss;
 }
 
+// One optimizer step: the validation loss when due (outside the step's
+// time), the gradients, the save of the state they showed sane, the update,
+// the figures, and the agreement on stopping.
 void Trainer::step() {
   const auto& t = cfg_.train;
   const std::int64_t step = next_step_++;
@@ -357,7 +379,27 @@ void Trainer::step() {
   const double io_ms_before = result_.io_ms;
   const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
 
-  // Forward and backward of every micro-batch, then the gradient reductions.
+  const auto [loss, grad_norm] = compute_gradients(step);
+  if (pending_save_ >= 0) {  // the state before this step's update, now shown sane
+    save(pending_save_);
+    pending_save_ = -1;
+  }
+  if (opts_.capture != nullptr && step == result_.first_step)
+    opts_.capture->first_step_grads = gather_global(cfg_.model, model_->store(), model_->store().shard_grads(), comm_);
+  const double lr = update(step, grad_norm);
+
+  const double io_ms = result_.io_ms - io_ms_before;
+  const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
+  steps_.push_back(stats);
+  result_.losses.push_back(loss);
+  if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
+    log_step(step, loss, val_loss, eval_ms, lr, grad_norm, stats, io_ms);
+  agree_on_stop(step);
+}
+
+// Forward and backward of every micro-batch, the gradient reductions, and
+// the checks of the loss and the gradient norm.
+Trainer::StepLoss Trainer::compute_gradients(std::int64_t step) {
   stage_->set_step(step);
   const double loss_sum = runner_->run(*stage_);
   {
@@ -365,34 +407,29 @@ void Trainer::step() {
     model_->finish_grads();
   }
   if (faults_.nan_at(step)) poison_first_gradient(*model_);
-  ParamStore& store = model_->store();
   const double loss = ctx_->batch().all_reduce_scalar(loss_sum) / tokens_per_step_;
-  const double grad_norm = std::sqrt(grad_norm_squared(store, ctx_->norm()));
+  const double grad_norm = std::sqrt(grad_norm_squared(model_->store(), ctx_->norm()));
   require_finite_step(comm_, step, loss, grad_norm, loss_sum, *model_, cfg_);
-  if (pending_save_ >= 0) {  // the state before this step's update, now shown sane
-    save(pending_save_);
-    pending_save_ = -1;
-  }
-  if (opts_.capture != nullptr && step == result_.first_step)
-    opts_.capture->first_step_grads = gather_global(cfg_.model, store, store.shard_grads(), comm_);
+  return {loss, grad_norm};
+}
 
-  // Clip and update.
+// Clips and takes the AdamW step; returns the learning rate it used.
+double Trainer::update(std::int64_t step, double grad_norm) {
+  const auto& t = cfg_.train;
   const double clip = (t.grad_clip > 0 && grad_norm > t.grad_clip) ? t.grad_clip / (grad_norm + 1e-6) : 1.0;
   const double lr = learning_rate(t, step);
   {
     const ProfileRegion optimizer_region("ndmini::optimizer");
-    opt_->step(store, t, lr, clip, step + 1);
+    opt_->step(model_->store(), t, lr, clip, step + 1);
   }
   Kokkos::fence();
-  const double io_ms = result_.io_ms - io_ms_before;
-  const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
-  steps_.push_back(stats);
-  result_.losses.push_back(loss);
-  if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
-    log_step(step, loss, val_loss, eval_ms, lr, grad_norm, stats, io_ms);
+  return lr;
+}
 
-  // Only rank 0 writes: a full disk there stops every rank. A stop signal
-  // on any rank stops every rank after this same step.
+// Only rank 0 writes: a full disk there stops every rank. A stop signal on
+// any rank stops every rank after this same step.
+void Trainer::agree_on_stop(std::int64_t step) {
+  const auto& t = cfg_.train;
   const int agreed_signal = agree_max(comm_, metrics_->error(), stop_signal_received());
   if (cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0) pending_save_ = step + 1;
   if (agreed_signal != 0 && step + 1 < t.steps) {
@@ -434,6 +471,8 @@ void Trainer::reset_comm_stats() {
     if (g.comm != nullptr) g.comm->reset_stats();
 }
 
+// The final state saved (when due, shown sane first), the figures of the
+// run, the report, and the exit status a stop signal asks for.
 TrainResult Trainer::finish() {
   if (pending_save_ >= 0) {
     // The final state (or the one a signal stopped at): the loss of one more
@@ -450,21 +489,7 @@ TrainResult Trainer::finish() {
     mpi_all_reduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm_, "the tied embedding's copies");
     opts_.capture->tied_wte_identical = same == 1;
   }
-
-  // The first step pays for first-touch page faults and BLAS warm-up: leave
-  // it out of the figures when there are others.
-  const std::size_t skip = steps_.size() > 1 ? 1 : 0;
-  result_.timed.assign(steps_.begin() + skip, steps_.end());
-  std::vector<double> step_ms;
-  for (const StepStats& s : result_.timed) step_ms.push_back(s.step_ms);
-  result_.median_step_ms = median(step_ms);
-  result_.tokens_per_s = result_.median_step_ms > 0 ? tokens_per_step_ / (result_.median_step_ms / 1e3) : 0;
-  result_.mfu = mfu(result_.tokens_per_s);
-  const int pp = layout_.dims.pp;
-  result_.peak_activation_bytes.assign(pp, 0);
-  result_.peak_activation_bytes[ctx_->coord(Axis::pp)] = static_cast<std::int64_t>(model_->peak_activation_bytes());
-  mpi_all_reduce(MPI_IN_PLACE, result_.peak_activation_bytes.data(), pp, MPI_INT64_T, MPI_MAX, comm_,
-                 "the activation peaks");
+  summarise();
   if (speak_) print_performance(layout_, *ctx_, result_);
   if (rank_ == 0) metrics_->summary(summary_json(layout_, *ctx_, result_));
 
@@ -479,6 +504,24 @@ TrainResult Trainer::finish() {
     result_.exit_status = signal_exit_status(signal_number);
   }
   return result_;
+}
+
+// The medians over the timed steps, and each stage's activation peak.
+void Trainer::summarise() {
+  // The first step pays for first-touch page faults and BLAS warm-up: leave
+  // it out of the figures when there are others.
+  const std::size_t skip = steps_.size() > 1 ? 1 : 0;
+  result_.timed.assign(steps_.begin() + skip, steps_.end());
+  std::vector<double> step_ms;
+  for (const StepStats& s : result_.timed) step_ms.push_back(s.step_ms);
+  result_.median_step_ms = median(step_ms);
+  result_.tokens_per_s = result_.median_step_ms > 0 ? tokens_per_step_ / (result_.median_step_ms / 1e3) : 0;
+  result_.mfu = mfu(result_.tokens_per_s);
+  const int pp = layout_.dims.pp;
+  result_.peak_activation_bytes.assign(pp, 0);
+  result_.peak_activation_bytes[ctx_->coord(Axis::pp)] = static_cast<std::int64_t>(model_->peak_activation_bytes());
+  mpi_all_reduce(MPI_IN_PLACE, result_.peak_activation_bytes.data(), pp, MPI_INT64_T, MPI_MAX, comm_,
+                 "the activation peaks");
 }
 
 }  // namespace
