@@ -31,7 +31,7 @@ double median_of(const std::vector<StepStats>& steps, F&& f) {
 
 StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms) {
   const auto groups = ctx.reported();
-  const int pp = ctx.degree(Axis::pp);
+  const int pp = ctx.dims().pp;
   // One reduction for every time: [step, recompute, (ms, exposed) per group, bubble per stage].
   std::vector<double> times(2 + 2 * groups.size() + pp, 0.0);
   times[0] = step_ms;
