@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
       ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { ndmini::require_memory_fits(cfg, layout, ranks_on_node); });
       if (rank == 0) {
         ndmini::print_check(cfg, layout, ranks_on_node);
-        std::printf("%s", ndmini::describe_mesh(layout.mesh, true).c_str());
+        std::printf("%s", ndmini::describe_mesh(layout.dims, true).c_str());
       }
     } else {
       ndmini::TrainOptions opts;

@@ -24,6 +24,7 @@
 
 #include "config/config.hpp"
 #include "model/gpt.hpp"
+#include "train/capture.hpp"
 #include "train/trainer.hpp"
 
 using namespace ndmini;

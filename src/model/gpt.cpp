@@ -17,13 +17,19 @@ namespace {
 
 int size_of(const Communicator* c) { return c != nullptr ? c->size() : 1; }
 
+// The chunks the stage runs; none given: the whole model as one chunk.
+std::vector<Chunk> chunks_or_whole_model(const std::vector<Chunk>& chunks, int layers) {
+  if (!chunks.empty()) return chunks;
+  return {Chunk{0, 0, layers, true, true}};
+}
+
 }  // namespace
 
 GptStage::GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute)
     : cfg_(m),
       micro_batch_(micro_batch),
       recompute_(recompute),
-      chunks_(StagePlan(m.layers, par.pp, par.virtual_stages).chunks_of(par.stage)),
+      chunks_(chunks_or_whole_model(par.chunks, m.layers)),
       tied_(par.tied_embedding),
       tp_(par.tp, par.sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(par.cp),
           m.channels, m.vocab),

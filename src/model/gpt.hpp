@@ -21,6 +21,7 @@
 
 #include "config/config.hpp"
 #include "core/types.hpp"
+#include "mesh/dims.hpp"
 #include "model/block.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/param_layout.hpp"
@@ -39,15 +40,10 @@ std::int64_t gpt_flops_param_count(const ModelConfig& m);
 // Model FLOPs per trained token: 6N + 12 L C T (forward and backward).
 double gpt_flops_per_token(const ModelConfig& m);
 
-// How one model is split over the mesh: what its layout rules are checked against.
-struct ModelSplit {
-  int tp = 1, cp = 1, pp = 1, virtual_stages = 1;
-  bool sequence_parallel = false;
-};
-// The model's rules for a split: tp divides the heads, 4C and the vocabulary;
+// The model's rules for a split over the mesh (mesh/dims.hpp): tp divides the heads, 4C and the vocabulary;
 // 2 cp divides seq_len; with sequence parallelism tp divides seq_len / cp.
 // Throws Error naming the key and the fix.
-void check_model_split(const ModelConfig& m, const ModelSplit& split);
+void check_model_split(const ModelConfig& m, const ParallelDims& split);
 
 // The global tensors of the model, in checkpoint order: names and shapes.
 struct GlobalTensor {
@@ -67,9 +63,8 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
 
 // Bytes per rank, from the same sizes the model allocates: parameters,
 // gradients and AdamW state; the activations one micro-batch keeps in one
-// chunk (the largest chunk of the stage); and scratch. `fsdp` is the FSDP
-// group size, `in_flight` the most (micro-batch, chunk) records the
-// schedule keeps at once on the stage.
+// chunk (the largest chunk of the stage); and scratch. `in_flight` is the
+// most (micro-batch, chunk) records the schedule keeps at once on the stage.
 struct MemoryEstimate {
   std::int64_t state_bytes = 0;
   std::int64_t activation_bytes_per_micro_batch = 0;
@@ -77,20 +72,21 @@ struct MemoryEstimate {
   std::int64_t scratch_bytes = 0;
   std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
 };
-MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
+MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute);
 
 // ---- the model on one rank ----------------------------------------------------
 
-// The groups this rank's model is split over (from ParallelContext); all
-// null: one rank.
+// The groups this rank's model is split over (from ParallelContext) and the
+// chunks its pipeline stage runs (from the run's StagePlan); all null and no
+// chunks: one rank holding the whole model.
 struct ModelParallel {
   Communicator* tp = nullptr;
   bool sequence_parallel = false;
   Communicator* cp = nullptr;
   DataParallelGroups data;                 // FSDP and data-parallel groups
   Communicator* tied_embedding = nullptr;  // first and last pipeline stage (pp > 1)
-  int pp = 1, stage = 0, virtual_stages = 1;
+  std::vector<Chunk> chunks;               // empty: one chunk of every layer, the embedding and the head
 };
 
 class GptStage {

@@ -51,7 +51,7 @@ double gpt_flops_per_token(const ModelConfig& m) {
   return 6.0 * gpt_flops_param_count(m) + 12.0 * m.layers * m.channels * m.seq_len;
 }
 
-void check_model_split(const ModelConfig& m, const ModelSplit& s) {
+void check_model_split(const ModelConfig& m, const ParallelDims& s) {
   using std::to_string;
   // Tensor parallelism splits heads, the MLP's hidden 4C and the vocabulary
   // (the embedding and logits) over tp: each must split evenly.
@@ -153,8 +153,9 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
   return layout;
 }
 
-MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
+MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute) {
+  const int fsdp = split.fsdp();
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
   const double N = B * T / split.cp;

@@ -7,31 +7,22 @@ namespace ndmini {
 
 RunLayout resolve_layout(const Config& cfg, int world) {
   using std::to_string;
-  RunLayout l;
-  l.mesh = resolve_mesh(cfg.parallel, world);
+  const ParallelDims dims = resolve_mesh(cfg.parallel, world);
   const auto& p = cfg.parallel;
   const auto& t = cfg.train;
-  l.split.tp = l.mesh.degree_of(Axis::tp);
-  l.split.cp = l.mesh.degree_of(Axis::cp);
-  l.split.pp = l.mesh.degree_of(Axis::pp);
-  l.split.virtual_stages = p.virtual_stages;
-  l.split.sequence_parallel = p.sequence_parallel;
-  l.fsdp = l.mesh.degree_of(Axis::dp_shard) * l.split.cp;
-  l.recompute = t.recompute;
-  check_model_split(cfg.model, l.split);
+  check_model_split(cfg.model, dims);
 
   // Each data-parallel rank runs whole micro-batches of distinct sequences.
-  l.data_parallel = l.mesh.degree_of(Axis::dp_replicate) * l.mesh.degree_of(Axis::dp_shard);
-  const long long unit = static_cast<long long>(l.data_parallel) * t.micro_batch;
+  const long long unit = static_cast<long long>(dims.data_parallel()) * t.micro_batch;
   require(t.global_batch % unit == 0,
           "train.global_batch = " + to_string(t.global_batch) + " must be a multiple of dp_replicate x dp_shard x " +
               "micro_batch = " + to_string(unit) + " (each data-parallel rank runs whole micro-batches)");
-  l.micro_batches = static_cast<int>(t.global_batch / unit);
+  const int micro_batches = static_cast<int>(t.global_batch / unit);
 
   const ScheduleKind kind = p.schedule;
-  check_schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches, cfg.model.layers);
-  l.schedule = Schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches).kind();  // none when pp = 1
-  return l;
+  check_schedule(kind, dims.pp, dims.virtual_stages, micro_batches, cfg.model.layers);
+  return RunLayout{dims, micro_batches, t.recompute, StagePlan(cfg.model.layers, dims.pp, dims.virtual_stages),
+                   Schedule(kind, dims.pp, dims.virtual_stages, micro_batches)};
 }
 
 std::vector<std::string> settings_without_effect(const Config& cfg, const RunLayout& l) {
@@ -39,10 +30,10 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
   std::vector<std::string> notes;
   const auto& p = cfg.parallel;
   // "1f1b" is the default, so only a schedule chosen on purpose is worth a word.
-  if (l.split.pp == 1 && p.schedule != ScheduleKind::one_f_one_b)
+  if (l.dims.pp == 1 && p.schedule != ScheduleKind::one_f_one_b)
     notes.push_back("parallel.schedule = \"" + std::string(name_of(p.schedule)) +
                     "\" has no effect with parallel.pp = 1 (no pipeline)");
-  if (p.sequence_parallel && l.split.tp == 1)
+  if (p.sequence_parallel && l.dims.tp == 1)
     notes.push_back("parallel.sequence_parallel = true has no effect with parallel.tp = 1 (it splits over tp ranks)");
   const auto& t = cfg.train;
   if (t.steps > 0 && t.warmup_steps > t.steps) {
@@ -55,12 +46,10 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
 }
 
 std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
-  const StagePlan plan(cfg.model.layers, l.split.pp, l.split.virtual_stages);
-  const Schedule schedule(l.schedule, l.split.pp, l.split.virtual_stages, l.micro_batches);
   std::vector<MemoryEstimate> out;
-  for (int stage = 0; stage < l.split.pp; ++stage)
-    out.push_back(gpt_memory_estimate(cfg.model, l.split, cfg.train.micro_batch, l.fsdp, plan.chunks_of(stage),
-                                      schedule.max_in_flight(stage), l.recompute));
+  for (int stage = 0; stage < l.dims.pp; ++stage)
+    out.push_back(gpt_memory_estimate(cfg.model, l.dims, cfg.train.micro_batch, l.plan.chunks_of(stage),
+                                      l.schedule.max_in_flight(stage), l.recompute));
   return out;
 }
 
