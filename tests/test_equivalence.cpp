@@ -24,6 +24,7 @@
 
 #include "config/config.hpp"
 #include "model/gpt.hpp"
+#include "parallel/stage_runtime.hpp"
 #include "train/trainer.hpp"
 
 using namespace ndmini;
@@ -291,7 +292,7 @@ TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
       par.data.fsdp = &group;
     else
       par.data.dp_replicate = &group;
-    GptStage model(cfg.model, 1, par);
+    StageRuntime model(cfg.model, 1, par);
     // Parameters and gradients, plus AdamW's two moments of the same size as the shard.
     return model.store().persistent_bytes() + 2 * model.param_buffer().extent(0) * sizeof(real);
   };

@@ -16,7 +16,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/types.hpp"
-#include "parallel/param_layout.hpp"
+#include "model/param_layout.hpp"
 
 namespace ndmini {
 

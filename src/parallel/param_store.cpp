@@ -2,6 +2,7 @@
 #include "parallel/param_store.hpp"
 
 #include <algorithm>
+#include <exception>
 
 #include "core/error.hpp"
 
@@ -85,6 +86,29 @@ bool ParamStore::is_replica(const Piece& piece) const { return replica_ || !coun
 
 std::size_t ParamStore::persistent_bytes() const {
   return (shard_params_.extent(0) + shard_grads_.extent(0)) * sizeof(real);
+}
+
+UnitParams::UnitParams(ParamStore& store, int unit, int prefetch, bool release)
+    : store_(store), unit_(unit), release_(release), exceptions_(std::uncaught_exceptions()) {
+  store_.gather(unit);
+  store_.prefetch(prefetch);  // the next unit's all-gather overlaps this unit's compute
+}
+
+UnitParams::~UnitParams() noexcept(false) {
+  if (release_ && std::uncaught_exceptions() == exceptions_) store_.release(unit_);
+}
+
+UnitGrads::UnitGrads(ParamStore& store, int unit, bool last_micro_batch, bool end)
+    : store_(store),
+      unit_(unit),
+      last_micro_batch_(last_micro_batch),
+      end_(end),
+      exceptions_(std::uncaught_exceptions()) {
+  store_.begin_grads(unit);
+}
+
+UnitGrads::~UnitGrads() noexcept(false) {
+  if (end_ && std::uncaught_exceptions() == exceptions_) store_.end_grads(unit_, last_micro_batch_);
 }
 
 }  // namespace ndmini

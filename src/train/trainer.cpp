@@ -20,6 +20,7 @@
 #include "model/gpt.hpp"
 #include "parallel/context.hpp"
 #include "parallel/pipeline/pipeline.hpp"
+#include "parallel/stage_runtime.hpp"
 #include "train/budget.hpp"
 #include "train/calibration.hpp"
 #include "train/checkpoint_state.hpp"
@@ -101,7 +102,7 @@ class MicroBatchFeed {
 // validation loss); loss_scale 0: the head computes no gradient.
 class TrainingStage final : public PipelineStage {
  public:
-  TrainingStage(GptStage& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
+  TrainingStage(StageRuntime& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
       : model_(model), feed_(feed), loss_scale_(loss_scale), micro_batches_(micro_batches) {}
   void set_step(std::int64_t step) { step_ = step; }
 
@@ -122,7 +123,7 @@ class TrainingStage final : public PipelineStage {
   void discard(int chunk, int mb) override { model_.discard(chunk, mb); }
 
  private:
-  GptStage& model_;
+  StageRuntime& model_;
   MicroBatchFeed& feed_;
   real loss_scale_;
   int micro_batches_;
@@ -173,7 +174,7 @@ TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
   DataSources sources;
   agree_on_errors(comm, [&] { sources = make_data_sources(cfg); });
   const std::unique_ptr<DataSource>& data = sources.train;
-  GptStage model(cfg.model, t.micro_batch, model_parallel(ctx, cfg, layout), layout.recompute);
+  StageRuntime model(cfg.model, t.micro_batch, model_parallel(ctx, cfg, layout), layout.recompute);
   model.init(t.seed);
   ParamStore& store = model.store();
   AdamW opt(store);

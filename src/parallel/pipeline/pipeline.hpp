@@ -35,7 +35,7 @@
 
 namespace ndmini {
 
-// What the runner needs of the stage's model (see GptStage, which the
+// What the runner needs of the stage's model (see StageRuntime, which the
 // training loop adapts to this).
 class PipelineStage {
  public:
