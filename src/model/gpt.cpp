@@ -69,9 +69,17 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
               ContextParallelAttention::buffer_sizes(att, cp).total() + block.scratch_floats()) *
              sizeof(real);
   b.positions = Nr * sizeof(token_t);
+  // The GEMM's row of ones for bias gradients (kernels/gemm.cpp), as long as the most rows: N.
+  b.layers += N * sizeof(real);
   // The sizes the constructor allocates: lnf, its mean and rstd, logits, losses, head_dln.
   if (has_head) b.head = (N * C + 2 * Nr + N * (m.vocab / tp) + N + N * C) * sizeof(real);
   return b;
+}
+
+std::size_t GptModel::activation_elements_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel,
+                                             int cp) {
+  const std::size_t N = static_cast<std::size_t>(micro_batch) * m.seq_len / cp;
+  return (sequence_parallel && tp > 1 ? N / tp : N) * m.channels;
 }
 
 ParamLayout GptModel::param_layout(int shards) const {

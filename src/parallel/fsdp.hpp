@@ -41,6 +41,10 @@ class Fsdp {
 
   std::size_t peak_transient_bytes() const { return peak_transient_; }
 
+  // Reduce-scatters kept in flight: two overlap the next unit's backward;
+  // more would only hold memory.
+  static constexpr std::size_t kReductionsInFlight = 2;
+
  private:
   struct PendingReduction {
     int unit;

@@ -4,12 +4,14 @@
 #include "parallel/stage_runtime.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
 
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 #include "core/timer.hpp"
 #include "kernels/kernels.hpp"
-#include "parallel/pipeline/schedule.hpp"
+#include "parallel/fsdp.hpp"
 
 namespace ndmini {
 namespace {
@@ -18,8 +20,77 @@ int size_of(const Communicator* c) { return c != nullptr ? c->size() : 1; }
 
 }  // namespace
 
+std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+                                          const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
+  if (shards <= 1) return 0;
+  // Fsdp's allocations, unit by unit, in floats.
+  const int n_units = static_cast<int>(layout.unit_size.size());
+  std::vector<bool> gathered(n_units, false), open(n_units, false);
+  std::deque<std::size_t> reductions;  // full gradients + shard part of each reduce-scatter in flight
+  std::size_t held = 0, peak = 0;
+  const auto grow = [&](std::size_t floats) { peak = std::max(peak, held += floats); };
+  const auto gather = [&](int u) {
+    if (u >= 0 && u < n_units && !gathered[u]) gathered[u] = true, grow(layout.unit_size[u]);
+  };
+  const auto release = [&](int u) {
+    if (gathered[u]) gathered[u] = false, held -= layout.unit_size[u];
+  };
+  const auto begin_grads = [&](int u) {
+    if (!open[u]) open[u] = true, grow(layout.unit_size[u]);
+  };
+  const auto end_grads = [&](int u) {
+    open[u] = false;
+    const std::size_t part = layout.unit_size[u] / shards;
+    grow(part);
+    reductions.push_back(layout.unit_size[u] + part);
+    while (reductions.size() > Fsdp::kReductionsInFlight) {
+      held -= reductions.front();
+      reductions.pop_front();
+    }
+  };
+  // The scopes of forward(), head() and backward(), in their order.
+  const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
+  for (const PipelineAction& a : actions) {
+    std::size_t k = 0;
+    while (k < chunks.size() && chunks[k].index != a.chunk) ++k;
+    if (k == chunks.size()) continue;
+    const Chunk& c = chunks[k];
+    const ChunkUnits& u = all_units[k];
+    if (a.kind == PipelineAction::Kind::forward) {
+      if (c.embedding) {
+        gather(u.wte), gather(u.wpe), gather(u.blocks.front());
+        release(u.wpe);
+        if (!c.head) release(u.wte);
+      }
+      for (std::size_t i = 0; i < u.blocks.size(); ++i) {
+        gather(u.blocks[i]), gather(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);
+        if (reshard_after_forward) release(u.blocks[i]);
+      }
+      if (c.head) {
+        gather(u.ln_f), gather(u.wte), begin_grads(u.wte), begin_grads(u.ln_f);
+        end_grads(u.ln_f);
+        if (!c.embedding) end_grads(u.wte), release(u.wte);
+        release(u.ln_f);
+      }
+    } else {
+      for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
+        gather(u.blocks[i]), gather(i > 0 ? u.blocks[i - 1] : -1), begin_grads(u.blocks[i]);
+        end_grads(u.blocks[i]);
+        release(u.blocks[i]);
+      }
+      if (c.embedding) {
+        begin_grads(u.wte), begin_grads(u.wpe);
+        end_grads(u.wpe), end_grads(u.wte);
+        if (c.head) release(u.wte);
+      }
+    }
+  }
+  return peak * sizeof(real);
+}
+
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
-                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute) {
+                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
+                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
   const double N = B * T / split.cp;
@@ -56,20 +127,36 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
                          sp ? rows / split.tp : rows,
                          split.tp,
                          {micro_batch, m.seq_len / split.cp, m.channels / split.tp, m.heads / split.tp}};
-  // One record: one micro-batch through one chunk (the largest of this stage's chunks).
-  std::size_t record = 0;
-  for (const Chunk& c : chunks) record = std::max(record, StageRuntime::record_bytes(c, block, recompute));
-  e.activation_bytes_per_micro_batch = saturate(static_cast<double>(record));
-  e.in_flight = in_flight;
-  // Scratch: the model's own buffers, a recomputed block, FSDP's gathered units.
+  // Records: freed ones are kept for reuse per chunk, so the stage holds, of
+  // each chunk, the most of its micro-batches the schedule has in flight at once.
+  std::vector<int> now(chunks.size(), 0), most(chunks.size(), 0);
+  for (const PipelineAction& a : actions)
+    for (std::size_t k = 0; k < chunks.size(); ++k)
+      if (chunks[k].index == a.chunk) {
+        if (a.kind == PipelineAction::Kind::forward)
+          most[k] = std::max(most[k], ++now[k]);
+        else
+          --now[k];
+      }
+  double records = 0, record_bytes = 0, largest = 0;
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    const double bytes = static_cast<double>(StageRuntime::record_bytes(chunks[k], block, recompute));
+    records += most[k];
+    record_bytes += most[k] * bytes;
+    largest = std::max(largest, bytes);
+  }
+  // `actions` may replay only the first micro-batches of a very long step.
+  if (records < in_flight) {
+    record_bytes += (in_flight - records) * largest;
+    records = in_flight;
+  }
+  e.in_flight = static_cast<std::int64_t>(records);
+  e.activation_bytes_per_micro_batch = saturate(std::ceil(record_bytes / std::max(records, 1.0)));
+  // Scratch: the model's own buffers, a recomputed block, what FSDP holds at most.
   double scratch =
       static_cast<double>(GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, sp, split.cp).total());
   if (recompute == Recompute::block) scratch += block.activation_floats(false) * sizeof(real);
-  if (fsdp > 1) {
-    std::size_t largest_unit = 0;
-    for (std::size_t u : layout.unit_size) largest_unit = std::max(largest_unit, u);
-    scratch += 4.0 * largest_unit * sizeof(real);  // two gathered units, their full gradients
-  }
+  scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(layout, chunks, fsdp, actions, reshard_after_forward));
   e.scratch_bytes = saturate(scratch);
   return e;
 }

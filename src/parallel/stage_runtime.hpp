@@ -17,6 +17,7 @@
 #include "core/types.hpp"
 #include "model/gpt.hpp"
 #include "parallel/param_store.hpp"
+#include "parallel/pipeline/schedule.hpp"
 #include "parallel/pipeline/tied_embedding.hpp"
 
 namespace ndmini {
@@ -33,11 +34,11 @@ struct ModelParallel {
 };
 
 // Bytes per rank, from the sizes the runtime and the model allocate:
-// parameters, gradients and AdamW state; the activations one micro-batch
-// keeps in one chunk (the largest chunk of the stage); and scratch (the
-// layers' buffers, the head's, FSDP's gathered units, the pipeline's
-// buffers). `fsdp` is the FSDP group size, `in_flight` the most
-// (micro-batch, chunk) records the schedule keeps at once on the stage.
+// parameters, gradients and AdamW state; the records of (chunk,
+// micro-batch) the stage holds (in_flight of them, of
+// activation_bytes_per_micro_batch on average); and scratch (the layers'
+// buffers, the head's, what FSDP holds at most). `fsdp` is the FSDP group
+// size, `in_flight` the most records the schedule keeps at once on the stage.
 struct MemoryEstimate {
   std::int64_t state_bytes = 0;
   std::int64_t activation_bytes_per_micro_batch = 0;
@@ -45,8 +46,12 @@ struct MemoryEstimate {
   std::int64_t scratch_bytes = 0;
   std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
 };
+// `actions`: the stage's schedule for one step, or its first micro-batches
+// when the step has very many (the records of each chunk, FSDP's gathered
+// units and open gradients follow it).
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
-                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute);
+                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
+                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward);
 
 class StageRuntime {
  public:
@@ -123,6 +128,12 @@ class StageRuntime {
 
   // Bytes of one record of `chunk` (the sizes record() allocates).
   static std::size_t record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
+  // The most bytes FSDP holds at once (gathered units, full gradients, the
+  // reduce-scatters in flight) when a stage of `chunks`, its units sharded
+  // over `shards` ranks, runs `actions`: the unit scopes of forward() and
+  // backward() replayed without compute. 0 without FSDP.
+  static std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+                                     const std::vector<PipelineAction>& actions, bool reshard_after_forward);
 
  private:
   // What one micro-batch keeps between the forward and the backward of one chunk.

@@ -2,6 +2,8 @@
 #include "train/layout.hpp"
 
 #include "core/error.hpp"
+#include "parallel/pipeline/pipeline.hpp"
+#include "train/data.hpp"
 
 namespace ndmini {
 
@@ -56,10 +58,30 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
 std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
   const StagePlan plan(cfg.model.layers, l.split.pp, l.split.virtual_stages);
   const Schedule schedule(l.schedule, l.split.pp, l.split.virtual_stages, l.micro_batches);
+  // The records and FSDP's peak follow the schedule; a step of very many
+  // micro-batches is replayed for its first few rounds only (the pattern repeats).
+  const int replayed = l.micro_batches <= 4096 ? l.micro_batches : 4 * l.split.pp * l.split.virtual_stages;
+  const Schedule replay(l.schedule, l.split.pp, l.split.virtual_stages, replayed);
+  const std::size_t activation = GptModel::activation_elements_of(cfg.model, cfg.train.micro_batch, l.split.tp,
+                                                                  l.split.sequence_parallel, l.split.cp);
   std::vector<MemoryEstimate> out;
-  for (int stage = 0; stage < l.split.pp; ++stage)
-    out.push_back(gpt_memory_estimate(cfg.model, l.split, cfg.train.micro_batch, l.fsdp, plan.chunks_of(stage),
-                                      schedule.max_in_flight(stage), l.recompute));
+  for (int stage = 0; stage < l.split.pp; ++stage) {
+    MemoryEstimate e = gpt_memory_estimate(cfg.model, l.split, cfg.train.micro_batch, l.fsdp, plan.chunks_of(stage),
+                                           schedule.max_in_flight(stage), l.recompute, replay.actions(stage),
+                                           cfg.parallel.reshard_after_forward);
+    // The pipeline's buffers for the input gradients it sends.
+    if (l.split.pp > 1)
+      e.scratch_bytes += static_cast<std::int64_t>(
+          std::min(9.0e18, static_cast<double>(PipelineRunner::most_grad_buffers(plan, stage, l.micro_batches)) *
+                               activation * sizeof(real)));
+    out.push_back(e);
+  }
+  // Every stage also holds the tokens of its micro-batches: one feed, and
+  // one more for the validation loss.
+  const int feeds = cfg.train.eval_every > 0 ? 2 : 1;
+  for (MemoryEstimate& e : out)
+    e.scratch_bytes +=
+        feeds * static_cast<std::int64_t>(micro_batch_feed_bytes(cfg.train.micro_batch, cfg.model.seq_len, l.split.cp));
   return out;
 }
 
