@@ -45,16 +45,11 @@ BlockTensors BlockLayout::view(real* base) const {
 }
 
 std::size_t BlockSizes::activation_floats(bool output_only) const {
-  const std::size_t C = channels, N = rows, Nr = local_rows, out = Nr * C;
-  if (output_only) return out;
-  // The sizes TransformerBlock::allocate uses, in its order.
-  return 2 * N * C + 2 * Nr + ContextParallelAttention::qkvh_size(attention) +
-         ContextParallelAttention::lse_size(attention) + N * (C / tp) + Nr * C + 2 * Nr + 2 * N * (4 * C / tp) + out;
-}
-
-std::size_t BlockSizes::scratch_floats() const {
-  const std::size_t C = channels, N = rows;
-  return N * (3 * C / tp) + N * C + N * (4 * C / tp) + N * (3 * C / tp) + N * (C / tp);  // qkv dln dfc dqkv datty
+  if (output_only) return residual();
+  // What TransformerBlock::allocate takes, in its order.
+  return residual() + full() + 2 * stats() + ContextParallelAttention::qkvh_size(attention) +
+         ContextParallelAttention::lse_size(attention) + attention_out() + residual() + full() + 2 * stats() +
+         2 * hidden();
 }
 
 TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention)
@@ -65,31 +60,31 @@ TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextPara
   Cl_ = C_ / tp.size();
   F_ = 4 * C_ / tp.size();
   Q_ = 3 * C_ / tp.size();
-  const std::size_t N = tp.rows();
-  qkv_ = uninitialized("ndmini::qkv", N * Q_);
-  dln_ = uninitialized("ndmini::dln", N * C_);
-  dfc_ = uninitialized("ndmini::dfc", N * F_);
-  dqkv_ = uninitialized("ndmini::dqkv", N * Q_);
-  datty_ = uninitialized("ndmini::datty", N * Cl_);
+  const BlockSizes& n = sizes_;
+  qkv_ = uninitialized("ndmini::qkv", n.qkv());
+  dln_ = uninitialized("ndmini::dln", n.full());
+  dfc_ = uninitialized("ndmini::dfc", n.hidden());
+  dqkv_ = uninitialized("ndmini::dqkv", n.qkv());
+  datty_ = uninitialized("ndmini::datty", n.attention_out());
 }
 
 BlockActivations TransformerBlock::allocate(bool output_only) const {
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
+  const BlockSizes& n = sizes_;
   BlockActivations a;
-  a.res3 = uninitialized("ndmini::res3", Nr * C_);
+  a.res3 = uninitialized("ndmini::res3", n.residual());
   if (output_only) return a;
-  a.ln1 = uninitialized("ndmini::ln1", N * C_);
-  a.ln1_mean = uninitialized("ndmini::ln1_mean", Nr);
-  a.ln1_rstd = uninitialized("ndmini::ln1_rstd", Nr);
-  a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(attention_.local_shape()));
-  a.lse = uninitialized("ndmini::lse", ContextParallelAttention::lse_size(attention_.local_shape()));
-  a.atty = uninitialized("ndmini::atty", N * Cl_);
-  a.res2 = uninitialized("ndmini::res2", Nr * C_);
-  a.ln2 = uninitialized("ndmini::ln2", N * C_);
-  a.ln2_mean = uninitialized("ndmini::ln2_mean", Nr);
-  a.ln2_rstd = uninitialized("ndmini::ln2_rstd", Nr);
-  a.fch = uninitialized("ndmini::fch", N * F_);
-  a.fch_gelu = uninitialized("ndmini::fch_gelu", N * F_);
+  a.ln1 = uninitialized("ndmini::ln1", n.full());
+  a.ln1_mean = uninitialized("ndmini::ln1_mean", n.stats());
+  a.ln1_rstd = uninitialized("ndmini::ln1_rstd", n.stats());
+  a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(n.attention));
+  a.lse = uninitialized("ndmini::lse", ContextParallelAttention::lse_size(n.attention));
+  a.atty = uninitialized("ndmini::atty", n.attention_out());
+  a.res2 = uninitialized("ndmini::res2", n.residual());
+  a.ln2 = uninitialized("ndmini::ln2", n.full());
+  a.ln2_mean = uninitialized("ndmini::ln2_mean", n.stats());
+  a.ln2_rstd = uninitialized("ndmini::ln2_rstd", n.stats());
+  a.fch = uninitialized("ndmini::fch", n.hidden());
+  a.fch_gelu = uninitialized("ndmini::fch_gelu", n.hidden());
   return a;
 }
 

@@ -74,16 +74,23 @@ struct BlockActivations {
 
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of
 // them residual rows here, C channels split over tp; `attention` is this
-// rank's part of the attention. TransformerBlock allocates exactly these.
+// rank's part of the attention. TransformerBlock allocates exactly these
+// (in floats); the memory estimate adds them up.
 struct BlockSizes {
   std::size_t channels, rows, local_rows;
   int tp;
   kernels::AttentionShape attention;
+  std::size_t full() const { return rows * channels; }                  // [N, C]: LayerNorm outputs, dln
+  std::size_t residual() const { return local_rows * channels; }        // [Nr, C]: res2, res3
+  std::size_t stats() const { return local_rows; }                      // LayerNorm mean or rstd
+  std::size_t attention_out() const { return rows * (channels / tp); }  // [N, C/tp]: atty, datty
+  std::size_t qkv() const { return rows * (3 * channels / tp); }        // [N, 3C/tp]: qkv, dqkv
+  std::size_t hidden() const { return rows * (4 * channels / tp); }     // [N, 4C/tp]: fch, fch_gelu, dfc
   // Floats of one block's activations (BlockActivations): all of them, or
   // only the output res3 (output_only, with recomputation).
   std::size_t activation_floats(bool output_only) const;
   // Floats of the scratch one TransformerBlock holds (shared by all blocks).
-  std::size_t scratch_floats() const;
+  std::size_t scratch_floats() const { return 2 * qkv() + full() + hidden() + attention_out(); }
 };
 
 class TransformerBlock {

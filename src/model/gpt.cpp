@@ -40,20 +40,19 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
   // sequence holding this cp rank's tokens; with SP this tp rank's slice.
   const CpLayout& cpl = attention_.layout();
   const int Tl = cpl.local_len();
-  positions_ = TokenView("ndmini::positions", sizes.positions / sizeof(token_t));
+  positions_ = TokenView("ndmini::positions", sizes.positions);
   auto h = Kokkos::create_mirror_view(positions_);
   for (std::size_t r = 0; r < tp_.local_rows(); ++r)
     h(r) = cpl.position(static_cast<int>((tp_.first_local_row() + r) % Tl));
   Kokkos::deep_copy(positions_, h);
 
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows(), C = m.channels;
-  if (sizes.head > 0) {
-    lnf_ = uninitialized("ndmini::lnf", N * C);
-    lnf_mean_ = uninitialized("ndmini::lnf_mean", Nr);
-    lnf_rstd_ = uninitialized("ndmini::lnf_rstd", Nr);
-    logits_ = uninitialized("ndmini::logits", N * tp_.local_vocab());
-    losses_ = uninitialized("ndmini::losses", N);
-    dln_ = uninitialized("ndmini::head_dln", N * C);
+  if (chunks_.back().head) {
+    lnf_ = uninitialized("ndmini::lnf", sizes.lnf);
+    lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_stats);
+    lnf_rstd_ = uninitialized("ndmini::lnf_rstd", sizes.lnf_stats);
+    logits_ = uninitialized("ndmini::logits", sizes.logits);
+    losses_ = uninitialized("ndmini::losses", sizes.losses);
+    dln_ = uninitialized("ndmini::head_dln", sizes.head_dln);
   }
 }
 
@@ -65,14 +64,19 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   const kernels::AttentionShape att = attention_shape(m, micro_batch, tp, cp);
   const BlockSizes block{C, N, Nr, tp, att};
   Buffers b;
-  b.layers = (TensorParallel::buffer_sizes(tp, sp, N, m.channels).total() +
-              ContextParallelAttention::buffer_sizes(att, cp).total() + block.scratch_floats()) *
-             sizeof(real);
-  b.positions = Nr * sizeof(token_t);
-  // The GEMM's row of ones for bias gradients (kernels/gemm.cpp), as long as the most rows: N.
-  b.layers += N * sizeof(real);
-  // The sizes the constructor allocates: lnf, its mean and rstd, logits, losses, head_dln.
-  if (has_head) b.head = (N * C + 2 * Nr + N * (m.vocab / tp) + N + N * C) * sizeof(real);
+  // The layers' scratch, and the GEMM's row of ones for bias gradients
+  // (kernels/gemm.cpp), as long as the most rows: N.
+  b.layers_bytes = (TensorParallel::buffer_sizes(tp, sp, N, m.channels).total() +
+                    ContextParallelAttention::buffer_sizes(att, cp).total() + block.scratch_floats() + N) *
+                   sizeof(real);
+  b.positions = Nr;
+  if (has_head) {
+    b.lnf = N * C;
+    b.lnf_stats = Nr;
+    b.logits = N * (m.vocab / tp);
+    b.losses = N;
+    b.head_dln = N * C;
+  }
   return b;
 }
 

@@ -128,14 +128,17 @@ class GptModel {
   // With SP, sums the partial gradients of tp-replicated tensors over tp.
   void sum_replicated_grads(real* grads, std::size_t n) { tp_.sum_replicated_grads(grads, n); }
 
-  // The bytes of the buffers a GptModel allocates for itself (the memory
-  // estimate uses these; the constructor allocates exactly them): the
-  // layers' scratch, the positions, and the head's on the head stage.
+  // The buffers a GptModel allocates for itself (its constructor allocates
+  // these; the memory estimate adds them up): the layers' scratch, the
+  // positions, and on the head stage the head's, in floats.
   struct Buffers {
-    std::size_t layers = 0;  // TensorParallel, ContextParallelAttention, TransformerBlock
-    std::size_t positions = 0;
-    std::size_t head = 0;  // ln_f output and its stats, logits, losses, d(ln_f output)
-    std::size_t total() const { return layers + positions + head; }
+    std::size_t layers_bytes = 0;  // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
+    std::size_t positions = 0;     // tokens
+    std::size_t lnf = 0, lnf_stats = 0, logits = 0, losses = 0, head_dln = 0;  // head stage only
+    std::size_t bytes() const {
+      return layers_bytes + positions * sizeof(token_t) +
+             (lnf + 2 * lnf_stats + logits + losses + head_dln) * sizeof(real);
+    }
   };
   static Buffers buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp, bool sequence_parallel,
                               int cp);

@@ -24,6 +24,7 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
     shard_offset_[u] = total;
     total += layout_.unit_size[u] / shards_;
   }
+  if (total != shard_elements(layout_, shards_)) throw InternalError("the shard sizes do not add up");
   shard_params_ = View1D("ndmini::params", total);
   shard_grads_ = View1D("ndmini::grads", total);
 
@@ -40,6 +41,10 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
   if (shards_ > 1) fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_);
   if (groups_.dp_replicate != nullptr && groups_.dp_replicate->size() > 1)
     dp_ = std::make_unique<DataParallel>(*groups_.dp_replicate);
+}
+
+std::size_t ParamStore::shard_elements(const ParamLayout& layout, int shards) {
+  return layout.total / shards;  // every unit is padded to split evenly
 }
 
 void ParamStore::prefetch(int u) {

@@ -32,6 +32,10 @@ class ParamStore {
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
+  // Floats of this rank's shard of `layout` over `shards` ranks: the size of
+  // the parameter and the gradient buffer (and of each AdamW moment).
+  static std::size_t shard_elements(const ParamLayout& layout, int shards);
+
   const ParamLayout& layout() const { return layout_; }
   int units() const { return static_cast<int>(layout_.unit_size.size()); }
   bool sharded() const { return fsdp_ != nullptr; }

@@ -118,7 +118,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   // From here on the sizes the runtime, the model and the layers allocate.
   const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp);
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
-  const std::size_t shard = layout.total / fsdp;
+  const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
   e.state_bytes = saturate(4.0 * shard * sizeof(real));
   const bool sp = split.sequence_parallel && split.tp > 1;
   const std::size_t rows = static_cast<std::size_t>(micro_batch) * m.seq_len / split.cp;
@@ -154,7 +154,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   e.activation_bytes_per_micro_batch = saturate(std::ceil(record_bytes / std::max(records, 1.0)));
   // Scratch: the model's own buffers, a recomputed block, what FSDP holds at most.
   double scratch =
-      static_cast<double>(GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, sp, split.cp).total());
+      static_cast<double>(GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, sp, split.cp).bytes());
   if (recompute == Recompute::block) scratch += block.activation_floats(false) * sizeof(real);
   scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(layout, chunks, fsdp, actions, reshard_after_forward));
   e.scratch_bytes = saturate(scratch);
