@@ -18,36 +18,62 @@ namespace {
 
 int size_of(const Communicator* c) { return c != nullptr ? c->size() : 1; }
 
+// Fsdp's allocations, replayed without data: the bytes it holds and their peak.
+class FsdpReplay {
+ public:
+  FsdpReplay(const ParamLayout& layout, int shards)
+      : units_(layout.unit_size), shards_(shards), gathered_(units_.size(), false), open_(units_.size(), false) {}
+  void gather(int u) {  // and prefetch
+    if (u < 0 || u >= static_cast<int>(units_.size()) || gathered_[u]) return;
+    gathered_[u] = true;
+    grow(units_[u]);
+  }
+  void release(int u) {
+    if (!gathered_[u]) return;
+    gathered_[u] = false;
+    held_ -= units_[u];
+  }
+  void begin_grads(int u) {
+    if (open_[u]) return;
+    open_[u] = true;
+    grow(units_[u]);
+  }
+  void end_grads(int u) {
+    open_[u] = false;
+    const std::size_t part = units_[u] / shards_;
+    grow(part);
+    reductions_.push_back(units_[u] + part);
+    while (reductions_.size() > Fsdp::kReductionsInFlight) {
+      held_ -= reductions_.front();
+      reductions_.pop_front();
+    }
+  }
+  std::size_t peak_bytes() const { return peak_ * sizeof(real); }
+
+ private:
+  void grow(std::size_t floats) { peak_ = std::max(peak_, held_ += floats); }
+
+  std::vector<std::size_t> units_;  // floats of each unit
+  std::size_t shards_;
+  std::vector<bool> gathered_, open_;
+  std::deque<std::size_t> reductions_;  // full gradients + shard part of each reduce-scatter in flight
+  std::size_t held_ = 0, peak_ = 0;
+};
+
+// The most micro-batches of `chunk` that `actions` have forwarded but not yet backwarded.
+int most_in_flight(int chunk, const std::vector<PipelineAction>& actions) {
+  int now = 0, most = 0;
+  for (const PipelineAction& a : actions)
+    if (a.chunk == chunk) most = std::max(most, now += a.kind == PipelineAction::Kind::forward ? 1 : -1);
+  return most;
+}
+
 }  // namespace
 
 std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
                                           const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
   if (shards <= 1) return 0;
-  // Fsdp's allocations, unit by unit, in floats.
-  const int n_units = static_cast<int>(layout.unit_size.size());
-  std::vector<bool> gathered(n_units, false), open(n_units, false);
-  std::deque<std::size_t> reductions;  // full gradients + shard part of each reduce-scatter in flight
-  std::size_t held = 0, peak = 0;
-  const auto grow = [&](std::size_t floats) { peak = std::max(peak, held += floats); };
-  const auto gather = [&](int u) {
-    if (u >= 0 && u < n_units && !gathered[u]) gathered[u] = true, grow(layout.unit_size[u]);
-  };
-  const auto release = [&](int u) {
-    if (gathered[u]) gathered[u] = false, held -= layout.unit_size[u];
-  };
-  const auto begin_grads = [&](int u) {
-    if (!open[u]) open[u] = true, grow(layout.unit_size[u]);
-  };
-  const auto end_grads = [&](int u) {
-    open[u] = false;
-    const std::size_t part = layout.unit_size[u] / shards;
-    grow(part);
-    reductions.push_back(layout.unit_size[u] + part);
-    while (reductions.size() > Fsdp::kReductionsInFlight) {
-      held -= reductions.front();
-      reductions.pop_front();
-    }
-  };
+  FsdpReplay fsdp(layout, shards);
   // The scopes of forward(), head() and backward(), in their order.
   const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
   for (const PipelineAction& a : actions) {
@@ -58,34 +84,47 @@ std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::
     const ChunkUnits& u = all_units[k];
     if (a.kind == PipelineAction::Kind::forward) {
       if (c.embedding) {
-        gather(u.wte), gather(u.wpe), gather(u.blocks.front());
-        release(u.wpe);
-        if (!c.head) release(u.wte);
+        fsdp.gather(u.wte);
+        fsdp.gather(u.wpe);
+        fsdp.gather(u.blocks.front());
+        fsdp.release(u.wpe);
+        if (!c.head) fsdp.release(u.wte);
       }
       for (std::size_t i = 0; i < u.blocks.size(); ++i) {
-        gather(u.blocks[i]), gather(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);
-        if (reshard_after_forward) release(u.blocks[i]);
+        fsdp.gather(u.blocks[i]);
+        fsdp.gather(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);
+        if (reshard_after_forward) fsdp.release(u.blocks[i]);
       }
       if (c.head) {
-        gather(u.ln_f), gather(u.wte), begin_grads(u.wte), begin_grads(u.ln_f);
-        end_grads(u.ln_f);
-        if (!c.embedding) end_grads(u.wte), release(u.wte);
-        release(u.ln_f);
+        fsdp.gather(u.ln_f);
+        fsdp.gather(u.wte);
+        fsdp.begin_grads(u.wte);
+        fsdp.begin_grads(u.ln_f);
+        fsdp.end_grads(u.ln_f);
+        if (!c.embedding) {
+          fsdp.end_grads(u.wte);
+          fsdp.release(u.wte);
+        }
+        fsdp.release(u.ln_f);
       }
     } else {
       for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
-        gather(u.blocks[i]), gather(i > 0 ? u.blocks[i - 1] : -1), begin_grads(u.blocks[i]);
-        end_grads(u.blocks[i]);
-        release(u.blocks[i]);
+        fsdp.gather(u.blocks[i]);
+        fsdp.gather(i > 0 ? u.blocks[i - 1] : -1);
+        fsdp.begin_grads(u.blocks[i]);
+        fsdp.end_grads(u.blocks[i]);
+        fsdp.release(u.blocks[i]);
       }
       if (c.embedding) {
-        begin_grads(u.wte), begin_grads(u.wpe);
-        end_grads(u.wpe), end_grads(u.wte);
-        if (c.head) release(u.wte);
+        fsdp.begin_grads(u.wte);
+        fsdp.begin_grads(u.wpe);
+        fsdp.end_grads(u.wpe);
+        fsdp.end_grads(u.wte);
+        if (c.head) fsdp.release(u.wte);
       }
     }
   }
-  return peak * sizeof(real);
+  return fsdp.peak_bytes();
 }
 
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
@@ -105,10 +144,11 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   // Byte counts saturate just below INT64_MAX: a refusal, not an overflow.
   static constexpr double kMostBytes = 9.0e18;
   const auto saturate = [](double bytes) { return static_cast<std::int64_t>(std::min(bytes, kMostBytes)); };
-  // Absurd decks (more elements than size_t arithmetic below survives): a
-  // rough count (~20 [N, C] activations per block); refused by the caller anyway.
-  constexpr double kMostElements = 1e15, kRoughFloatsPerRow = 20;
-  if (params > kMostElements || N * std::max(C, V) > kMostElements) {
+  // Absurd decks (more elements than size_t arithmetic below survives, or
+  // more layers than a parameter layout is worth building for): a rough count
+  // (~20 [N, C] activations per block); refused by the caller anyway.
+  constexpr double kMostElements = 1e15, kMostLayers = 1e5, kRoughFloatsPerRow = 20;
+  if (params > kMostElements || N * std::max(C, V) > kMostElements || m.layers > kMostLayers) {
     e.state_bytes = saturate(4 * params / fsdp * sizeof(real));
     e.activation_bytes_per_micro_batch = saturate(m.layers * N * C * kRoughFloatsPerRow * sizeof(real));
     e.in_flight = in_flight;
@@ -129,20 +169,12 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
                          {micro_batch, m.seq_len / split.cp, m.channels / split.tp, m.heads / split.tp}};
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
   // each chunk, the most of its micro-batches the schedule has in flight at once.
-  std::vector<int> now(chunks.size(), 0), most(chunks.size(), 0);
-  for (const PipelineAction& a : actions)
-    for (std::size_t k = 0; k < chunks.size(); ++k)
-      if (chunks[k].index == a.chunk) {
-        if (a.kind == PipelineAction::Kind::forward)
-          most[k] = std::max(most[k], ++now[k]);
-        else
-          --now[k];
-      }
   double records = 0, record_bytes = 0, largest = 0;
   for (std::size_t k = 0; k < chunks.size(); ++k) {
     const double bytes = static_cast<double>(StageRuntime::record_bytes(chunks[k], block, recompute));
-    records += most[k];
-    record_bytes += most[k] * bytes;
+    const int most = most_in_flight(chunks[k].index, actions);
+    records += most;
+    record_bytes += most * bytes;
     largest = std::max(largest, bytes);
   }
   // `actions` may replay only the first micro-batches of a very long step.
@@ -156,7 +188,11 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   double scratch =
       static_cast<double>(GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, sp, split.cp).bytes());
   if (recompute == Recompute::block) scratch += block.activation_floats(false) * sizeof(real);
-  scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(layout, chunks, fsdp, actions, reshard_after_forward));
+  // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
+  const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
+  scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(
+      layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
+      reshard_after_forward));
   e.scratch_bytes = saturate(scratch);
   return e;
 }
