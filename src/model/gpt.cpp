@@ -59,10 +59,9 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
 GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp,
                                          bool sequence_parallel, int cp) {
   const bool sp = sequence_parallel && tp > 1;
-  const std::size_t N = static_cast<std::size_t>(micro_batch) * m.seq_len / cp, Nr = sp ? N / tp : N;
-  const std::size_t C = m.channels;
-  const kernels::AttentionShape att = attention_shape(m, micro_batch, tp, cp);
-  const BlockSizes block{C, N, Nr, tp, att};
+  const BlockSizes block = block_sizes_of(m, micro_batch, tp, sequence_parallel, cp);
+  const std::size_t N = block.rows, Nr = block.local_rows, C = block.channels;
+  const kernels::AttentionShape att = block.attention;
   Buffers b;
   // The layers' scratch, and the GEMM's row of ones for bias gradients
   // (kernels/gemm.cpp), as long as the most rows: N.
@@ -80,10 +79,10 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   return b;
 }
 
-std::size_t GptModel::activation_elements_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel,
-                                             int cp) {
+BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp) {
   const std::size_t N = static_cast<std::size_t>(micro_batch) * m.seq_len / cp;
-  return (sequence_parallel && tp > 1 ? N / tp : N) * m.channels;
+  const bool sp = sequence_parallel && tp > 1;
+  return {static_cast<std::size_t>(m.channels), N, sp ? N / tp : N, tp, attention_shape(m, micro_batch, tp, cp)};
 }
 
 ParamLayout GptModel::param_layout(int shards) const {

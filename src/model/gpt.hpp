@@ -102,8 +102,12 @@ class GptModel {
   std::size_t local_rows() const { return tp_.local_rows(); }
   // Floats of the activations between chunks: Nr x C.
   std::size_t activation_elements() const { return tp_.local_rows() * cfg_.channels; }
+  // The sizes of one block's buffers on a rank of this split (what block_sizes() returns).
+  static BlockSizes block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp);
   static std::size_t activation_elements_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel,
-                                            int cp);
+                                            int cp) {
+    return block_sizes_of(m, micro_batch, tp, sequence_parallel, cp).residual();
+  }
   const BlockSizes& block_sizes() const { return block_.sizes(); }
   // One block's activations for one micro-batch (all, or only its output).
   BlockActivations allocate_block(bool output_only) const { return block_.allocate(output_only); }

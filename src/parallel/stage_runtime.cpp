@@ -160,13 +160,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
   const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
   e.state_bytes = saturate(4.0 * shard * sizeof(real));
-  const bool sp = split.sequence_parallel && split.tp > 1;
-  const std::size_t rows = static_cast<std::size_t>(micro_batch) * m.seq_len / split.cp;
-  const BlockSizes block{static_cast<std::size_t>(m.channels),
-                         rows,
-                         sp ? rows / split.tp : rows,
-                         split.tp,
-                         {micro_batch, m.seq_len / split.cp, m.channels / split.tp, m.heads / split.tp}};
+  const BlockSizes block = GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
   // each chunk, the most of its micro-batches the schedule has in flight at once.
   double records = 0, record_bytes = 0, largest = 0;
@@ -185,8 +179,8 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   e.in_flight = static_cast<std::int64_t>(records);
   e.activation_bytes_per_micro_batch = saturate(std::ceil(record_bytes / std::max(records, 1.0)));
   // Scratch: the model's own buffers, a recomputed block, what FSDP holds at most.
-  double scratch =
-      static_cast<double>(GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, sp, split.cp).bytes());
+  double scratch = static_cast<double>(
+      GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, split.sequence_parallel, split.cp).bytes());
   if (recompute == Recompute::block) scratch += block.activation_floats(false) * sizeof(real);
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
