@@ -67,7 +67,7 @@ class TensorParallel {
   ConstSlice2D gather_output_grad(ConstSlice2D dres);
   // dbias of a row-parallel layer from dy over all N rows (dy_full) or, with
   // SP, over this rank's rows (dres): the bias sits in the sequence-parallel
-  // region, so its gradient is partial until reduce_replicated_grads.
+  // region, so its gradient is partial until sum_replicated_grads.
   void row_parallel_bias_backward(Slice1D dbias, ConstSlice2D dy_full, ConstSlice2D dres);
 
   // Vocabulary-parallel embedding of this rank's residual rows: wte rows of
