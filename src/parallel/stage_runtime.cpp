@@ -48,6 +48,49 @@ class FsdpReplay {
       reductions_.pop_front();
     }
   }
+  // The unit scopes of StageRuntime::forward() (with head()) and backward(), in their order.
+  void forward(const Chunk& c, const ChunkUnits& u, bool reshard_after_forward) {
+    if (c.embedding) {
+      gather(u.wte);
+      gather(u.wpe);
+      gather(u.blocks.front());
+      release(u.wpe);
+      if (!c.head) release(u.wte);
+    }
+    for (std::size_t i = 0; i < u.blocks.size(); ++i) {
+      gather(u.blocks[i]);
+      gather(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);
+      if (reshard_after_forward) release(u.blocks[i]);
+    }
+    if (c.head) {
+      gather(u.ln_f);
+      gather(u.wte);
+      begin_grads(u.wte);
+      begin_grads(u.ln_f);
+      end_grads(u.ln_f);
+      if (!c.embedding) {
+        end_grads(u.wte);
+        release(u.wte);
+      }
+      release(u.ln_f);
+    }
+  }
+  void backward(const Chunk& c, const ChunkUnits& u) {
+    for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
+      gather(u.blocks[i]);
+      gather(i > 0 ? u.blocks[i - 1] : -1);
+      begin_grads(u.blocks[i]);
+      end_grads(u.blocks[i]);
+      release(u.blocks[i]);
+    }
+    if (c.embedding) {
+      begin_grads(u.wte);
+      begin_grads(u.wpe);
+      end_grads(u.wpe);
+      end_grads(u.wte);
+      if (c.head) release(u.wte);
+    }
+  }
   std::size_t peak_bytes() const { return peak_ * sizeof(real); }
 
  private:
@@ -68,61 +111,39 @@ int most_in_flight(int chunk, const std::vector<PipelineAction>& actions) {
   return most;
 }
 
+// Byte counts saturate just below INT64_MAX: a refusal, not an overflow.
+std::int64_t saturated_bytes(double bytes) { return static_cast<std::int64_t>(std::min(bytes, 9.0e18)); }
+
+// Absurd decks (more elements than size_t arithmetic survives, or more
+// layers than a parameter layout is worth building for): a rough count
+// (~20 [N, C] activations per block); refused by the caller anyway.
+constexpr double kMostElements = 1e15, kMostLayers = 1e5;
+MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, double tp, int in_flight) {
+  constexpr double kRoughFloatsPerRow = 20;
+  const double C = m.channels, V = m.vocab;
+  MemoryEstimate e;
+  e.state_bytes = saturated_bytes(4 * params * sizeof(real));
+  e.activation_bytes_per_micro_batch = saturated_bytes(m.layers * N * C * kRoughFloatsPerRow * sizeof(real));
+  e.in_flight = in_flight;
+  e.scratch_bytes = saturated_bytes(N * (C + V / tp) * 4 * sizeof(real));
+  return e;
+}
+
 }  // namespace
 
 std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
                                           const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
   if (shards <= 1) return 0;
   FsdpReplay fsdp(layout, shards);
-  // The scopes of forward(), head() and backward(), in their order.
   const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
   for (const PipelineAction& a : actions) {
     std::size_t k = 0;
     while (k < chunks.size() && chunks[k].index != a.chunk) ++k;
     if (k == chunks.size()) continue;
-    const Chunk& c = chunks[k];
-    const ChunkUnits& u = all_units[k];
-    if (a.kind == PipelineAction::Kind::forward) {
-      if (c.embedding) {
-        fsdp.gather(u.wte);
-        fsdp.gather(u.wpe);
-        fsdp.gather(u.blocks.front());
-        fsdp.release(u.wpe);
-        if (!c.head) fsdp.release(u.wte);
-      }
-      for (std::size_t i = 0; i < u.blocks.size(); ++i) {
-        fsdp.gather(u.blocks[i]);
-        fsdp.gather(i + 1 < u.blocks.size() ? u.blocks[i + 1] : u.ln_f);
-        if (reshard_after_forward) fsdp.release(u.blocks[i]);
-      }
-      if (c.head) {
-        fsdp.gather(u.ln_f);
-        fsdp.gather(u.wte);
-        fsdp.begin_grads(u.wte);
-        fsdp.begin_grads(u.ln_f);
-        fsdp.end_grads(u.ln_f);
-        if (!c.embedding) {
-          fsdp.end_grads(u.wte);
-          fsdp.release(u.wte);
-        }
-        fsdp.release(u.ln_f);
-      }
-    } else {
-      for (int i = static_cast<int>(u.blocks.size()) - 1; i >= 0; --i) {
-        fsdp.gather(u.blocks[i]);
-        fsdp.gather(i > 0 ? u.blocks[i - 1] : -1);
-        fsdp.begin_grads(u.blocks[i]);
-        fsdp.end_grads(u.blocks[i]);
-        fsdp.release(u.blocks[i]);
-      }
-      if (c.embedding) {
-        fsdp.begin_grads(u.wte);
-        fsdp.begin_grads(u.wpe);
-        fsdp.end_grads(u.wpe);
-        fsdp.end_grads(u.wte);
-        if (c.head) fsdp.release(u.wte);
-      }
-    }
+    if (a.kind == PipelineAction::Kind::forward)
+      fsdp.forward(chunks[k], all_units[k], reshard_after_forward);
+    else
+      fsdp.backward(chunks[k], all_units[k]);
   }
   return fsdp.peak_bytes();
 }
@@ -140,26 +161,14 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
     if (c.head) params += 2 * C;
     params += c.layers() * (12 * C * C / tp + 13 * C);
   }
-  MemoryEstimate e;
-  // Byte counts saturate just below INT64_MAX: a refusal, not an overflow.
-  static constexpr double kMostBytes = 9.0e18;
-  const auto saturate = [](double bytes) { return static_cast<std::int64_t>(std::min(bytes, kMostBytes)); };
-  // Absurd decks (more elements than size_t arithmetic below survives, or
-  // more layers than a parameter layout is worth building for): a rough count
-  // (~20 [N, C] activations per block); refused by the caller anyway.
-  constexpr double kMostElements = 1e15, kMostLayers = 1e5, kRoughFloatsPerRow = 20;
-  if (params > kMostElements || N * std::max(C, V) > kMostElements || m.layers > kMostLayers) {
-    e.state_bytes = saturate(4 * params / fsdp * sizeof(real));
-    e.activation_bytes_per_micro_batch = saturate(m.layers * N * C * kRoughFloatsPerRow * sizeof(real));
-    e.in_flight = in_flight;
-    e.scratch_bytes = saturate(N * (C + V / tp) * 4 * sizeof(real));
-    return e;
-  }
+  if (params > kMostElements || N * std::max(C, V) > kMostElements || m.layers > kMostLayers)
+    return rough_estimate(m, params / fsdp, N, tp, in_flight);
   // From here on the sizes the runtime, the model and the layers allocate.
+  MemoryEstimate e;
   const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp);
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
   const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
-  e.state_bytes = saturate(4.0 * shard * sizeof(real));
+  e.state_bytes = saturated_bytes(4.0 * shard * sizeof(real));
   const BlockSizes block = GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
   // each chunk, the most of its micro-batches the schedule has in flight at once.
@@ -177,7 +186,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
     records = in_flight;
   }
   e.in_flight = static_cast<std::int64_t>(records);
-  e.activation_bytes_per_micro_batch = saturate(std::ceil(record_bytes / std::max(records, 1.0)));
+  e.activation_bytes_per_micro_batch = saturated_bytes(std::ceil(record_bytes / std::max(records, 1.0)));
   // Scratch: the model's own buffers, a recomputed block, what FSDP holds at most.
   double scratch = static_cast<double>(
       GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, split.sequence_parallel, split.cp).bytes());
@@ -187,7 +196,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split
   scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(
       layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
       reshard_after_forward));
-  e.scratch_bytes = saturate(scratch);
+  e.scratch_bytes = saturated_bytes(scratch);
   return e;
 }
 
