@@ -60,12 +60,16 @@ TEST(Guards, ClosedFormParamCountMatchesTheLayout) {
   EXPECT_EQ(gpt_param_count(ModelConfig{12, 768, 12, 50304, 1024}), 124475904);  // GPT-2 small, padded vocabulary
 }
 
-// On one rank the model state is four float copies of every parameter;
-// tp with SP splits the big matrices and the activations, FSDP shards the state.
+// On one rank the model state is four float copies of the flat parameter
+// buffer (every parameter, each padded to 64 bytes); tp with SP splits the big
+// matrices and the activations, FSDP shards the state. (test_memory checks
+// the estimate against real allocations.)
 TEST(Guards, EstimateFollowsTheLayout) {
   const Config c = deck();
   const MemoryEstimate e = estimate_memory(c, one_rank(c));
-  EXPECT_EQ(e.state_bytes, 4 * static_cast<std::int64_t>(sizeof(real)) * gpt_param_count(c.model));
+  const ParamLayout flat = gpt_param_layout(c.model, StagePlan(c.model.layers, 1, 1).chunks_of(0));
+  EXPECT_EQ(e.state_bytes, 4 * static_cast<std::int64_t>(sizeof(real) * flat.total));
+  EXPECT_GE(static_cast<std::int64_t>(flat.total), gpt_param_count(c.model));
   EXPECT_EQ(data_bytes(c), 0);
   const Config tp2 = deck({"parallel.tp=2", "parallel.sequence_parallel=true"});
   EXPECT_LT(estimate_memory(tp2, resolve_layout(tp2, 2)).state_bytes, 0.6 * e.state_bytes);

@@ -2,6 +2,8 @@
 #include "train/layout.hpp"
 
 #include "core/error.hpp"
+#include "parallel/pipeline/pipeline.hpp"
+#include "train/data.hpp"
 
 namespace ndmini {
 
@@ -46,10 +48,31 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
 }
 
 std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
+  const ParallelDims& d = l.dims;
+  // The records and FSDP's peak follow the schedule; a step of very many
+  // micro-batches is replayed for its first few rounds only (the pattern repeats).
+  const int replayed = l.micro_batches <= 4096 ? l.micro_batches : 4 * d.pp * d.virtual_stages;
+  const Schedule replay(l.schedule.kind(), d.pp, d.virtual_stages, replayed);
+  const std::size_t activation =
+      GptModel::activation_elements_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   std::vector<MemoryEstimate> out;
-  for (int stage = 0; stage < l.dims.pp; ++stage)
-    out.push_back(gpt_memory_estimate(cfg.model, l.dims, cfg.train.micro_batch, l.plan.chunks_of(stage),
-                                      l.schedule.max_in_flight(stage), l.recompute));
+  for (int stage = 0; stage < d.pp; ++stage) {
+    MemoryEstimate e = gpt_memory_estimate(cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage),
+                                           l.schedule.max_in_flight(stage), l.recompute, replay.actions(stage),
+                                           cfg.parallel.reshard_after_forward);
+    // The pipeline's buffers for the input gradients it sends.
+    if (d.pp > 1)
+      e.scratch_bytes += static_cast<std::int64_t>(
+          std::min(9.0e18, static_cast<double>(PipelineRunner::most_grad_buffers(l.plan, stage, l.micro_batches)) *
+                               activation * sizeof(real)));
+    out.push_back(e);
+  }
+  // Every stage also holds the tokens of its micro-batches: one feed, and
+  // one more for the validation loss.
+  const int feeds = cfg.train.eval_every > 0 ? 2 : 1;
+  for (MemoryEstimate& e : out)
+    e.scratch_bytes +=
+        feeds * static_cast<std::int64_t>(micro_batch_feed_bytes(cfg.train.micro_batch, cfg.model.seq_len, d.cp));
   return out;
 }
 

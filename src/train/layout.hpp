@@ -12,6 +12,7 @@
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "parallel/pipeline/schedule.hpp"
+#include "parallel/stage_runtime.hpp"
 
 namespace ndmini {
 

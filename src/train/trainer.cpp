@@ -20,6 +20,7 @@
 #include "model/gpt.hpp"
 #include "parallel/context.hpp"
 #include "parallel/pipeline/pipeline.hpp"
+#include "parallel/stage_runtime.hpp"
 #include "train/budget.hpp"
 #include "train/calibration.hpp"
 #include "train/capture.hpp"
@@ -100,7 +101,7 @@ class MicroBatchFeed {
 // validation loss); loss_scale 0: the head computes no gradient.
 class TrainingStage final : public PipelineStage {
  public:
-  TrainingStage(GptStage& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
+  TrainingStage(StageRuntime& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
       : model_(model), feed_(feed), loss_scale_(loss_scale), micro_batches_(micro_batches) {}
   void set_step(std::int64_t step) { step_ = step; }
 
@@ -121,7 +122,7 @@ class TrainingStage final : public PipelineStage {
   void discard(int chunk, int mb) override { model_.discard(chunk, mb); }
 
  private:
-  GptStage& model_;
+  StageRuntime& model_;
   MicroBatchFeed& feed_;
   real loss_scale_;
   int micro_batches_;
@@ -188,7 +189,7 @@ class Trainer {
   fault::FaultPlan faults_;
   std::unique_ptr<io::CheckpointDirLock> dir_lock_;
   DataSources sources_;
-  std::unique_ptr<GptStage> model_;
+  std::unique_ptr<StageRuntime> model_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<CheckpointState> ckpt_;
   std::unique_ptr<MetricsWriter> metrics_;
@@ -293,8 +294,8 @@ void Trainer::setup() {
   // Reading the data is rank-local: agree on the outcome, so one rank's
   // missing file stops every rank with its message instead of a hang.
   agree_on_errors(comm_, [&] { sources_ = make_data_sources(cfg_); });
-  model_ = std::make_unique<GptStage>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
-                                      layout_.recompute);
+  model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
+                                          layout_.recompute);
   model_->init(cfg_.train.seed);
   opt_ = std::make_unique<AdamW>(model_->store());
   ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_);
