@@ -49,10 +49,11 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
 
 std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
   const ParallelDims& d = l.dims;
-  // The records and FSDP's peak follow the schedule; a step of very many
-  // micro-batches is replayed for its first few rounds only (the pattern repeats).
-  const int replayed = l.micro_batches <= 4096 ? l.micro_batches : 4 * d.pp * d.virtual_stages;
-  const Schedule replay(l.schedule.kind(), d.pp, d.virtual_stages, replayed);
+  // The records and FSDP's peak follow the run's schedule; a step of very
+  // many micro-batches is replayed for its first few rounds only (the pattern repeats).
+  const Schedule replay = l.micro_batches <= 4096
+                              ? l.schedule
+                              : Schedule(l.schedule.kind(), d.pp, d.virtual_stages, 4 * d.pp * d.virtual_stages);
   const std::size_t activation =
       GptModel::activation_elements_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   std::vector<MemoryEstimate> out;
