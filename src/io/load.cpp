@@ -92,66 +92,67 @@ void broadcast(MPI_Comm comm, std::string& bytes) {
   }
 }
 
-}  // namespace
-
-CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::optional<std::int64_t> step,
-                               const std::vector<TensorSlab>& tensors, double* seconds) {
-  const auto t_start = Clock::now();
-  const int rank = comm_rank(comm);
-  const fs::path root(root_dir);
-  const std::string fix = "train with checkpoint.every > 0 first or drop --resume";
-
-  // Which checkpoint, is it intact, what does it hold: rank 0 decides, before
-  // HDF5 parses anything, and tells the others.
-  std::string packed;
-  agree_on_errors(comm, [&] {
-    if (rank != 0) return;
-    require(fs::is_directory(root), "no checkpoint in '" + root.string() + "' (the folder does not exist); " + fix);
-    std::int64_t chosen = 0;
-    if (step) {
-      chosen = *step;
-    } else {
-      const auto latest = read_latest(root);
-      if (!latest) {
-        const auto steps = committed_steps(root);
-        if (!steps.empty())
-          throw Error("no 'latest' marker in '" + root.string() + "', but it holds checkpoints of steps " +
-                      steps_text(steps) + " (the marker was deleted or never written); resume one explicitly, " +
-                      "e.g. --resume " + std::to_string(steps.back()));
-        throw Error("no checkpoint in '" + root.string() + "' (no 'latest' marker and no step_* folders); " + fix);
-      }
-      chosen = *latest;
-    }
-    const fs::path dir = root / checkpoint_dirname(chosen);
-    if (!fs::is_directory(dir)) {
-      if (!step)
-        throw Error("the 'latest' marker in '" + root.string() + "' names step " + std::to_string(chosen) + ", but '" +
-                    dir.string() + "' does not exist; resume from an existing step with --resume STEP (available: " +
-                    available_text(root) + ")");
-      throw Error("no checkpoint for step " + std::to_string(chosen) + " in '" + root.string() + "': '" + dir.string() +
-                  "' does not exist; pick one of the available steps (" + available_text(root) +
-                  ") with --resume STEP");
-    }
-    const format::Index index = format::read_index(dir.string());
-    Packer p;
-    p.str(dir.string());
-    for_each_field(index.info, [&](const char*, const auto& value) { p.field(value); });
-    p.u64(index.tensors.size());
-    for (const auto& t : index.tensors) {
-      p.str(t.path);
-      p.u64(t.shape.size());
-      for (auto d : t.shape) p.u64(d);
-      p.u64(t.offset);
-      p.u64(t.digest);
-    }
-    packed = std::move(p.bytes());
-  });
-  broadcast(comm, packed);
-  Unpacker u(packed);
-  const std::string dir = u.str();
+// The index as every rank holds it after rank 0 has read it.
+struct SharedIndex {
+  std::string dir;  // the checkpoint's folder
   CheckpointInfo info;
-  for_each_field(info, [&](const char*, auto& value) { u.field(value); });
-  std::map<std::string, format::TensorEntry> index;
+  std::map<std::string, format::TensorEntry> tensors;  // by path
+};
+
+// Rank 0: which folder to load, `step` or the one `latest` names; an error
+// names what exists instead.
+fs::path chosen_folder(const fs::path& root, std::optional<std::int64_t> step) {
+  const std::string fix = "train with checkpoint.every > 0 first or drop --resume";
+  require(fs::is_directory(root), "no checkpoint in '" + root.string() + "' (the folder does not exist); " + fix);
+  std::int64_t chosen = 0;
+  if (step) {
+    chosen = *step;
+  } else {
+    const auto latest = read_latest(root);
+    if (!latest) {
+      const auto steps = committed_steps(root);
+      if (!steps.empty())
+        throw Error("no 'latest' marker in '" + root.string() + "', but it holds checkpoints of steps " +
+                    steps_text(steps) + " (the marker was deleted or never written); resume one explicitly, " +
+                    "e.g. --resume " + std::to_string(steps.back()));
+      throw Error("no checkpoint in '" + root.string() + "' (no 'latest' marker and no step_* folders); " + fix);
+    }
+    chosen = *latest;
+  }
+  const fs::path dir = root / checkpoint_dirname(chosen);
+  if (!fs::is_directory(dir)) {
+    if (!step)
+      throw Error("the 'latest' marker in '" + root.string() + "' names step " + std::to_string(chosen) + ", but '" +
+                  dir.string() + "' does not exist; resume from an existing step with --resume STEP (available: " +
+                  available_text(root) + ")");
+    throw Error("no checkpoint for step " + std::to_string(chosen) + " in '" + root.string() + "': '" + dir.string() +
+                "' does not exist; pick one of the available steps (" + available_text(root) + ") with --resume STEP");
+  }
+  return dir;
+}
+
+// Rank 0: the folder and its verified index, as bytes for the broadcast.
+std::string packed_index(const fs::path& dir) {
+  const format::Index index = format::read_index(dir.string());
+  Packer p;
+  p.str(dir.string());
+  for_each_field(index.info, [&](const char*, const auto& value) { p.field(value); });
+  p.u64(index.tensors.size());
+  for (const auto& t : index.tensors) {
+    p.str(t.path);
+    p.u64(t.shape.size());
+    for (auto d : t.shape) p.u64(d);
+    p.u64(t.offset);
+    p.u64(t.digest);
+  }
+  return std::move(p.bytes());
+}
+
+SharedIndex unpacked_index(const std::string& packed) {
+  Unpacker u(packed);
+  SharedIndex index;
+  index.dir = u.str();
+  for_each_field(index.info, [&](const char*, auto& value) { u.field(value); });
   for (std::uint64_t n = u.u64(); n > 0; --n) {
     format::TensorEntry t;
     t.path = u.str();
@@ -159,20 +160,35 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
     for (auto& d : t.shape) d = u.u64();
     t.offset = u.u64();
     t.digest = u.u64();
-    index[t.path] = std::move(t);
+    index.tensors[t.path] = std::move(t);
   }
+  return index;
+}
 
-  const auto order = agreed_order(comm, tensors, 0, true);
-  const std::string file = dir + "/" + kFileName;
-  const std::string where = "checkpoint '" + file + "'";
+// Which checkpoint, is it intact, what does it hold: rank 0 decides, before
+// HDF5 parses anything, and tells the others.
+SharedIndex shared_index(MPI_Comm comm, int rank, const fs::path& root, std::optional<std::int64_t> step) {
+  std::string packed;
+  agree_on_errors(comm, [&] {
+    if (rank != 0) return;
+    packed = packed_index(chosen_folder(root, step));
+  });
+  broadcast(comm, packed);
+  return unpacked_index(packed);
+}
+
+// Each tensor of the model in the index, with the same shape: a checkpoint of
+// another model fails here, on every rank, before anything is read.
+std::vector<const format::TensorEntry*> matched_entries(MPI_Comm comm, const std::vector<Tensor>& order,
+                                                        const SharedIndex& index, const std::string& where) {
   std::vector<const format::TensorEntry*> entries(order.size());
   agree_on_errors(comm, [&] {
     for (std::size_t i = 0; i < order.size(); ++i) {
       const Tensor& t = order[i];
-      const auto it = index.find(t.path);
-      require(it != index.end(), where + " has no tensor '" + t.name +
-                                     "'; it was written for a different model (compare the deck with the "
-                                     "checkpoint's config attribute)");
+      const auto it = index.tensors.find(t.path);
+      require(it != index.tensors.end(), where + " has no tensor '" + t.name +
+                                             "'; it was written for a different model (compare the deck with the "
+                                             "checkpoint's config attribute)");
       require(it->second.shape == t.shape, where + ": tensor '" + t.name + "' has shape " +
                                                shape_text(it->second.shape) + ", the model expects " +
                                                shape_text(t.shape) +
@@ -181,24 +197,39 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
       entries[i] = &it->second;
     }
   });
+  return entries;
+}
 
+// A read of at most kReadPieceBytes into one tensor's run.
+struct Piece {
+  std::uint64_t offset, bytes;
+  char* data;
+  std::size_t tensor;
+};
+
+// Every run in pieces of at most kReadPieceBytes, in file order, so that the
+// threads share out even work.
+std::vector<Piece> read_pieces(const std::vector<Tensor>& order,
+                               const std::vector<const format::TensorEntry*>& entries) {
+  std::vector<Piece> pieces;
+  for (std::size_t i = 0; i < order.size(); ++i)
+    for (const Run& r : order[i].runs)
+      for (std::uint64_t at = 0; at < 4 * r.length; at += kReadPieceBytes)
+        pieces.push_back({entries[i]->offset + 4 * r.start + at, std::min(kReadPieceBytes, 4 * r.length - at),
+                          reinterpret_cast<char*>(r.data) + at, i});
+  return pieces;
+}
+
+// Every rank reads its blocks (replicas included) on kLoadThreads threads,
+// the kernel reading ahead, and returns its owned blocks' digests.
+std::vector<std::uint64_t> read_slabs(MPI_Comm comm, const std::vector<Tensor>& order,
+                                      const std::vector<const format::TensorEntry*>& entries, const std::string& file) {
   std::vector<std::uint64_t> digests(order.size(), 0);
   agree_on_errors(comm, [&] {
     const bool reads = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
     if (!reads) return;
     RawFile raw(file, false);
-    // Every run in pieces of at most kReadPieceBytes, in file order.
-    struct Piece {
-      std::uint64_t offset, bytes;
-      char* data;
-      std::size_t tensor;
-    };
-    std::vector<Piece> pieces;
-    for (std::size_t i = 0; i < order.size(); ++i)
-      for (const Run& r : order[i].runs)
-        for (std::uint64_t at = 0; at < 4 * r.length; at += kReadPieceBytes)
-          pieces.push_back({entries[i]->offset + 4 * r.start + at, std::min(kReadPieceBytes, 4 * r.length - at),
-                            reinterpret_cast<char*>(r.data) + at, i});
+    const std::vector<Piece> pieces = read_pieces(order, entries);
     // The kernel reads ahead, tensor span by tensor span, up to
     // kReadAheadBytes of spans beyond the tensor being read.
     std::vector<std::uint64_t> span_start(order.size() + 1, 0);
@@ -224,17 +255,39 @@ CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::
     });
     raw.close(false);
   });
-  // Replicas are read but not summed: the owned blocks cover each tensor once.
+  return digests;
+}
+
+// The digests of the owned blocks, summed over the ranks, against the saved
+// ones: a corrupted file fails on every rank. Replicas are read but not
+// summed: the owned blocks cover each tensor once.
+void check_digests(MPI_Comm comm, const std::vector<Tensor>& order,
+                   const std::vector<const format::TensorEntry*>& entries, const std::vector<std::uint64_t>& digests,
+                   const std::string& where) {
   const auto sums = summed_digests(comm, digests);
   for (std::size_t i = 0; i < order.size(); ++i)
     if (sums[i] != entries[i]->digest)
       throw Error(where + " is corrupted: tensor '" + order[i].name + "' does not match its digest (read " +
                   hex64(sums[i]) + ", saved " + hex64(entries[i]->digest) + "); " + kResumeHint);
+}
+
+}  // namespace
+
+CheckpointInfo load_checkpoint(MPI_Comm comm, const std::string& root_dir, std::optional<std::int64_t> step,
+                               const std::vector<TensorSlab>& tensors, double* seconds) {
+  const auto t_start = Clock::now();
+  const SharedIndex index = shared_index(comm, comm_rank(comm), fs::path(root_dir), step);
+  const auto order = agreed_order(comm, tensors, 0, true);
+  const std::string file = index.dir + "/" + kFileName;
+  const std::string where = "checkpoint '" + file + "'";
+  const auto entries = matched_entries(comm, order, index, where);
+  const auto digests = read_slabs(comm, order, entries, file);
+  check_digests(comm, order, entries, digests, where);
   if (seconds) {
     *seconds = seconds_since(t_start);
     mpi_all_reduce(MPI_IN_PLACE, seconds, 1, MPI_DOUBLE, MPI_MAX, comm, "the load time");
   }
-  return info;
+  return index.info;
 }
 
 }  // namespace ndmini::io

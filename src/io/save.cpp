@@ -94,186 +94,242 @@ std::uint64_t info_hash(const CheckpointInfo& info, int keep) {
   return h.finish();
 }
 
-}  // namespace
+// One save, carried from phase to phase.
+struct Save {
+  Save(MPI_Comm comm_, const std::string& root_dir, const CheckpointInfo& info_, const SaveOptions& options_)
+      : comm(comm_),
+        rank(comm_rank(comm_)),
+        info(info_),
+        options(options_),
+        root(root_dir),
+        tmp(root / tmp_dirname(info_.step)),
+        file((tmp / kFileName).string()),
+        rollback{root, info_.step} {}
 
-void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
-                     const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options) {
-  const auto t_start = Clock::now();
-  const int rank = comm_rank(comm);
+  MPI_Comm comm;
+  int rank;
+  const CheckpointInfo& info;
+  const SaveOptions& options;
+  fs::path root;
+  fs::path tmp;      // the folder being written, renamed to step_N on commit
+  std::string file;  // the HDF5 file in tmp
+  std::vector<Tensor> order;
+  std::vector<format::TensorEntry> entries;      // the index, in `order`
+  std::unique_ptr<format::FileBuilder> builder;  // rank 0: the HDF5 metadata, in memory until complete
+  std::unique_ptr<RawFile> raw;                  // this rank's handle while it writes
+  std::vector<std::uint64_t> digests;            // this rank's part of each tensor's digest
+  SaveTimes times;
+  Rollback rollback;
+};
+
+// A bad argument on any rank stops every rank before anything is touched.
+void check_arguments(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info, int keep) {
   agree_on_errors(comm, [&] {
     require(!root_dir.empty(), "checkpoint.dir is empty; set it to a folder");
     require(info.step >= 0, "checkpoint step " + std::to_string(info.step) + " is negative");
     require(keep >= 1, "checkpoint.keep = " + std::to_string(keep) + " must be at least 1");
   });
-  const auto order = agreed_order(comm, tensors, info_hash(info, keep), false);
+}
 
-  const fs::path root(root_dir);
-  const fs::path tmp = root / tmp_dirname(info.step);
-  const std::string file = (tmp / kFileName).string();
-  SaveTimes times;
-  Rollback rollback{root, info.step};
-  // What `latest` names now (rank 0): to put back, and to name, if the save fails.
-  if (rank == 0) rollback.previous = read_latest_quietly(root);
-
-  // One phase: its rank-local work (after the fault hook) on every rank, then
-  // the agreement. A failure is named by phase and rank.
-  auto phase = [&](SavePhase p, double* seconds, const std::function<void()>& body) {
-    const auto t0 = Clock::now();
-    agree_on_errors(comm, [&] {
-      try {
-        if (options.hook) options.hook(p, info.step, file);
-        body();
-      } catch (const std::exception& e) {
-        throw Error(std::string("phase '") + name_of(p) + "' on rank " + std::to_string(rank) + ": " + e.what());
-      }
-    });
-    if (seconds) *seconds += seconds_since(t0);
-  };
-
-  try {
-    // create
-    std::vector<format::TensorEntry> entries(order.size());
-    for (std::size_t i = 0; i < order.size(); ++i) entries[i] = {order[i].path, order[i].shape, 0, 0};
-    std::unique_ptr<format::FileBuilder> builder;  // rank 0: the HDF5 metadata, in memory until complete
-    phase(SavePhase::create, &times.create, [&] {
-      if (rank != 0) return;
-      fs::create_directories(root);
-      read_latest(root);    // a damaged marker stops the save here, not after it
-      fs::remove_all(tmp);  // left by a save that died
-      std::uint64_t data_bytes = 0;
-      for (const auto& e : entries) data_bytes += e.bytes();
-      require_free_space(root, needed_bytes(data_bytes, entries.size()),
-                         "to save checkpoint step " + std::to_string(info.step));
-      fs::create_directory(tmp);
-      builder = std::make_unique<format::FileBuilder>(info, entries);
-      builder->create_target(file);
-    });
-    {
-      std::vector<std::uint64_t> offsets(entries.size());
-      for (std::size_t i = 0; i < entries.size(); ++i) offsets[i] = entries[i].offset;
-      mpi_broadcast(offsets.data(), static_cast<int>(offsets.size()), MPI_UINT64_T, 0, comm, "the datasets' offsets");
-      for (std::size_t i = 0; i < entries.size(); ++i) entries[i].offset = offsets[i];
-    }
-
-    // write: data into the page cache, writeback started, digests meanwhile
-    std::unique_ptr<RawFile> raw;
-    std::vector<std::uint64_t> digests(order.size(), 0);
-    double digest_seconds = 0;
-    phase(SavePhase::write, &times.write, [&] {
-      const bool writes = std::any_of(order.begin(), order.end(), [](const Tensor& t) { return !t.runs.empty(); });
-      if (!writes) return;
-      raw = std::make_unique<RawFile>(file, true);
-      for (std::size_t i = 0; i < order.size(); ++i) {
-        const Tensor& t = order[i];
-        for (const Run& r : t.runs) raw->write(entries[i].offset + 4 * r.start, r.data, 4 * r.length);
-        const auto span = byte_span(t, entries[i].offset);
-        raw->start_writeback(span.first, span.second - span.first);
-        const auto t0 = Clock::now();
-        for (const TensorSlab* b : t.owned) digests[i] += block_digest(*b);
-        digest_seconds += seconds_since(t0);
-      }
-    });
-    times.digest = digest_seconds;
-    const auto sums = summed_digests(comm, digests);
-    for (std::size_t i = 0; i < entries.size(); ++i) entries[i].digest = sums[i];
-
-    // close: every rank's data durable; rank 0 completes the metadata
-    phase(SavePhase::close, nullptr, [&] {
-      const auto t0 = Clock::now();
-      if (raw) raw->close(true);
-      raw.reset();
-      times.flush = seconds_since(t0);
-      if (rank != 0) return;
-      const auto t1 = Clock::now();
-      builder->finish(entries, file);
-      builder.reset();
-      format::write_manifest(tmp.string(), entries);
-      times.metadata = seconds_since(t1);
-    });
-
-    // rename: the commit
-    const auto t_commit = Clock::now();
-    phase(SavePhase::rename, nullptr, [&] {
-      if (rank != 0) return;
-      format::sync_path(tmp.string(), true);
-      const fs::path final_dir = root / checkpoint_dirname(info.step);
-      // Saving a step that already exists (a run resumed from an earlier
-      // step): rename() cannot replace a non-empty folder, so move it aside.
-      fs::remove_all(root / old_dirname(info.step));
-      if (fs::exists(final_dir)) {
-        fs::rename(final_dir, root / old_dirname(info.step));
-        rollback.replaced = true;
-      }
-      fs::rename(tmp, final_dir);
-      rollback.renamed = true;
-      format::sync_path(root.string(), true);
-    });
-
-    // latest
-    phase(SavePhase::latest, nullptr, [&] {
-      if (rank != 0) return;
-      const fs::path marker_tmp = root / marker_tmp_name(), marker_prev = root / marker_prev_name();
-      format::write_synced(marker_tmp.string(), std::to_string(info.step) + "\n");
-      // The old marker stays reachable (a hard link) until the save is
-      // agreed, so undoing is a rename, which needs no free space.
-      fs::remove(marker_prev);
-      std::error_code no_link;
-      if (rollback.previous >= 0) fs::create_hard_link(root / kLatestName, marker_prev, no_link);
-      rollback.prev_linked = rollback.previous >= 0 && !no_link;
-      fs::rename(marker_tmp, root / kLatestName);
-      rollback.latest_written = true;
-      format::sync_path(root.string(), true);
-    });
-    times.commit = seconds_since(t_commit);
-  } catch (const Error& e) {
-    // Every rank is here (errors are agreed). Rank 0 undoes what the save did.
-    long long state[3] = {rollback.previous, -1, 0};  // previous, latest now, debris left
-    if (rank == 0) {
-      rollback.undo();
-      std::error_code ec;
-      state[1] = read_latest_quietly(root);
-      state[2] = fs::exists(tmp, ec) ? 1 : 0;
-    }
-    mpi_broadcast(state, 3, MPI_LONG_LONG, 0, comm, "the failed save's rollback");
-    std::string after;
-    if (state[0] >= 0 && state[1] == state[0])
-      after = "; the previous checkpoint is intact: 'latest' still names step " + std::to_string(state[0]);
-    else if (state[0] < 0 && state[1] < 0)
-      after = "; no checkpoint was written before this one";
-    else if (state[1] == info.step)
-      after = "; the save could not be undone, but it was complete: 'latest' names step " + std::to_string(info.step);
-    else
-      after = "; check what 'latest' in '" + root.string() + "' names";
-    if (state[2]) after += " (the partial folder '" + tmp.string() + "' could not be removed: delete it)";
-    throw Error("saving checkpoint step " + std::to_string(info.step) + " to '" + root.string() + "' failed in " +
-                e.what() + after);
-  }
-
-  const auto t_prune = Clock::now();
-  agree_on_errors(comm, [&] {
-    if (rank != 0) return;
+// One phase: its rank-local work (after the fault hook) on every rank, then
+// the agreement. A failure is named by phase and rank.
+void run_phase(Save& s, SavePhase p, double* seconds, const std::function<void()>& body) {
+  const auto t0 = Clock::now();
+  agree_on_errors(s.comm, [&] {
     try {
-      std::error_code ec;
-      fs::remove_all(root / old_dirname(info.step), ec);
-      fs::remove(root / marker_prev_name(), ec);
-      prune(root, info.step, keep);
+      if (s.options.hook) s.options.hook(p, s.info.step, s.file);
+      body();
     } catch (const std::exception& e) {
-      throw Error("checkpoint step " + std::to_string(info.step) + " was saved, but removing old checkpoints in '" +
-                  root.string() + "' failed: " + e.what());
+      throw Error(std::string("phase '") + name_of(p) + "' on rank " + std::to_string(s.rank) + ": " + e.what());
     }
   });
-  times.prune = seconds_since(t_prune);
-  times.total = seconds_since(t_start);
-  if (options.times) {
-    double* fields[] = {&times.create,   &times.write,  &times.digest, &times.flush,
-                        &times.metadata, &times.commit, &times.prune,  &times.total};
-    constexpr int kFields = sizeof fields / sizeof fields[0];
-    double values[kFields];
-    for (int i = 0; i < kFields; ++i) values[i] = *fields[i];
-    mpi_all_reduce(MPI_IN_PLACE, values, kFields, MPI_DOUBLE, MPI_MAX, comm, "the save's phase times");
-    for (int i = 0; i < kFields; ++i) *fields[i] = values[i];
-    *options.times = times;
+  if (seconds) *seconds += seconds_since(t0);
+}
+
+// create: rank 0 lays out the file (every dataset allocated, its space
+// reserved) so that every rank can write at the broadcast offsets.
+void create_file(Save& s) {
+  s.entries.resize(s.order.size());
+  for (std::size_t i = 0; i < s.order.size(); ++i) s.entries[i] = {s.order[i].path, s.order[i].shape, 0, 0};
+  run_phase(s, SavePhase::create, &s.times.create, [&] {
+    if (s.rank != 0) return;
+    fs::create_directories(s.root);
+    read_latest(s.root);    // a damaged marker stops the save here, not after it
+    fs::remove_all(s.tmp);  // left by a save that died
+    std::uint64_t data_bytes = 0;
+    for (const auto& e : s.entries) data_bytes += e.bytes();
+    require_free_space(s.root, needed_bytes(data_bytes, s.entries.size()),
+                       "to save checkpoint step " + std::to_string(s.info.step));
+    fs::create_directory(s.tmp);
+    s.builder = std::make_unique<format::FileBuilder>(s.info, s.entries);
+    s.builder->create_target(s.file);
+  });
+  std::vector<std::uint64_t> offsets(s.entries.size());
+  for (std::size_t i = 0; i < s.entries.size(); ++i) offsets[i] = s.entries[i].offset;
+  mpi_broadcast(offsets.data(), static_cast<int>(offsets.size()), MPI_UINT64_T, 0, s.comm, "the datasets' offsets");
+  for (std::size_t i = 0; i < s.entries.size(); ++i) s.entries[i].offset = offsets[i];
+}
+
+// write: the data into the page cache and its writeback started, the digests
+// computed meanwhile; then summed over the ranks into the index.
+void write_slabs(Save& s) {
+  s.digests.assign(s.order.size(), 0);
+  double digest_seconds = 0;
+  run_phase(s, SavePhase::write, &s.times.write, [&] {
+    const bool writes = std::any_of(s.order.begin(), s.order.end(), [](const Tensor& t) { return !t.runs.empty(); });
+    if (!writes) return;
+    s.raw = std::make_unique<RawFile>(s.file, true);
+    for (std::size_t i = 0; i < s.order.size(); ++i) {
+      const Tensor& t = s.order[i];
+      for (const Run& r : t.runs) s.raw->write(s.entries[i].offset + 4 * r.start, r.data, 4 * r.length);
+      const auto span = byte_span(t, s.entries[i].offset);
+      s.raw->start_writeback(span.first, span.second - span.first);
+      const auto t0 = Clock::now();
+      for (const TensorSlab* b : t.owned) s.digests[i] += block_digest(*b);
+      digest_seconds += seconds_since(t0);
+    }
+  });
+  s.times.digest = digest_seconds;
+  const auto sums = summed_digests(s.comm, s.digests);
+  for (std::size_t i = 0; i < s.entries.size(); ++i) s.entries[i].digest = sums[i];
+}
+
+// close: every rank's data durable; rank 0 completes the metadata (the
+// digests) and writes the manifest.
+void close_file(Save& s) {
+  run_phase(s, SavePhase::close, nullptr, [&] {
+    const auto t0 = Clock::now();
+    if (s.raw) s.raw->close(true);
+    s.raw.reset();
+    s.times.flush = seconds_since(t0);
+    if (s.rank != 0) return;
+    const auto t1 = Clock::now();
+    s.builder->finish(s.entries, s.file);
+    s.builder.reset();
+    format::write_manifest(s.tmp.string(), s.entries);
+    s.times.metadata = seconds_since(t1);
+  });
+}
+
+// rename: the commit. The temporary folder becomes step_N.
+void rename_folder(Save& s) {
+  run_phase(s, SavePhase::rename, nullptr, [&] {
+    if (s.rank != 0) return;
+    format::sync_path(s.tmp.string(), true);
+    const fs::path final_dir = s.root / checkpoint_dirname(s.info.step);
+    // Saving a step that already exists (a run resumed from an earlier
+    // step): rename() cannot replace a non-empty folder, so move it aside.
+    fs::remove_all(s.root / old_dirname(s.info.step));
+    if (fs::exists(final_dir)) {
+      fs::rename(final_dir, s.root / old_dirname(s.info.step));
+      s.rollback.replaced = true;
+    }
+    fs::rename(s.tmp, final_dir);
+    s.rollback.renamed = true;
+    format::sync_path(s.root.string(), true);
+  });
+}
+
+// latest: the marker names step_N, replaced atomically.
+void write_latest(Save& s) {
+  run_phase(s, SavePhase::latest, nullptr, [&] {
+    if (s.rank != 0) return;
+    const fs::path marker_tmp = s.root / marker_tmp_name(), marker_prev = s.root / marker_prev_name();
+    format::write_synced(marker_tmp.string(), std::to_string(s.info.step) + "\n");
+    // The old marker stays reachable (a hard link) until the save is
+    // agreed, so undoing is a rename, which needs no free space.
+    fs::remove(marker_prev);
+    std::error_code no_link;
+    if (s.rollback.previous >= 0) fs::create_hard_link(s.root / kLatestName, marker_prev, no_link);
+    s.rollback.prev_linked = s.rollback.previous >= 0 && !no_link;
+    fs::rename(marker_tmp, s.root / kLatestName);
+    s.rollback.latest_written = true;
+    format::sync_path(s.root.string(), true);
+  });
+}
+
+// A phase failed (on every rank: errors are agreed): rank 0 undoes what the
+// save did, and every rank throws one error that says what state is left.
+[[noreturn]] void roll_back(Save& s, const Error& e) {
+  long long state[3] = {s.rollback.previous, -1, 0};  // previous, latest now, debris left
+  if (s.rank == 0) {
+    s.rollback.undo();
+    std::error_code ec;
+    state[1] = read_latest_quietly(s.root);
+    state[2] = fs::exists(s.tmp, ec) ? 1 : 0;
   }
+  mpi_broadcast(state, 3, MPI_LONG_LONG, 0, s.comm, "the failed save's rollback");
+  const std::int64_t step = s.info.step;
+  std::string after;
+  if (state[0] >= 0 && state[1] == state[0])
+    after = "; the previous checkpoint is intact: 'latest' still names step " + std::to_string(state[0]);
+  else if (state[0] < 0 && state[1] < 0)
+    after = "; no checkpoint was written before this one";
+  else if (state[1] == step)
+    after = "; the save could not be undone, but it was complete: 'latest' names step " + std::to_string(step);
+  else
+    after = "; check what 'latest' in '" + s.root.string() + "' names";
+  if (state[2]) after += " (the partial folder '" + s.tmp.string() + "' could not be removed: delete it)";
+  throw Error("saving checkpoint step " + std::to_string(step) + " to '" + s.root.string() + "' failed in " + e.what() +
+              after);
+}
+
+// After the commit: the replaced step and the old marker go, and all but the
+// newest `keep` checkpoints. A failure here leaves the new checkpoint valid.
+void prune_folder(Save& s, int keep) {
+  const auto t0 = Clock::now();
+  agree_on_errors(s.comm, [&] {
+    if (s.rank != 0) return;
+    try {
+      std::error_code ec;
+      fs::remove_all(s.root / old_dirname(s.info.step), ec);
+      fs::remove(s.root / marker_prev_name(), ec);
+      prune(s.root, s.info.step, keep);
+    } catch (const std::exception& e) {
+      throw Error("checkpoint step " + std::to_string(s.info.step) + " was saved, but removing old checkpoints in '" +
+                  s.root.string() + "' failed: " + e.what());
+    }
+  });
+  s.times.prune = seconds_since(t0);
+}
+
+// Each phase's time, the slowest rank's: what the save waited for.
+SaveTimes slowest_times(MPI_Comm comm, SaveTimes times) {
+  double* fields[] = {&times.create,   &times.write,  &times.digest, &times.flush,
+                      &times.metadata, &times.commit, &times.prune,  &times.total};
+  constexpr int kFields = sizeof fields / sizeof fields[0];
+  double values[kFields];
+  for (int i = 0; i < kFields; ++i) values[i] = *fields[i];
+  mpi_all_reduce(MPI_IN_PLACE, values, kFields, MPI_DOUBLE, MPI_MAX, comm, "the save's phase times");
+  for (int i = 0; i < kFields; ++i) *fields[i] = values[i];
+  return times;
+}
+
+}  // namespace
+
+void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
+                     const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options) {
+  const auto t_start = Clock::now();
+  check_arguments(comm, root_dir, info, keep);
+  Save s(comm, root_dir, info, options);
+  s.order = agreed_order(comm, tensors, info_hash(info, keep), false);
+  // What `latest` names now (rank 0): to put back, and to name, if the save fails.
+  if (s.rank == 0) s.rollback.previous = read_latest_quietly(s.root);
+
+  try {
+    create_file(s);
+    write_slabs(s);
+    close_file(s);
+    const auto t_commit = Clock::now();
+    rename_folder(s);
+    write_latest(s);
+    s.times.commit = seconds_since(t_commit);
+  } catch (const Error& e) {
+    roll_back(s, e);
+  }
+  prune_folder(s, keep);
+  s.times.total = seconds_since(t_start);
+  if (options.times) *options.times = slowest_times(comm, s.times);
 }
 
 }  // namespace ndmini::io

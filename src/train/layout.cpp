@@ -3,7 +3,7 @@
 
 #include "core/error.hpp"
 #include "parallel/pipeline/pipeline.hpp"
-#include "train/data.hpp"
+#include "train/feed.hpp"
 
 namespace ndmini {
 
@@ -72,8 +72,8 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
   // one more for the validation loss.
   const int feeds = cfg.train.eval_every > 0 ? 2 : 1;
   for (MemoryEstimate& e : out)
-    e.scratch_bytes +=
-        feeds * static_cast<std::int64_t>(micro_batch_feed_bytes(cfg.train.micro_batch, cfg.model.seq_len, d.cp));
+    e.scratch_bytes += feeds * static_cast<std::int64_t>(
+                                   MicroBatchFeed::sizes_of(cfg.train.micro_batch, cfg.model.seq_len, d.cp).bytes());
   return out;
 }
 

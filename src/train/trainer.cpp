@@ -26,6 +26,7 @@
 #include "train/capture.hpp"
 #include "train/checkpoint_state.hpp"
 #include "train/data.hpp"
+#include "train/feed.hpp"
 #include "train/layout.hpp"
 #include "train/metrics.hpp"
 #include "train/optimizer.hpp"
@@ -48,86 +49,6 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
   par.chunks = layout.plan.chunks_of(ctx.coord(Axis::pp));
   return par;
 }
-
-// The tokens of one micro-batch on this rank: its data-parallel share of the
-// global batch, and of each sequence the tokens its cp rank holds.
-class MicroBatchFeed {
- public:
-  MicroBatchFeed(const DataSource& data, const CpLayout& cp, int micro_batch, int first_sequence)
-      : data_(data),
-        cp_(cp),
-        micro_batch_(micro_batch),
-        first_sequence_(first_sequence),
-        full_in_("ndmini::inputs_full", static_cast<std::size_t>(micro_batch) * cp.seq_len),
-        full_tg_("ndmini::targets_full", full_in_.extent(0)),
-        h_in_("ndmini::inputs_host", static_cast<std::size_t>(micro_batch) * cp.local_len()),
-        h_tg_("ndmini::targets_host", h_in_.extent(0)),
-        in_("ndmini::inputs", h_in_.extent(0)),
-        tg_("ndmini::targets", h_tg_.extent(0)) {}
-
-  // Micro-batch `index` of `step`, unless it is loaded already.
-  void load(std::int64_t step, int index) {
-    if (step == step_ && index == index_) return;
-    data_.fill(step, first_sequence_ + index * micro_batch_, micro_batch_, full_in_.data(), full_tg_.data());
-    const int T = cp_.seq_len, Tl = cp_.local_len();
-    for (int b = 0; b < micro_batch_; ++b)
-      for (int t = 0; t < Tl; ++t) {
-        const std::size_t from = static_cast<std::size_t>(b) * T + cp_.position(t),
-                          to = static_cast<std::size_t>(b) * Tl + t;
-        h_in_(to) = full_in_(from);
-        h_tg_(to) = full_tg_(from);
-      }
-    Kokkos::deep_copy(in_, h_in_);
-    Kokkos::deep_copy(tg_, h_tg_);
-    step_ = step;
-    index_ = index;
-  }
-  ConstTokenView tokens() const { return in_; }
-  ConstTokenView targets() const { return tg_; }
-
- private:
-  const DataSource& data_;
-  CpLayout cp_;
-  int micro_batch_, first_sequence_;
-  HostTokenView full_in_, full_tg_, h_in_, h_tg_;
-  TokenView in_, tg_;
-  std::int64_t step_ = -1;
-  int index_ = -1;
-};
-
-// The model as the pipeline runner sees it, fed with this step's data.
-// Micro-batch mb is micro-batch mb mod m of step + mb / m (m micro-batches
-// per step), so one forward-only run can cover several batches (the
-// validation loss); loss_scale 0: the head computes no gradient.
-class TrainingStage final : public PipelineStage {
- public:
-  TrainingStage(StageRuntime& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
-      : model_(model), feed_(feed), loss_scale_(loss_scale), micro_batches_(micro_batches) {}
-  void set_step(std::int64_t step) { step_ = step; }
-
-  std::size_t activation_elements() const override { return model_.activation_elements(); }
-  real* input_buffer(int chunk, int mb) override { return model_.input_buffer(chunk, mb); }
-  double forward(int chunk, int mb, bool last) override {
-    // Tokens for the embedding (chunk 0), targets for the head (the last chunk).
-    const Chunk& final_chunk = model_.chunks().back();
-    const bool needs_data = chunk == 0 || (final_chunk.head && chunk == final_chunk.index);
-    if (needs_data) feed_.load(step_ + mb / micro_batches_, mb % micro_batches_);
-    return model_.forward(chunk, mb, feed_.tokens(), feed_.targets(), loss_scale_, last);
-  }
-  const real* output(int chunk, int mb) override { return model_.output(chunk, mb); }
-  real* output_grad_buffer(int chunk, int mb) override { return model_.output_grad_buffer(chunk, mb); }
-  void backward(int chunk, int mb, real* input_grad, bool last) override {
-    model_.backward(chunk, mb, input_grad, last);
-  }
-  void discard(int chunk, int mb) override { model_.discard(chunk, mb); }
-
- private:
-  StageRuntime& model_;
-  MicroBatchFeed& feed_;
-  real loss_scale_;
-  int micro_batches_;
-  std::int64_t step_ = 0;
-};
 
 // The training run on this rank, in the order of the algorithm: the
 // constructor sets up (layout, mesh, model, data, resume), step() runs one

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The tokens one rank feeds its stage's model (MicroBatchFeed), and that
+// model as the pipeline runner sees it, fed with them (TrainingStage).
+#include <cstddef>
+#include <cstdint>
+
+#include "core/types.hpp"
+#include "layers/context_parallel.hpp"
+#include "parallel/pipeline/pipeline.hpp"
+#include "parallel/stage_runtime.hpp"
+#include "train/data.hpp"
+
+namespace ndmini {
+
+// Elements of the token buffers a MicroBatchFeed allocates; its constructor
+// and the memory estimate both read them from MicroBatchFeed::sizes_of.
+struct FeedSizes {
+  std::size_t whole = 0;  // the micro-batch's whole sequences: inputs and targets, on the host
+  std::size_t local = 0;  // this cp rank's tokens of them: inputs and targets, on the host and in MemSpace
+  std::size_t bytes() const { return (2 * whole + 4 * local) * sizeof(token_t); }
+};
+
+// The tokens of one micro-batch on this rank: its data-parallel share of the
+// global batch, and of each sequence the tokens its cp rank holds.
+class MicroBatchFeed {
+ public:
+  static FeedSizes sizes_of(int micro_batch, int seq_len, int cp);
+
+  MicroBatchFeed(const DataSource& data, const CpLayout& cp, int micro_batch, int first_sequence);
+
+  // Micro-batch `index` of `step`, unless it is loaded already.
+  void load(std::int64_t step, int index);
+  ConstTokenView tokens() const { return in_; }
+  ConstTokenView targets() const { return tg_; }
+
+ private:
+  const DataSource& data_;
+  CpLayout cp_;
+  int micro_batch_, first_sequence_;
+  FeedSizes sizes_;
+  HostTokenView full_in_, full_tg_, h_in_, h_tg_;
+  TokenView in_, tg_;
+  std::int64_t step_ = -1;
+  int index_ = -1;
+};
+
+// The model as the pipeline runner sees it, fed with this step's data.
+// Micro-batch mb is micro-batch mb mod m of step + mb / m (m micro-batches
+// per step), so one forward-only run can cover several batches (the
+// validation loss); loss_scale 0: the head computes no gradient.
+class TrainingStage final : public PipelineStage {
+ public:
+  TrainingStage(StageRuntime& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
+      : model_(model), feed_(feed), loss_scale_(loss_scale), micro_batches_(micro_batches) {}
+  void set_step(std::int64_t step) { step_ = step; }
+
+  std::size_t activation_elements() const override { return model_.activation_elements(); }
+  real* input_buffer(int chunk, int mb) override { return model_.input_buffer(chunk, mb); }
+  double forward(int chunk, int mb, bool last) override;
+  const real* output(int chunk, int mb) override { return model_.output(chunk, mb); }
+  real* output_grad_buffer(int chunk, int mb) override { return model_.output_grad_buffer(chunk, mb); }
+  void backward(int chunk, int mb, real* input_grad, bool last) override {
+    model_.backward(chunk, mb, input_grad, last);
+  }
+  void discard(int chunk, int mb) override { model_.discard(chunk, mb); }
+
+ private:
+  StageRuntime& model_;
+  MicroBatchFeed& feed_;
+  real loss_scale_;
+  int micro_batches_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace ndmini
