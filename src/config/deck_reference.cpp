@@ -147,8 +147,7 @@ std::string deck_reference_markdown() {
          "is refused with the nearest valid one (`ndmini: error: tiny.toml: unknown key train.setps; did you mean\n"
          "train.steps?`). `--set section.key=value` overrides any key from the command line (the value is read\n"
          "as TOML, or as a bare string: `--set data.source=text`). `ndmini check DECK` prints the resolved deck.\n"
-         "Decks in `inputs/`: `tiny.toml` (the CI deck, seconds), `small.toml` (the loss falls visibly within\n"
-         "minutes on one core), `gpt2-124m.toml` (GPT-2 small, throughput on real shapes).\n";
+         "The decks that come with ndmini are listed in [running.md](running.md#decks-in-inputs).\n";
   std::string section;
   for (const auto& k : keys) {
     if (k.section != section) {
