@@ -52,7 +52,8 @@ const std::map<std::string, std::string>& meanings() {
       {"data.val_fraction",
        "in [0, 1): hold out the last fraction of `data.path`'s tokens for the validation loss; training never "
        "reads them (so a resume refuses a change of it). `text` and `tokens` only; set this or `data.val_path`, "
-       "not both. The synthetic source needs neither: it holds out walks of its own"},
+       "not both. The synthetic source needs neither: it holds out walks of its own (the same graph, coins from "
+       "another seed stream)"},
       {"train.steps", "optimizer steps"},
       {"train.global_batch", "sequences of `seq_len` tokens per optimizer step"},
       {"train.micro_batch",
@@ -72,8 +73,9 @@ const std::map<std::string, std::string>& meanings() {
        "backward"},
       {"train.precision", "`\"fp32\"`, the only precision built; `\"bf16\"` is refused with \"not built yet\""},
       {"train.eval_every",
-       "validation loss every N steps and at the last step; 0: never. Computed before the step, forward only "
-       "(training is bitwise the same with it or without it); a file source needs `data.val_path` or "
+       "validation loss every N steps and at the last step; 0: never. Computed before the step, with the "
+       "parameters that step's `loss` is computed with, forward only (no gradient, no update: training is bitwise "
+       "the same with it or without it), under every layout; a file source needs `data.val_path` or "
        "`data.val_fraction`"},
       {"train.eval_batches",
        "global batches of held-out data per validation loss (the same batches every time: batch j is the "
@@ -100,8 +102,9 @@ const std::map<std::string, std::string>& meanings() {
        "deadline, else 0.1 to 604800 (one week)"},
       {"comm.progress_poll_us",
        "while a non-blocking MPI transfer is in flight, a thread runs MPI's progress engine every this many "
-       "microseconds, so reductions and gathers move during compute (needs `MPI_THREAD_MULTIPLE`; without it a "
-       "note says so); 0: no progress thread"},
+       "microseconds, so gradient reductions and FSDP gathers move during compute (needs `MPI_THREAD_MULTIPLE`, "
+       "which ndmini asks MPI for in any case; without it a note says so and MPI progresses inside its own calls); "
+       "0: no progress thread"},
       {"perf.peak_gflops", "peak GFLOP/s per rank for MFU; 0: measure with a GEMM calibration at start-up"},
       {"perf.memory_per_rank_gib",
        "memory one rank may use, GiB; a deck whose estimate exceeds it is refused before anything is allocated; "
