@@ -9,6 +9,7 @@ packages=(
   mpich libmpich-dev
   libhdf5-mpich-dev hdf5-tools
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
+  libdnnl-dev ocl-icd-opencl-dev  # oneDNN (bf16 products); its CMake package needs the OpenCL headers
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
   python3  # bench/scaling and its ctest -L harness tests (matplotlib optional: the figure)

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "bench_common.hpp"
-#include "parallel/context_parallel.hpp"
+#include "layers/context_parallel.hpp"
 
 namespace {
 

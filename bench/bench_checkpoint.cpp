@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "core/timer.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
 #include "parallel/pipeline/schedule.hpp"
@@ -35,11 +36,10 @@
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using ndmini::Clock;
+using ndmini::seconds_since;
 constexpr double kGB = 1e9;
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Rank 0 runs `command` while the others wait without spinning (MPICH's
 // barrier busy-polls, which would steal the cores dd needs). Returns seconds.

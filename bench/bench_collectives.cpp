@@ -115,11 +115,11 @@ Fixture& fixture() {
   return f;
 }
 
-MeshShape mesh_from_env(int world) {
-  MeshShape shape;
-  shape.degree[static_cast<int>(Axis::dp_replicate)] = -1;
+ParallelDims mesh_from_env(int world) {
+  std::array<int, kNumAxes> degrees{1, 1, 1, 1, 1};
+  degrees[static_cast<int>(Axis::dp_replicate)] = -1;
   if (const char* env = std::getenv("NDMINI_BENCH_MESH"); env != nullptr && *env != '\0') {
-    shape.degree[static_cast<int>(Axis::dp_replicate)] = 1;
+    degrees[static_cast<int>(Axis::dp_replicate)] = 1;
     std::string spec(env);
     for (char& c : spec)
       if (c == ',') c = ' ';
@@ -130,7 +130,7 @@ MeshShape mesh_from_env(int world) {
       require(eq != std::string::npos, "NDMINI_BENCH_MESH: '" + item + "' is not axis=degree (e.g. tp=2)");
       int* degree = nullptr;
       for (Axis a : kAxes)
-        if (item.compare(0, eq, axis_name(a)) == 0) degree = &shape.degree[static_cast<int>(a)];
+        if (item.compare(0, eq, axis_name(a)) == 0) degree = &degrees[static_cast<int>(a)];
       require(degree != nullptr,
               "NDMINI_BENCH_MESH: unknown axis in '" + item + "' (pp, dp_replicate, dp_shard, cp, tp)");
       char* end = nullptr;
@@ -143,8 +143,8 @@ MeshShape mesh_from_env(int world) {
   long long product = 1;
   int wild = -1;
   for (int i = 0; i < kNumAxes; ++i) {
-    if (shape.degree[i] != -1) {
-      product *= shape.degree[i];
+    if (degrees[i] != -1) {
+      product *= degrees[i];
       continue;
     }
     require(wild < 0, "NDMINI_BENCH_MESH: at most one degree may be -1");
@@ -153,9 +153,10 @@ MeshShape mesh_from_env(int world) {
   if (wild >= 0) {
     require(world % product == 0,
             "NDMINI_BENCH_MESH: the degrees do not divide the " + std::to_string(world) + " ranks launched");
-    shape.degree[wild] = static_cast<int>(world / product);
+    degrees[wild] = static_cast<int>(world / product);
     product = world;
   }
+  const ParallelDims shape = ParallelDims::from_degrees(degrees);
   require(product == world, "NDMINI_BENCH_MESH = '" + shape.str() + "' holds " + std::to_string(product) +
                                 " ranks, but " + std::to_string(world) + " were launched");
   return shape;
@@ -407,7 +408,7 @@ void register_all() {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &f.world_rank);
-  const MeshShape shape = mesh_from_env(world);
+  const ParallelDims shape = mesh_from_env(world);
   // NDMINI_BENCH_TIMEOUT_S: measure under hang detection (comm.timeout_s),
   // where blocking calls are issued non-blocking and waited for.
   if (const char* env = std::getenv("NDMINI_BENCH_TIMEOUT_S"); env != nullptr && *env != '\0')

@@ -10,6 +10,7 @@
 #include "bench_common.hpp"
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "parallel/stage_runtime.hpp"
 
 namespace {
 
@@ -25,7 +26,7 @@ void BM_TrainingMicroStep(benchmark::State& state) {
     par.data.fsdp = &group;
   else
     par.data.dp_replicate = &group;
-  GptStage model(m, bench::kBatch, par);
+  StageRuntime model(m, bench::kBatch, par);
   model.init(1234);
   // Any tokens do: the step's cost does not depend on them.
   TokenView tokens("tokens", bench::kRows), targets("targets", bench::kRows);

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
       ndmini::agree_on_errors(MPI_COMM_WORLD, [&] { ndmini::require_memory_fits(cfg, layout, ranks_on_node); });
       if (rank == 0) {
         ndmini::print_check(cfg, layout, ranks_on_node);
-        std::printf("%s", ndmini::describe_mesh(layout.mesh, true).c_str());
+        std::printf("%s", ndmini::describe_mesh(layout.dims, true).c_str());
       }
     } else {
       ndmini::TrainOptions opts;

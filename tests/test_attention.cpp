@@ -25,8 +25,8 @@
 
 #include "core/error.hpp"
 #include "kernels/attention.hpp"
+#include "layers/context_parallel.hpp"
 #include "numeric_check.hpp"
-#include "parallel/context_parallel.hpp"
 
 using namespace ndmini;
 using namespace ndmini::test;

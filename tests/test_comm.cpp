@@ -16,7 +16,7 @@
 #include "comm/communicator.hpp"
 #include "comm/device_path.hpp"
 #include "comm/ledger.hpp"
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/types.hpp"
@@ -474,7 +474,7 @@ TEST(CollectiveWatchdog, NestedOnesStack) {
 
 // A deadline of any size is kept in seconds, never as a time point that
 // could overflow (1e300 s once made every collective time out at once); the
-// raw MPI calls of comm/mpi_calls.hpp complete under it with their results
+// raw MPI calls of comm/mpi/mpi_calls.hpp complete under it with their results
 // and are entered in the ledger with their purpose. Non-finite deadlines
 // are refused.
 TEST(CollectiveWatchdog, HugeDeadlineAndRawCalls) {

@@ -108,7 +108,7 @@ peak_gflops = 100.5
   EXPECT_EQ(c.parallel.dp_shard, 2);
   EXPECT_EQ(c.parallel.pp, -1);
   EXPECT_TRUE(c.parallel.sequence_parallel);
-  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::gpipe);
   EXPECT_EQ(c.checkpoint.dir, "out");
   EXPECT_EQ(c.checkpoint.every, 5);
   EXPECT_EQ(c.checkpoint.keep, 2);
@@ -121,7 +121,7 @@ peak_gflops = 100.5
   EXPECT_EQ(r.train.steps, 10);
   EXPECT_DOUBLE_EQ(r.train.lr, 1e-3);
   EXPECT_EQ(r.data.path, "data/train.bin");
-  EXPECT_EQ(r.parallel.schedule, "gpipe");
+  EXPECT_EQ(r.parallel.schedule, ScheduleKind::gpipe);
   EXPECT_EQ(r.model.seq_len, 5);
   EXPECT_FALSE(r.checkpoint.on_signal);
 }
@@ -133,7 +133,7 @@ TEST(Config, DefaultsWhenOnlyTheModelIsGiven) {
   EXPECT_EQ(c.train.global_batch, t.global_batch);
   EXPECT_EQ(c.train.seed, t.seed);
   EXPECT_EQ(c.data.source, "synthetic");
-  EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::one_f_one_b);
   EXPECT_TRUE(c.checkpoint.on_signal);  // a pre-empted run saves where it stops
 }
 
@@ -184,12 +184,38 @@ TEST(Config, OutOfRangeNamesTheKey) {
 }
 
 TEST(Config, PrecisionIsFp32AndBf16IsRefusedUntilBuilt) {
-  EXPECT_EQ(parse_config(kModel, "deck.toml").train.precision, "fp32");
-  EXPECT_EQ(parse_config(with_model("[train]\nprecision = \"fp32\"\n"), "deck.toml").train.precision, "fp32");
+  EXPECT_EQ(parse_config(kModel, "deck.toml").train.precision, Precision::fp32);
+  EXPECT_EQ(parse_config(with_model("[train]\nprecision = \"fp32\"\n"), "deck.toml").train.precision, Precision::fp32);
   // bf16 must not run as a silent fp32: refused by name, from the deck or --set.
   expect_error(with_model("[train]\nprecision = \"bf16\"\n"), {"train.precision", "bf16", "not built yet", "fp32"});
   expect_error(kModel, {"train.precision", "not built yet"}, {"train.precision=bf16"});
   expect_error(with_model("[train]\nprecision = \"fp16\"\n"), {"train.precision", "\"fp16\"", "fp32"});
+}
+
+// One name table per enum parses the deck and prints the value: every name a
+// deck may give reads back as the value whose name it is.
+TEST(Config, EnumNamesParseAndPrintTheSame) {
+  for (const auto& e : kScheduleNames) {
+    if (!e.in_deck) continue;
+    const Config c = parse_config(kModel, "deck.toml", {std::string("parallel.schedule=") + e.name});
+    EXPECT_EQ(c.parallel.schedule, e.value) << e.name;
+    EXPECT_STREQ(name_of(c.parallel.schedule), e.name);
+  }
+  for (const auto& e : kRecomputeNames) {
+    const Config c = parse_config(kModel, "deck.toml", {std::string("train.recompute=") + e.name});
+    EXPECT_EQ(c.train.recompute, e.value) << e.name;
+    EXPECT_STREQ(name_of(c.train.recompute), e.name);
+  }
+  for (const auto& e : kSavePhaseNames) {
+    const Config c =
+        parse_config(kModel, "deck.toml",
+                     {"fault.kind=enospc", "fault.step=2", "checkpoint.every=2", std::string("fault.phase=") + e.name});
+    EXPECT_EQ(c.fault.phase, e.value) << e.name;
+  }
+  // "none" is what a single-stage run uses, never a deck's value.
+  expect_error(kModel, {"parallel.schedule = \"none\"", "\"1f1b\", \"gpipe\" or \"interleaved_1f1b\""},
+               {"parallel.schedule=none"});
+  expect_error(kModel, {"train.recompute = \"all\"", "must be \"none\" or \"block\""}, {"train.recompute=all"});
 }
 
 TEST(Config, IntegerTooLargeForItsKeyIsRefused) {
@@ -229,21 +255,22 @@ TEST(Config, InvalidTomlNamesOriginAndLine) {
 
 TEST(Config, FaultSection) {
   const Config none = parse_config(kModel, "deck.toml");
-  EXPECT_EQ(none.fault.kind, "none");
+  EXPECT_EQ(none.fault.kind, FaultKind::none);
+  EXPECT_FALSE(none.fault.phase.has_value());
   const Config c = parse_config(with_model("[train]\nsteps = 10\n[checkpoint]\nevery = 2\n[fault]\nkind = \"enospc\"\n"
                                            "rank = 1\nstep = 4\nphase = \"rename\"\n"),
                                 "deck.toml");
-  EXPECT_EQ(c.fault.kind, "enospc");
+  EXPECT_EQ(c.fault.kind, FaultKind::enospc);
   EXPECT_EQ(c.fault.rank, 1);
   EXPECT_EQ(c.fault.step, 4);
-  EXPECT_EQ(c.fault.phase, "rename");
+  EXPECT_EQ(c.fault.phase, SavePhase::rename);
   // --set takes a string key's text as the string, even where TOML reads another value ("nan" is a float).
   const Config n = parse_config(kModel, "deck.toml", {"fault.kind=nan", "fault.step=3"});
-  EXPECT_EQ(n.fault.kind, "nan");
+  EXPECT_EQ(n.fault.kind, FaultKind::nan);
   const Config k = parse_config(kModel, "deck.toml", {"fault.kind=kill", "fault.step=0"});
-  EXPECT_EQ(k.fault.kind, "kill");
+  EXPECT_EQ(k.fault.kind, FaultKind::kill);
   const Config s = parse_config(kModel, "deck.toml", {"fault.kind=skip_collective", "fault.step=2", "fault.rank=3"});
-  EXPECT_EQ(s.fault.kind, "skip_collective");
+  EXPECT_EQ(s.fault.kind, FaultKind::skip_collective);
 }
 
 TEST(Config, FaultsThatCouldNeverFireAreRefused) {

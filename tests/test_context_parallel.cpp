@@ -26,8 +26,8 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "layers/context_parallel.hpp"
 #include "numeric_check.hpp"
-#include "parallel/context_parallel.hpp"
 
 using namespace ndmini;
 using namespace ndmini::test;

@@ -60,12 +60,16 @@ TEST(Guards, ClosedFormParamCountMatchesTheLayout) {
   EXPECT_EQ(gpt_param_count(ModelConfig{12, 768, 12, 50304, 1024}), 124475904);  // GPT-2 small, padded vocabulary
 }
 
-// On one rank the model state is four float copies of every parameter;
-// tp with SP splits the big matrices and the activations, FSDP shards the state.
+// On one rank the model state is four float copies of the flat parameter
+// buffer (every parameter, each padded to 64 bytes); tp with SP splits the big
+// matrices and the activations, FSDP shards the state. (test_memory checks
+// the estimate against real allocations.)
 TEST(Guards, EstimateFollowsTheLayout) {
   const Config c = deck();
   const MemoryEstimate e = estimate_memory(c, one_rank(c));
-  EXPECT_EQ(e.state_bytes, 4 * static_cast<std::int64_t>(sizeof(real)) * gpt_param_count(c.model));
+  const ParamLayout flat = gpt_param_layout(c.model, StagePlan(c.model.layers, 1, 1).chunks_of(0));
+  EXPECT_EQ(e.state_bytes, 4 * static_cast<std::int64_t>(sizeof(real) * flat.total));
+  EXPECT_GE(static_cast<std::int64_t>(flat.total), gpt_param_count(c.model));
   EXPECT_EQ(data_bytes(c), 0);
   const Config tp2 = deck({"parallel.tp=2", "parallel.sequence_parallel=true"});
   EXPECT_LT(estimate_memory(tp2, resolve_layout(tp2, 2)).state_bytes, 0.6 * e.state_bytes);
@@ -121,7 +125,7 @@ TEST(Guards, MetricsWriteErrorsAreKept) {
 TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   FaultConfig f;
   EXPECT_TRUE(fault::FaultPlan(f, 0, 2).none());
-  f.kind = "nan";
+  f.kind = FaultKind::nan;
   f.rank = 1;
   f.step = 3;
   EXPECT_FALSE(fault::FaultPlan(f, 0, 2).nan_at(3));  // another rank
@@ -130,7 +134,7 @@ TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   EXPECT_TRUE(
       contains(error_of([&] { fault::FaultPlan(f, 0, 1); }), "fault.rank = 1 is not a rank of this job (1 rank)"));
 
-  f.kind = "skip_collective";
+  f.kind = FaultKind::skip_collective;
   const fault::FaultPlan skip(f, 0, 4);
   EXPECT_TRUE(skip.skip_collective_at(3, 1));
   EXPECT_FALSE(skip.skip_collective_at(3, 0));
@@ -138,15 +142,15 @@ TEST(Guards, FaultPlanFiresOnlyWhereItIsAimed) {
   EXPECT_FALSE(skip.nan_at(3));
   EXPECT_FALSE(static_cast<bool>(skip.save_hook()));
 
-  f.kind = "enospc";
-  f.phase = "close";
+  f.kind = FaultKind::enospc;
+  f.phase = SavePhase::close;
   f.rank = 0;
   f.step = 4;
   const auto hook = fault::FaultPlan(f, 0, 2).save_hook();
   ASSERT_TRUE(static_cast<bool>(hook));
-  EXPECT_NO_THROW(hook(io::SavePhase::write, 4, "f.h5"));
-  EXPECT_NO_THROW(hook(io::SavePhase::close, 2, "f.h5"));
-  const std::string msg = error_of([&] { hook(io::SavePhase::close, 4, "ckpt/.step_00000004.tmp/checkpoint.h5"); });
+  EXPECT_NO_THROW(hook(SavePhase::write, 4, "f.h5"));
+  EXPECT_NO_THROW(hook(SavePhase::close, 2, "f.h5"));
+  const std::string msg = error_of([&] { hook(SavePhase::close, 4, "ckpt/.step_00000004.tmp/checkpoint.h5"); });
   EXPECT_EQ(msg,
             "'ckpt/.step_00000004.tmp/checkpoint.h5': No space left on device (injected by fault.kind = \"enospc\")");
   EXPECT_FALSE(static_cast<bool>(fault::FaultPlan(f, 1, 2).save_hook()));  // not aimed at rank 1

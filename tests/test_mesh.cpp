@@ -23,10 +23,8 @@ namespace {
 
 using Coords = std::array<int, kNumAxes>;
 
-MeshShape shape_of(int pp, int dp_replicate, int dp_shard, int cp, int tp) {
-  MeshShape s;
-  s.degree = {pp, dp_replicate, dp_shard, cp, tp};
-  return s;
+ParallelDims shape_of(int pp, int dp_replicate, int dp_shard, int cp, int tp) {
+  return ParallelDims::from_degrees({pp, dp_replicate, dp_shard, cp, tp});
 }
 
 // A model every small tp divides: heads 8, 4C = 256, vocab 512.
@@ -84,7 +82,7 @@ std::vector<int> members(MPI_Comm comm) {
 }
 
 // The world ranks sharing this rank's coordinates outside `keep`, ascending.
-std::vector<int> expected_group(const MeshShape& s, const Coords& mine, std::initializer_list<Axis> keep) {
+std::vector<int> expected_group(const ParallelDims& s, const Coords& mine, std::initializer_list<Axis> keep) {
   std::vector<int> out;
   for (int r = 0; r < s.size(); ++r) {
     const Coords c = s.coords_of(r);
@@ -106,8 +104,8 @@ int sum_over(MPI_Comm comm, int v) {
 
 }  // namespace
 
-TEST(MeshShape, CoordsRoundTripTpFastest) {
-  const MeshShape s = shape_of(2, 3, 2, 1, 4);
+TEST(ParallelDims, CoordsRoundTripTpFastest) {
+  const ParallelDims s = shape_of(2, 3, 2, 1, 4);
   ASSERT_EQ(s.size(), 48);
   for (int r = 0; r < s.size(); ++r) EXPECT_EQ(s.rank_of(s.coords_of(r)), r);
   EXPECT_EQ(s.coords_of(1), (Coords{0, 0, 0, 0, 1}));   // tp varies fastest
@@ -118,26 +116,49 @@ TEST(MeshShape, CoordsRoundTripTpFastest) {
   EXPECT_STREQ(axis_name(Axis::dp_shard), "dp_shard");
 }
 
-MeshShape resolve(const std::vector<std::string>& overrides, int world) {
-  return resolve_layout(config_with(overrides), world).mesh;
+ParallelDims resolve(const std::vector<std::string>& overrides, int world) {
+  return resolve_layout(config_with(overrides), world).dims;
 }
 
 TEST(ResolveMesh, DefaultsToOneRank) {
-  const MeshShape s = resolve({}, 1);
+  const ParallelDims s = resolve({}, 1);
   EXPECT_EQ(s.size(), 1);
 }
 
 TEST(ResolveMesh, MinusOneTakesWhatIsLeft) {
-  const MeshShape s = resolve({"parallel.tp=2", "parallel.dp_replicate=-1"}, 8);
+  const ParallelDims s = resolve({"parallel.tp=2", "parallel.dp_replicate=-1"}, 8);
   EXPECT_EQ(s.degree_of(Axis::dp_replicate), 4);
   EXPECT_EQ(s.degree_of(Axis::tp), 2);
   EXPECT_EQ(s.size(), 8);
-  const MeshShape t = resolve({"parallel.tp=-1", "parallel.dp_shard=2"}, 8);
+  const ParallelDims t = resolve({"parallel.tp=-1", "parallel.dp_shard=2"}, 8);
   EXPECT_EQ(t.degree_of(Axis::tp), 4);
-  const MeshShape one = resolve({"parallel.cp=-1"}, 1);  // resolves to 1
+  const ParallelDims one = resolve({"parallel.cp=-1"}, 1);  // resolves to 1
   EXPECT_EQ(one.degree_of(Axis::cp), 1);
-  const MeshShape pp = resolve({"parallel.pp=-1", "parallel.cp=2"}, 4);
+  const ParallelDims pp = resolve({"parallel.pp=-1", "parallel.cp=2"}, 4);
   EXPECT_EQ(pp.degree_of(Axis::pp), 2);
+}
+
+// The layout holds the degrees once, with the split the deck asks for, and
+// the stage plan and schedule built from them.
+TEST(ResolveLayout, OneValueForTheDegreesAndThePipeline) {
+  const RunLayout l = resolve_layout(
+      config_with({"model.layers=4", "parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                   "parallel.virtual_stages=2", "parallel.schedule=\"interleaved_1f1b\"", "parallel.dp_shard=-1"}),
+      8);
+  EXPECT_EQ(l.dims.pp, 2);
+  EXPECT_EQ(l.dims.dp_shard, 2);
+  EXPECT_TRUE(l.dims.sequence_parallel);
+  EXPECT_EQ(l.dims.virtual_stages, 2);
+  EXPECT_TRUE(l.dims.enabled(Axis::pp));
+  EXPECT_FALSE(l.dims.enabled(Axis::cp));
+  EXPECT_EQ(l.plan.pp(), l.dims.pp);
+  EXPECT_EQ(l.plan.virtual_stages(), l.dims.virtual_stages);
+  EXPECT_EQ(l.schedule.kind(), ScheduleKind::interleaved);
+  EXPECT_EQ(l.schedule.micro_batches(), l.micro_batches);
+  // One rank: no pipeline, whatever the deck's schedule.
+  const RunLayout one = resolve_layout(config_with({}), 1);
+  EXPECT_EQ(one.schedule.kind(), ScheduleKind::none);
+  EXPECT_EQ(one.plan.chunks(), 1);
 }
 
 TEST(ResolveMesh, RefusesTwoMinusOnes) {
@@ -236,7 +257,7 @@ TEST(ResolveMesh, RefusesBatchThatDoesNotSplit) {
 }
 
 TEST(DescribeMesh, ListsRanksAndGroups) {
-  const MeshShape s = shape_of(1, 2, 1, 1, 2);
+  const ParallelDims s = shape_of(1, 2, 1, 1, 2);
   EXPECT_EQ(describe_mesh(s, false), "mesh pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=2 (4 ranks)\n");
   const std::string d = describe_mesh(s, true);
   EXPECT_NE(d.find("rank  pp dp_replicate dp_shard cp tp"), std::string::npos) << d;
@@ -255,8 +276,8 @@ TEST(DescribeMesh, StaysCompactForBigMeshes) {
 }
 
 // Every factorization of the world over the five axes, built for real.
-std::vector<MeshShape> factorizations(int n) {
-  std::vector<MeshShape> out;
+std::vector<ParallelDims> factorizations(int n) {
+  std::vector<ParallelDims> out;
   for (int pp = 1; pp <= n; ++pp)
     for (int r = 1; pp * r <= n; ++r)
       for (int s = 1; pp * r * s <= n; ++s)
@@ -270,7 +291,7 @@ std::vector<MeshShape> factorizations(int n) {
 TEST(Mesh, EveryLayoutOfTheWorld) {
   const int n = world_size(), me = world_rank();
   int layouts = 0;
-  for (const MeshShape& shape : factorizations(n)) {
+  for (const ParallelDims& shape : factorizations(n)) {
     SCOPED_TRACE(shape.str());
     ++layouts;
     Mesh mesh(shape, MPI_COMM_WORLD);
@@ -310,6 +331,11 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
     EXPECT_EQ(members(mesh.fsdp()), fsdp);
     EXPECT_EQ(members(mesh.batch()), batch);
     EXPECT_EQ(members(mesh.norm()), norm);
+    // The degrees' accessors name the sizes of the groups the mesh builds.
+    EXPECT_EQ(static_cast<std::size_t>(shape.fsdp()), fsdp.size());
+    EXPECT_EQ(static_cast<std::size_t>(shape.batch()), batch.size());
+    EXPECT_EQ(static_cast<std::size_t>(shape.norm()), norm.size());
+    EXPECT_EQ(shape.data_parallel(), shape.degree_of(Axis::dp_replicate) * shape.degree_of(Axis::dp_shard));
 
     // The tied wte: the first and the last stage of this rank's pipeline, first stage first.
     const int stage = mine[static_cast<int>(Axis::pp)];
@@ -353,7 +379,7 @@ TEST(Mesh, RefusesWrongSizeOnEveryRank) {
 TEST(Mesh, FromTheDeck) {
   const int n = world_size();
   const Config cfg = config_with({"parallel.dp_shard=-1", "train.global_batch=" + std::to_string(2 * n)});
-  Mesh mesh(resolve_layout(cfg, n).mesh, MPI_COMM_WORLD);
+  Mesh mesh(resolve_layout(cfg, n).dims, MPI_COMM_WORLD);
   EXPECT_EQ(mesh.degree(Axis::dp_shard), n);
   int size = 0;
   MPI_Comm_size(mesh.fsdp(), &size);

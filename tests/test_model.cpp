@@ -11,6 +11,7 @@
 #include "core/rng.hpp"
 #include "core/types.hpp"
 #include "model/gpt.hpp"
+#include "parallel/stage_runtime.hpp"
 
 using namespace ndmini;
 
@@ -43,7 +44,7 @@ TokenView tokens_from(const std::vector<int>& t) {
 // Init, then move every parameter off its init values (biases 0 and LN
 // weights 1 are special points) so every gradient term is exercised and
 // attention is far from uniform.
-void init_perturbed(GptStage& gpt, std::uint64_t seed) {
+void init_perturbed(StageRuntime& gpt, std::uint64_t seed) {
   gpt.init(seed);
   auto p = Kokkos::create_mirror_view(gpt.param_buffer());
   Kokkos::deep_copy(p, gpt.param_buffer());
@@ -54,7 +55,7 @@ void init_perturbed(GptStage& gpt, std::uint64_t seed) {
   Kokkos::deep_copy(gpt.param_buffer(), p);
 }
 
-const ParamInfo& param_named(const GptStage& gpt, const std::string& name) {
+const ParamInfo& param_named(const StageRuntime& gpt, const std::string& name) {
   for (const auto& p : gpt.params())
     if (p.name == name) return p;
   throw std::runtime_error("no parameter " + name);
@@ -65,7 +66,7 @@ const ParamInfo& param_named(const GptStage& gpt, const std::string& name) {
 TEST(Model, GradientMatchesFiniteDifferences) {
   const ModelConfig m = tiny();
   const int B = 2, T = m.seq_len;
-  GptStage gpt(m, B);
+  StageRuntime gpt(m, B);
   init_perturbed(gpt, 7);
   // Repeated tokens, and targets that differ from the inputs.
   TokenView tokens = tokens_from({1, 4, 1, 9, 0, 10, 4, 4, 2, 1});
@@ -122,7 +123,7 @@ TEST(Model, GradientMatchesFiniteDifferences) {
 
 TEST(Model, ForwardBackwardAccumulates) {
   const ModelConfig m = tiny();
-  GptStage gpt(m, 2);
+  StageRuntime gpt(m, 2);
   init_perturbed(gpt, 11);
   TokenView tokens = tokens_from({1, 4, 1, 9, 0, 10, 4, 4, 2, 1});
   TokenView targets = tokens_from({4, 1, 9, 0, 3, 4, 4, 2, 1, 7});
@@ -142,7 +143,7 @@ TEST(Model, ForwardBackwardAccumulates) {
 
 TEST(Model, InitIsDeterministic) {
   const ModelConfig m = tiny();
-  GptStage a(m, 1), b(m, 1), c(m, 1);
+  StageRuntime a(m, 1), b(m, 1), c(m, 1);
   a.init(42);
   b.init(42);
   c.init(43);
@@ -171,7 +172,7 @@ TEST(Model, InitStatistics) {
   m.heads = 4;
   m.vocab = 256;
   m.seq_len = 32;
-  GptStage gpt(m, 1);
+  StageRuntime gpt(m, 1);
   gpt.init(2024);
   const auto hp = host(gpt.param_buffer());
   const double std_proj = 0.02 / std::sqrt(2.0 * m.layers);
@@ -200,7 +201,7 @@ TEST(Model, InitStatistics) {
 
 TEST(Model, LayoutCoversEveryTensorOnce) {
   const ModelConfig m = tiny();
-  GptStage gpt(m, 1);
+  StageRuntime gpt(m, 1);
   const auto& ps = gpt.params();
   ASSERT_EQ(ps.size(), 2u + 12u * m.layers + 2u);
   std::int64_t total = 0;

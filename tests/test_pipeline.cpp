@@ -125,7 +125,7 @@ TEST(PipelineRunner, EveryScheduleDeliversEveryMessageToItsAction) {
                                    {ScheduleKind::one_f_one_b, 1, pp}, {ScheduleKind::one_f_one_b, 1, 2 * pp + 1},
                                    {ScheduleKind::interleaved, 2, pp}, {ScheduleKind::interleaved, 2, 2 * pp}};
   for (const Case& c : cases) {
-    const std::string what = std::string(schedule_name(c.kind)) + " v=" + std::to_string(c.virtual_stages) +
+    const std::string what = std::string(name_of(c.kind)) + " v=" + std::to_string(c.virtual_stages) +
                              " m=" + std::to_string(c.micro_batches);
     SCOPED_TRACE(what);
     const StagePlan plan(pp * c.virtual_stages, pp, c.virtual_stages);

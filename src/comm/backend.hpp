@@ -3,21 +3,14 @@
 // Internal to comm/: the interface a backend (MPI, NCCL) implements, and the
 // request every non-blocking collective returns. The Communicator owns the
 // accounting; a backend only moves data and says when it is done.
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "comm/communicator.hpp"
+#include "core/timer.hpp"
 
 namespace ndmini {
-
-namespace detail {
-using Clock = std::chrono::steady_clock;
-inline double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-}  // namespace detail
 
 // A collective in flight. The backend supplies wait_backend()/test_backend();
 // this base turns completion into accounting on the owning Communicator's
@@ -32,7 +25,7 @@ struct CommRequest::Impl {
   bool test();
 
   CommStats* stats = nullptr;                      // set by the Communicator at issue
-  detail::Clock::time_point start{};               // issue time
+  Clock::time_point start{};                       // issue time
   double blocked_ms = 0;                           // caller time spent inside issue/test so far
   std::uint64_t ledger_index = ~std::uint64_t{0};  // its ledger entry (ledger.hpp)
   bool done = false;
@@ -58,7 +51,7 @@ struct CommRequest::Impl {
   virtual bool yield_while_polling() const { return false; }
 
  private:
-  void finish(detail::Clock::time_point now);
+  void finish(Clock::time_point now);
 };
 
 // Pure data movement on the communicator's group; buffers are in MemSpace.

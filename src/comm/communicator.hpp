@@ -22,7 +22,7 @@
 // operation, bytes, completed or not; recent_collectives() shows one
 // communicator's part). While a CollectiveWatchdog is alive, every wait has
 // a deadline (comm.timeout_s): blocking calls are issued non-blocking and
-// waited for under it, and so are the raw MPI calls of comm/mpi_calls.hpp.
+// waited for under it, and so are the raw MPI calls of comm/mpi/mpi_calls.hpp.
 // When a wait passes it, the ranks exchange their ledgers over the
 // watchdog's own communicator (a monitor thread answers for a rank whatever
 // it does), each prints its last collectives, rank 0 names the ranks that

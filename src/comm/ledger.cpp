@@ -18,12 +18,11 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "core/timer.hpp"
 
 namespace ndmini {
 namespace detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct CommInfo {
   std::string name;
@@ -75,7 +74,7 @@ std::pair<std::uint64_t, double> wait_now() {
   CurrentWait& w = current_wait();
   std::lock_guard<std::mutex> lock(w.mutex);
   if (w.index == kNoEntry) return {kNoEntry, 0.0};
-  return {w.index, std::chrono::duration<double>(Clock::now() - w.start).count()};
+  return {w.index, seconds_since(w.start)};
 }
 
 // The monitor thread looks at the wait and for alarms this often.
@@ -96,8 +95,6 @@ constexpr double kMaxGraceS = 10.0;
 double grace_s(const Watch& w) {
   return w.monitor.joinable() ? kGraceS : std::min(kMaxGraceS, std::max(kGraceS, w.timeout_s));
 }
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string group_text(const std::vector<int>& ranks) {
   std::string out = "[";

@@ -10,7 +10,7 @@
 // costs a few stores and no strings.
 //
 // Waits: a rank's main thread marks each blocking wait (a comm-layer
-// request, a raw MPI call of comm/mpi_calls.hpp) with a WaitScope; the
+// request, a raw MPI call of comm/mpi/mpi_calls.hpp) with a WaitScope; the
 // deadline counts from the start of the wait.
 //
 // Diagnosis (with a CollectiveWatchdog alive): a wait that passes the

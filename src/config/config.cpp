@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/regular_file.hpp"
@@ -27,6 +28,9 @@ struct Key {
   // Integers must fit the field they land in (no silent wrap-around).
   std::int64_t min_int = std::numeric_limits<int>::min();
   std::int64_t max_int = std::numeric_limits<int>::max();
+  // Strings that name an enum value: the rule a value not in its table
+  // breaks ("must be \"none\" or \"block\""), empty when the value is valid.
+  std::function<std::string(const std::string&)> broken_rule;
   std::string dotted() const { return section + "." + name; }
 };
 
@@ -35,10 +39,38 @@ std::string toml_text(std::uint64_t v) { return std::to_string(v); }
 std::string toml_text(double v) { return shortest_float(v); }
 std::string toml_text(const std::string& v) { return "\"" + v + "\""; }
 std::string toml_text(bool v) { return v ? "true" : "false"; }
+// An enum by its name in its table, as a deck writes it; an absent one as "".
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+std::string toml_text(E v) {
+  return toml_text(std::string(name_of(v)));
+}
+template <class E>
+std::string toml_text(const std::optional<E>& v) {
+  return v ? toml_text(*v) : toml_text(std::string());
+}
 
 template <class T, class F>
 std::function<std::string(const Config&)> shower(T Config::*sec, F T::*field) {
   return [sec, field](const Config& c) { return toml_text(c.*sec.*field); };
+}
+
+// "\"a\", \"b\" or \"c\"": the values a deck may give, from the name table.
+template <class E, std::size_t N>
+std::string choices_text(const EnumName<E> (&table)[N]) {
+  std::vector<std::string> names;
+  for (const auto& e : table)
+    if (e.in_deck) names.push_back("\"" + std::string(e.name) + "\"");
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
+template <class E, std::size_t N>
+std::optional<E> parse_in(const EnumName<E> (&table)[N], const std::string& name) {
+  for (const auto& e : table)
+    if (e.in_deck && name == e.name) return e.value;
+  return std::nullopt;
 }
 
 template <class T>
@@ -69,6 +101,35 @@ Key string_key(const char* section, const char* name, T Config::*sec, std::strin
           [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<std::string>(); },
           shower(sec, field)};
 }
+// An enum given by name; `note` follows the list of names in the message.
+template <class T, class E, std::size_t N>
+Key enum_key(const char* section, const char* name, T Config::*sec, E(T::*field), const EnumName<E> (&table)[N],
+             const std::string& note = "") {
+  Key k{section, name, "string",
+        [sec, field, &table](Config& c, const toml::node& n) {
+          c.*sec.*field = *parse_in(table, *n.value<std::string>());
+        },
+        shower(sec, field)};
+  k.broken_rule = [&table, note](const std::string& v) {
+    return parse_in(table, v) ? std::string() : "must be " + choices_text(table) + note;
+  };
+  return k;
+}
+// The same for a setting that may be absent (an empty string: absent).
+template <class T, class E, std::size_t N>
+Key optional_enum_key(const char* section, const char* name, T Config::*sec, std::optional<E>(T::*field),
+                      const EnumName<E> (&table)[N], const std::string& note = "") {
+  Key k{section, name, "string",
+        [sec, field, &table](Config& c, const toml::node& n) {
+          const std::string v = *n.value<std::string>();
+          c.*sec.*field = v.empty() ? std::nullopt : parse_in(table, v);
+        },
+        shower(sec, field)};
+  k.broken_rule = [&table, note](const std::string& v) {
+    return v.empty() || parse_in(table, v) ? std::string() : "must be " + choices_text(table) + note;
+  };
+  return k;
+}
 template <class T>
 Key bool_key(const char* section, const char* name, T Config::*sec, bool(T::*field)) {
   return {section, name, "boolean", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<bool>(); },
@@ -97,8 +158,8 @@ const std::vector<Key>& schema() {
       float_key("train", "weight_decay", &Config::train, &TrainConfig::weight_decay),
       float_key("train", "grad_clip", &Config::train, &TrainConfig::grad_clip),
       int_key("train", "log_every", &Config::train, &TrainConfig::log_every),
-      string_key("train", "recompute", &Config::train, &TrainConfig::recompute),
-      string_key("train", "precision", &Config::train, &TrainConfig::precision),
+      enum_key("train", "recompute", &Config::train, &TrainConfig::recompute, kRecomputeNames),
+      enum_key("train", "precision", &Config::train, &TrainConfig::precision, kPrecisionNames),
       int_key("train", "eval_every", &Config::train, &TrainConfig::eval_every),
       int_key("train", "eval_batches", &Config::train, &TrainConfig::eval_batches),
       int_key("parallel", "dp_replicate", &Config::parallel, &ParallelConfig::dp_replicate),
@@ -108,7 +169,7 @@ const std::vector<Key>& schema() {
       int_key("parallel", "pp", &Config::parallel, &ParallelConfig::pp),
       bool_key("parallel", "sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
       bool_key("parallel", "reshard_after_forward", &Config::parallel, &ParallelConfig::reshard_after_forward),
-      string_key("parallel", "schedule", &Config::parallel, &ParallelConfig::schedule),
+      enum_key("parallel", "schedule", &Config::parallel, &ParallelConfig::schedule, kScheduleNames),
       int_key("parallel", "virtual_stages", &Config::parallel, &ParallelConfig::virtual_stages),
       string_key("checkpoint", "dir", &Config::checkpoint, &CheckpointConfig::dir),
       int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),
@@ -119,10 +180,11 @@ const std::vector<Key>& schema() {
       float_key("comm", "progress_poll_us", &Config::comm, &CommConfig::progress_poll_us),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
-      string_key("fault", "kind", &Config::fault, &FaultConfig::kind),
+      enum_key("fault", "kind", &Config::fault, &FaultConfig::kind, kFaultKindNames),
       int_key("fault", "rank", &Config::fault, &FaultConfig::rank),
       int_key("fault", "step", &Config::fault, &FaultConfig::step),
-      string_key("fault", "phase", &Config::fault, &FaultConfig::phase),
+      optional_enum_key("fault", "phase", &Config::fault, &FaultConfig::phase, kSavePhaseNames,
+                        " (the phases of a save)"),
   };
   return keys;
 }
@@ -238,24 +300,16 @@ void check_range(bool ok, const std::string& origin, const std::string& key, con
 // would let a test pass without testing anything.
 void validate_fault(const Config& c, const std::string& origin) {
   const FaultConfig& f = c.fault;
-  const std::string kind = "\"" + f.kind + "\"", phase = "\"" + f.phase + "\"";
-  check_range(
-      f.kind == "none" || f.kind == "kill" || f.kind == "nan" || f.kind == "enospc" || f.kind == "skip_collective",
-      origin, "fault.kind", kind, "must be \"none\", \"kill\", \"nan\", \"enospc\" or \"skip_collective\"");
-  check_range(f.phase.empty() || f.phase == "create" || f.phase == "write" || f.phase == "close" ||
-                  f.phase == "rename" || f.phase == "latest",
-              origin, "fault.phase", phase,
-              "must be \"create\", \"write\", \"close\", \"rename\" or \"latest\" (the phases of a save)");
+  const std::string kind = "\"" + std::string(name_of(f.kind)) + "\"";
   check_range(f.rank >= 0, origin, "fault.rank", std::to_string(f.rank), "must be >= 0 (a world rank)");
   check_range(f.step >= 0, origin, "fault.step", std::to_string(f.step), "must be >= 0");
-  if (f.kind == "none") return;
+  if (f.kind == FaultKind::none) return;
   const int steps = c.train.steps;
-  const bool in_save = !f.phase.empty();
-  if (f.kind == "enospc")
-    require(in_save, origin +
-                         ": fault.kind = \"enospc\" needs fault.phase (the phase of the save to fail: "
-                         "\"create\", \"write\", \"close\", \"rename\" or \"latest\")");
-  if (f.kind == "nan" || f.kind == "skip_collective")
+  const bool in_save = f.phase.has_value();
+  if (f.kind == FaultKind::enospc)
+    require(in_save, origin + ": fault.kind = \"enospc\" needs fault.phase (the phase of the save to fail: " +
+                         choices_text(kSavePhaseNames) + ")");
+  if (f.kind == FaultKind::nan || f.kind == FaultKind::skip_collective)
     require(!in_save, origin + ": fault.phase applies to saves (fault.kind = \"enospc\" or \"kill\"), not to " +
                           "fault.kind = " + kind + "; remove it");
   if (in_save) {
@@ -266,7 +320,7 @@ void validate_fault(const Config& c, const std::string& origin) {
                 "no checkpoint of that step is saved (checkpoint.every = " + std::to_string(k.every) +
                     ", checkpoint.at_start = " + (k.at_start ? "true" : "false") +
                     ", train.steps = " + std::to_string(steps) + "), so the fault would never fire");
-  } else if (f.kind == "nan" && f.step == steps) {
+  } else if (f.kind == FaultKind::nan && f.step == steps) {
     // The final state's forward check (it runs when the final state is saved).
     const auto& k = c.checkpoint;
     check_range(k.every > 0 && steps % k.every == 0, origin, "fault.step", std::to_string(f.step),
@@ -308,14 +362,12 @@ void validate(const Config& c, const std::string& origin) {
               "must be in [0, 1]");
   check_range(t.grad_clip >= 0, origin, "train.grad_clip", s(t.grad_clip), "must be >= 0 (0 disables clipping)");
   check_range(t.log_every >= 1, origin, "train.log_every", s(t.log_every), "must be at least 1");
-  check_range(t.recompute == "none" || t.recompute == "block", origin, "train.recompute", "\"" + t.recompute + "\"",
-              "must be \"none\" or \"block\"");
   // bf16 is a planned value, not a silent fp32: refused by name until built.
-  require(t.precision != "bf16", origin +
-                                     ": train.precision = \"bf16\" is not built yet: ndmini trains in fp32 only "
-                                     "(bf16 mixed precision is planned for the GPU build); use train.precision = "
-                                     "\"fp32\"");
-  check_range(t.precision == "fp32", origin, "train.precision", "\"" + t.precision + "\"", "must be \"fp32\"");
+  require(t.precision != Precision::bf16,
+          origin +
+              ": train.precision = \"bf16\" is not built yet: ndmini trains in fp32 only "
+              "(bf16 mixed precision is planned for the GPU build); use train.precision = "
+              "\"fp32\"");
   const auto& d = c.data;
   check_range(d.source == "synthetic" || d.source == "text" || d.source == "tokens", origin, "data.source",
               "\"" + d.source + "\"", "must be \"synthetic\", \"text\" or \"tokens\"");
@@ -344,8 +396,6 @@ void validate(const Config& c, const std::string& origin) {
                          std::pair{"tp", p.tp}, std::pair{"cp", p.cp}, std::pair{"pp", p.pp}})
     check_range(v == -1 || v >= 1, origin, std::string("parallel.") + name, s(v),
                 "must be a degree >= 1, or -1 for what is left of the world");
-  check_range(p.schedule == "1f1b" || p.schedule == "gpipe" || p.schedule == "interleaved_1f1b", origin,
-              "parallel.schedule", "\"" + p.schedule + "\"", "must be \"1f1b\", \"gpipe\" or \"interleaved_1f1b\"");
   check_range(p.virtual_stages >= 1, origin, "parallel.virtual_stages", s(p.virtual_stages), "must be at least 1");
   const auto& k = c.checkpoint;
   check_range(k.every >= 0, origin, "checkpoint.every", s(k.every), "must be >= 0 (0: never)");
@@ -431,6 +481,11 @@ Config parse_config(const std::string& text, const std::string& origin, const st
       if (value < key.min_int || value > key.max_int)
         throw Error(origin + ": " + key.dotted() + " = " + std::to_string(value) + " does not fit: must be between " +
                     std::to_string(key.min_int) + " and " + std::to_string(key.max_int));
+    }
+    if (key.broken_rule) {
+      const std::string value = *node->value<std::string>();
+      const std::string rule = key.broken_rule(value);
+      if (!rule.empty()) check_range(false, origin, key.dotted(), "\"" + value + "\"", rule);
     }
     key.store(cfg, *node);
   }

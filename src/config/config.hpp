@@ -2,11 +2,64 @@
 #pragma once
 // The input deck: TOML text -> validated structs. Every key is optional except
 // the model's; unknown keys are refused with the nearest valid key suggested.
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace ndmini {
+
+// ---- the deck's enumerated values, parsed once here; each has one name table,
+// used both to parse the deck and to print the value.
+
+template <class E>
+struct EnumName {
+  E value;
+  const char* name;
+  bool in_deck = true;  // false: a value the code derives, never written in a deck
+};
+
+// The name of `value` in `table` ("?" if it has none).
+template <class E, std::size_t N>
+constexpr const char* name_in(const EnumName<E> (&table)[N], E value) {
+  for (const auto& e : table)
+    if (e.value == value) return e.name;
+  return "?";
+}
+
+// Pipeline schedule (parallel/pipeline/schedule.hpp); none: pp = 1.
+enum class ScheduleKind { none, gpipe, one_f_one_b, interleaved };
+inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::one_f_one_b, "1f1b"},
+                                                            {ScheduleKind::gpipe, "gpipe"},
+                                                            {ScheduleKind::interleaved, "interleaved_1f1b"},
+                                                            {ScheduleKind::none, "none", false}};
+// Activation recomputation: block recomputes each block's forward in its backward.
+enum class Recompute { none, block };
+inline constexpr EnumName<Recompute> kRecomputeNames[] = {{Recompute::none, "none"}, {Recompute::block, "block"}};
+enum class Precision { fp32, bf16 };
+inline constexpr EnumName<Precision> kPrecisionNames[] = {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}};
+// Fault injection (fault/fault.hpp).
+enum class FaultKind { none, kill, nan, enospc, skip_collective };
+inline constexpr EnumName<FaultKind> kFaultKindNames[] = {{FaultKind::none, "none"},
+                                                          {FaultKind::kill, "kill"},
+                                                          {FaultKind::nan, "nan"},
+                                                          {FaultKind::enospc, "enospc"},
+                                                          {FaultKind::skip_collective, "skip_collective"}};
+// The phases of a checkpoint save, in order (io/checkpoint.hpp): the deck's
+// fault.phase and the words of the save's error messages.
+enum class SavePhase { create, write, close, rename, latest };
+inline constexpr EnumName<SavePhase> kSavePhaseNames[] = {{SavePhase::create, "create"},
+                                                          {SavePhase::write, "write"},
+                                                          {SavePhase::close, "close"},
+                                                          {SavePhase::rename, "rename"},
+                                                          {SavePhase::latest, "latest"}};
+
+inline const char* name_of(ScheduleKind v) { return name_in(kScheduleNames, v); }
+inline const char* name_of(Recompute v) { return name_in(kRecomputeNames, v); }
+inline const char* name_of(Precision v) { return name_in(kPrecisionNames, v); }
+inline const char* name_of(FaultKind v) { return name_in(kFaultKindNames, v); }
+inline const char* name_of(SavePhase v) { return name_in(kSavePhaseNames, v); }
 
 struct ModelConfig {
   int layers = 0;
@@ -42,10 +95,10 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   int log_every = 1;
-  std::string recompute = "none";  // "none" or "block": recompute each block's forward in its backward
-  std::string precision = "fp32";  // "fp32"; "bf16" (GPU mixed precision) is refused until it is built
-  int eval_every = 0;              // validation loss every N steps (and at the last); 0: never
-  int eval_batches = 1;            // global batches of held-out data per validation loss
+  Recompute recompute = Recompute::none;
+  Precision precision = Precision::fp32;  // bf16 (GPU mixed precision) is refused until it is built
+  int eval_every = 0;                     // validation loss every N steps (and at the last); 0: never
+  int eval_batches = 1;                   // global batches of held-out data per validation loss
 };
 
 struct ParallelConfig {
@@ -56,8 +109,8 @@ struct ParallelConfig {
   int pp = 1;
   bool sequence_parallel = false;
   bool reshard_after_forward = true;  // FSDP: free a block's gathered parameters after its forward
-  std::string schedule = "1f1b";      // pipeline schedule: "1f1b", "gpipe" or "interleaved_1f1b"
-  int virtual_stages = 1;             // pipeline chunks per pp rank (interleaved_1f1b)
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  int virtual_stages = 1;  // pipeline chunks per pp rank (interleaved_1f1b)
 };
 
 struct CheckpointConfig {
@@ -89,13 +142,13 @@ struct PerfConfig {
 };
 
 // Fault injection, to prove that failures are handled (tests, scripts).
-// kind "none" (the default) injects nothing.
+// kind none (the default) injects nothing.
 struct FaultConfig {
-  std::string kind = "none";  // "none", "kill", "nan", "enospc", "skip_collective"
-  int rank = 0;               // the world rank it hits
-  int step = 0;               // kill, nan, skip_collective: the training step (nan at train.steps: the final
-                              // state's check); enospc or kill with a phase: the step of the checkpoint saved
-  std::string phase;          // for saves: "create", "write", "close", "rename", "latest"
+  FaultKind kind = FaultKind::none;
+  int rank = 0;                    // the world rank it hits
+  int step = 0;                    // kill, nan, skip_collective: the training step (nan at train.steps: the final
+                                   // state's check); enospc or kill with a phase: the step of the checkpoint saved
+  std::optional<SavePhase> phase;  // for saves: the phase to fail
 };
 
 struct Config {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/bf16.hpp"
+
 namespace ndmini {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
@@ -33,6 +35,10 @@ using Slice1D = Kokkos::View<real*, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 using Slice2D = Kokkos::View<real**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 using ConstSlice1D = Kokkos::View<const real*, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 using ConstSlice2D = Kokkos::View<const real**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+
+// bf16 operands of mixed-precision matrix products (core/bf16.hpp).
+using Bf16Slice2D = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+using ConstBf16Slice2D = Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 
 // Token ids. int32 covers every vocabulary GPT-2 style models use.
 using token_t = std::int32_t;

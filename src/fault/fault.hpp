@@ -8,6 +8,7 @@
 // so a test can tell a handled fault from one that never happened.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "config/config.hpp"
@@ -22,7 +23,7 @@ class FaultPlan {
   // when fault.rank is not a rank of the job (the caller agrees on it).
   FaultPlan(const FaultConfig& cfg, int world_rank, int world_size);
 
-  bool none() const { return kind_ == Kind::none; }
+  bool none() const { return kind_ == FaultKind::none; }
 
   // kind "kill" without a phase: called at the start of every training step;
   // at the plan's step, on the plan's rank, the process SIGKILLs itself.
@@ -39,15 +40,14 @@ class FaultPlan {
   bool skip_collective_at(std::int64_t step, int rank) const;
   // For io::SaveOptions::hook: kind "enospc" fails, kind "kill" SIGKILLs,
   // the plan's phase of the save of the plan's step on the plan's rank.
-  std::function<void(io::SavePhase, std::int64_t, const std::string&)> save_hook() const;
+  std::function<void(SavePhase, std::int64_t, const std::string&)> save_hook() const;
 
   // Writes "fault: KIND[ at phase 'P'] fired on rank R at step S" to stderr.
   void report_fired() const;
 
  private:
-  enum class Kind { none, kill, nan, enospc, skip_collective };
-  Kind kind_ = Kind::none;
-  std::string kind_name_, phase_;
+  FaultKind kind_ = FaultKind::none;
+  std::optional<SavePhase> phase_;
   int rank_ = 0, my_rank_ = 0;
   std::int64_t step_ = 0;
 };

@@ -13,6 +13,11 @@
 // collective call. An I/O error on any rank (a full disk, a failed sync or
 // rename) therefore reaches every rank as the same ndmini::Error, naming the
 // file and the phase, within one phase; no rank is left waiting.
+//
+// Where it lives: io/save.cpp and io/load.cpp (the protocols), io/folder.cpp
+// (the folder's policy: latest, keep-K, debris, free space, the lock),
+// io/slabs.cpp (slab order, the checks across ranks, digests),
+// io/raw_file.hpp (MPI-IO and pread), io/format.hpp (the HDF5 file, the manifest).
 #include <mpi.h>
 
 #include <cstdint>
@@ -20,6 +25,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "config/config.hpp"
 
 namespace ndmini::io {
 
@@ -69,10 +76,26 @@ struct CheckpointInfo {
   DataRecord data;
 };
 
-// The phases of a save, in order. The names are those of the deck's
-// fault.phase and of the error messages.
-enum class SavePhase { create, write, close, rename, latest };
-const char* phase_name(SavePhase p);
+// The one list of CheckpointInfo's fields: calls f(name, field) for each, in
+// the order of the HDF5 root attributes, `name` being the attribute's. Hash,
+// broadcast, the HDF5 file and `ndmini ckpt info` all walk this list, so a
+// new field cannot be forgotten by one of them. Fields are std::int64_t,
+// std::uint64_t or std::string; Info is CheckpointInfo, const or not.
+template <class Info, class F>
+void for_each_field(Info& info, F&& f) {
+  f("step", info.step);
+  f("consumed_tokens", info.consumed_tokens);
+  f("seed", info.seed);
+  f("config", info.config);
+  f("layout", info.layout);
+  f("data_source", info.data.kind);
+  f("data_path", info.data.path);
+  f("data_bytes", info.data.bytes);
+  f("data_digest", info.data.digest);
+}
+
+// The phases of a save, in order: ndmini::SavePhase (config/config.hpp),
+// whose names are those of the deck's fault.phase and of the error messages.
 
 // Seconds spent in each part of a save (the slowest rank's), for benchmarks.
 struct SaveTimes {

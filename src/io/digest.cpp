@@ -16,7 +16,7 @@ void StreamHash::update(const void* data, std::size_t n) {
     if (fill_ == 0 && n >= 8) {  // fast path: whole words straight from the input
       std::uint64_t w;
       std::memcpy(&w, p, 8);
-      h_ = mix64(h_ ^ w);
+      h_ = splitmix64(h_ ^ w);
       p += 8;
       n -= 8;
       continue;
@@ -29,7 +29,7 @@ void StreamHash::update(const void* data, std::size_t n) {
     if (fill_ == 8) {
       std::uint64_t w;
       std::memcpy(&w, word_, 8);
-      h_ = mix64(h_ ^ w);
+      h_ = splitmix64(h_ ^ w);
       fill_ = 0;
     }
   }
@@ -42,9 +42,9 @@ std::uint64_t StreamHash::finish() const {
     std::memcpy(last, word_, fill_);
     std::uint64_t w;
     std::memcpy(&w, last, 8);
-    h = mix64(h ^ w);
+    h = splitmix64(h ^ w);
   }
-  return mix64(h ^ length_);
+  return splitmix64(h ^ length_);
 }
 
 std::uint64_t hash_bytes(const void* data, std::size_t n) {
@@ -54,7 +54,7 @@ std::uint64_t hash_bytes(const void* data, std::size_t n) {
 }
 
 std::uint64_t element_digest(const float* x, std::uint64_t count, std::uint64_t first_index) {
-  // One mix64 per element (the rotation keeps the index and the 32 value bits
+  // One splitmix64 per element (the rotation keeps the index and the 32 value bits
   // apart for tensors below 2^32 elements); the loop has no dependency but the
   // sum, so the compiler vectorizes it.
   std::uint64_t sum = 0;
@@ -62,7 +62,7 @@ std::uint64_t element_digest(const float* x, std::uint64_t count, std::uint64_t 
     std::uint32_t bits;
     std::memcpy(&bits, x + j, sizeof bits);
     const std::uint64_t i = first_index + j;
-    sum += mix64(((i << 32) | (i >> 32)) ^ bits);
+    sum += splitmix64(((i << 32) | (i >> 32)) ^ bits);
   }
   return sum;
 }

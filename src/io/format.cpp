@@ -179,6 +179,26 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& whe
   return value;
 }
 
+// One root attribute of CheckpointInfo, by the type of its field
+// (for_each_field): little-endian 64-bit integers and UTF-8 strings.
+void write_field(hid_t obj, const char* name, const std::int64_t& value) {
+  write_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+void write_field(hid_t obj, const char* name, const std::uint64_t& value) {
+  write_attr(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value);
+}
+void write_field(hid_t obj, const char* name, const std::string& value) { write_string_attr(obj, name, value); }
+
+void read_field(hid_t obj, const char* name, std::int64_t& value, const std::string& where) {
+  value = read_attr<std::int64_t>(obj, name, H5T_NATIVE_INT64, where);
+}
+void read_field(hid_t obj, const char* name, std::uint64_t& value, const std::string& where) {
+  value = read_attr<std::uint64_t>(obj, name, H5T_NATIVE_UINT64, where);
+}
+void read_field(hid_t obj, const char* name, std::string& value, const std::string& where) {
+  value = read_string_attr(obj, name, where);
+}
+
 // True when every group on the way to `path` and the final link exist.
 // H5Lexists fails, rather than answering false, when a parent is missing.
 bool link_exists(hid_t file, const std::string& path) {
@@ -187,12 +207,6 @@ bool link_exists(hid_t file, const std::string& path) {
     if (checked(H5Lexists(file, prefix.c_str(), H5P_DEFAULT), "H5Lexists") <= 0) return false;
     if (at == std::string::npos) return true;
   }
-}
-
-std::string shape_text(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // ------------------------------------------------------------ file system
@@ -270,6 +284,12 @@ void require_step_matches_folder(const std::string& dir, std::int64_t step) {
 }
 
 }  // namespace
+
+std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
 std::uint64_t TensorEntry::elements() const {
   std::uint64_t n = 1;
@@ -353,15 +373,7 @@ FileBuilder::FileBuilder(const CheckpointInfo& info, std::vector<TensorEntry>& t
   path_.clear();
   const std::int64_t version = kVersion;
   write_attr(f.get(), "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version);
-  write_attr(f.get(), "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.step);
-  write_attr(f.get(), "consumed_tokens", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.consumed_tokens);
-  write_attr(f.get(), "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &info.seed);
-  write_string_attr(f.get(), "config", info.config);
-  write_string_attr(f.get(), "layout", info.layout);
-  write_string_attr(f.get(), "data_source", info.data.kind);
-  write_string_attr(f.get(), "data_path", info.data.path);
-  write_attr(f.get(), "data_bytes", H5T_STD_U64LE, H5T_NATIVE_UINT64, &info.data.bytes);
-  write_string_attr(f.get(), "data_digest", info.data.digest);
+  for_each_field(info, [&](const char* name, const auto& value) { write_field(f.get(), name, value); });
 
   Handle dcpl(checked(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), H5Pclose);
   checked(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout");
@@ -529,16 +541,8 @@ Index read_index(const std::string& dir) {
   require(fv == kVersion, where + " has format_version " + std::to_string(fv) + " but its manifest says " +
                               std::to_string(kVersion) + "; it is corrupted; " + kResumeHint);
   CheckpointInfo& info = index.info;
-  info.step = read_attr<std::int64_t>(f.get(), "step", H5T_NATIVE_INT64, where);
+  for_each_field(info, [&](const char* name, auto& value) { read_field(f.get(), name, value, where); });
   require_step_matches_folder(dir, info.step);
-  info.consumed_tokens = read_attr<std::int64_t>(f.get(), "consumed_tokens", H5T_NATIVE_INT64, where);
-  info.seed = read_attr<std::uint64_t>(f.get(), "seed", H5T_NATIVE_UINT64, where);
-  info.config = read_string_attr(f.get(), "config", where);
-  info.layout = read_string_attr(f.get(), "layout", where);
-  info.data.kind = read_string_attr(f.get(), "data_source", where);
-  info.data.path = read_string_attr(f.get(), "data_path", where);
-  info.data.bytes = read_attr<std::uint64_t>(f.get(), "data_bytes", H5T_NATIVE_UINT64, where);
-  info.data.digest = read_string_attr(f.get(), "data_digest", where);
 
   for (const Extent& e : extents) {
     const std::string tag = where + ": tensor '" + e.path + "'";

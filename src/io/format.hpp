@@ -3,7 +3,7 @@
 // The on-disk format of one checkpoint folder (format_version 2). Everything
 // here runs in ONE process (rank 0 of a job, or the `ndmini ckpt` tools): HDF5
 // is only ever used serially, for metadata, and writes only to a temporary
-// file (FileBuilder); the ranks move the raw data themselves (io/checkpoint.cpp).
+// file (FileBuilder); the ranks move the raw data themselves (io/save.cpp, io/load.cpp).
 //
 // checkpoint.h5   HDF5 file (superblock v2, libver 1.8..1.10 structures).
 //   Root attributes: format_version (2), step, consumed_tokens, seed,
@@ -101,6 +101,9 @@ void write_manifest(const std::string& dir, const std::vector<TensorEntry>& tens
 // manifest (type, layout, shape, place). Throws Error: "checkpoint '<file>' is
 // corrupted ..." with the reason and kResumeHint.
 Index read_index(const std::string& dir);
+
+// "[768, 2304]", for messages.
+std::string shape_text(const std::vector<std::uint64_t>& shape);
 
 // Writes `text` to `path` and syncs it before returning.
 void write_synced(const std::string& path, const std::string& text);

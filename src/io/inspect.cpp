@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 // Bytes read per call when verifying (a multiple of 4: whole floats).
 constexpr std::size_t kChunkBytes = std::size_t{16} << 20;
 
-std::string shape_text(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // element_digest of a tensor's raw data, read from the file in chunks.
 std::uint64_t digest_of(int fd, const format::TensorEntry& t, const std::string& file) {
   std::vector<float> buf(kChunkBytes / 4);
@@ -81,21 +75,20 @@ std::string describe_checkpoint(const std::string& dir) {
   std::ostringstream os;
   std::uint64_t bytes = 0;
   for (const auto& t : index.tensors) bytes += t.bytes();
-  os << "checkpoint  " << dir << " (format " << format::kVersion << "; manifest and metadata verified)\n"
-     << "step        " << info.step << "\n"
-     << "tokens      " << info.consumed_tokens << "\n"
-     << "seed        " << info.seed << "\n"
-     << "layout      " << info.layout << " (wrote it; any layout can load it)\n";
-  if (info.data.kind == "synthetic" || info.data.kind.empty())
-    os << "data        " << (info.data.kind.empty() ? "(not recorded)" : "synthetic") << "\n";
-  else
-    os << "data        " << info.data.kind << " '" << info.data.path << "', " << info.data.bytes
-       << " bytes, first-MiB digest " << info.data.digest << "\n";
-  os << "file        " << format::kFileName << ", " << index.file_bytes << " bytes, " << index.tensors.size()
-     << " tensors, " << bytes << " bytes of float32 data\n"
-     << "tensors     path, shape, bytes, digest\n";
+  // Labels padded to the longest attribute name ("consumed_tokens").
+  auto line = [&](const std::string& label) -> std::ostream& {
+    return os << label << std::string(17 - label.size(), ' ');
+  };
+  line("checkpoint") << dir << " (format " << format::kVersion << "; manifest and metadata verified)\n";
+  // The root attributes as stored; the deck (`config`) comes last, it is long.
+  for_each_field(info, [&](const std::string& name, const auto& value) {
+    if (name != "config") line(name) << value << "\n";
+  });
+  line("file") << format::kFileName << ", " << index.file_bytes << " bytes, " << index.tensors.size() << " tensors, "
+               << bytes << " bytes of float32 data\n";
+  line("tensors") << "path, shape, bytes, digest\n";
   for (const auto& t : index.tensors)
-    os << "  " << t.path << "  " << shape_text(t.shape) << "  " << t.bytes() << "  " << hex64(t.digest) << "\n";
+    os << "  " << t.path << "  " << format::shape_text(t.shape) << "  " << t.bytes() << "  " << hex64(t.digest) << "\n";
   os << "deck\n" << info.config;
   if (!info.config.empty() && info.config.back() != '\n') os << "\n";
   return os.str();

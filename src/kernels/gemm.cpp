@@ -3,8 +3,12 @@
 // model goes through gemm() / gemm_strided_batched() here. A CUDA build with
 // cuBLAS (NDMINI_HAVE_CUBLAS) calls cublasGemmEx / cublasGemmStridedBatchedEx
 // on Kokkos' CUDA stream with one handle per process; every other build
-// calls KokkosBlas::gemm (BLAS on the host).
+// calls KokkosBlas::gemm (BLAS on the host), or oneDNN's matmul for the
+// shapes use_onednn_fp32 below picks (none today) in a build with oneDNN.
+// bf16 products (gemm_bf16*) go to oneDNN, or are emulated through the fp32
+// route.
 #include <string>
+#include <type_traits>
 
 #include "kernels/kernels.hpp"
 
@@ -16,6 +20,9 @@
 #else
 #include <KokkosBlas3_gemm.hpp>
 #endif
+#ifdef NDMINI_HAVE_ONEDNN
+#include "kernels/gemm_onednn.hpp"
+#endif
 
 #include "core/error.hpp"
 
@@ -26,10 +33,12 @@ using Range = Kokkos::RangePolicy<ExecSpace>;
 
 bool transposed(const char* t) { return t[0] == 'T' || t[0] == 't'; }
 
+HostGemmRoute g_route = HostGemmRoute::by_shape;
+
 // Shapes must agree: cuBLAS would read past a too-small operand. Cheap
 // integer checks; the message is built only when one fails.
-void check_shapes(const char* transa, const char* transb, const ConstSlice2D& a, const ConstSlice2D& b,
-                  const Slice2D& c) {
+template <class A, class B, class C>
+void check_shapes(const char* transa, const char* transb, const A& a, const B& b, const C& c) {
   const std::size_t m = c.extent(0), n = c.extent(1);
   const std::size_t am = transposed(transa) ? a.extent(1) : a.extent(0);
   const std::size_t ak = transposed(transa) ? a.extent(0) : a.extent(1);
@@ -63,8 +72,38 @@ void product(const char* transa, const char* transb, real alpha, ConstSlice2D a,
                static_cast<int>(c.stride(0)), static_cast<long long>(stride_c), count);
 }
 #else
+#ifdef NDMINI_HAVE_ONEDNN
+onednn::Operand operand(const void* data, int ld, std::size_t stride) {
+  return {data, ld, static_cast<long long>(stride)};
+}
+
+// fp32 through oneDNN instead of BLAS? Measured shape by shape on one core
+// (bench_gemm_routes, bench/README.md "fp32 route"): the two tie on most of
+// the model's products, oneDNN leads by 7-30% on the batched attention heads
+// (1-3% of a step), BLAS by up to 29% on the largest (the LM head). BLAS for
+// every shape for now: the small gain does not pay for changing every fp32
+// bit of a run. A pure function of the shape when it changes, so every rank
+// of a layout and every run of a shape takes the same route. (The banner's
+// words for the route are in gemm_library.cpp.)
+bool use_onednn_fp32(const char* transa, const char* transb, std::size_t m, std::size_t n, std::size_t k, int count) {
+  if (g_route != HostGemmRoute::by_shape) return g_route == HostGemmRoute::onednn;
+  (void)transa, (void)transb, (void)m, (void)n, (void)k, (void)count;
+  return false;
+}
+#endif
+
 void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
              std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+#ifdef NDMINI_HAVE_ONEDNN
+  const std::size_t k = transposed(transa) ? a.extent(0) : a.extent(1);
+  if (use_onednn_fp32(transa, transb, c.extent(0), c.extent(1), k, count)) {
+    onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)),
+                 static_cast<int>(k), alpha, onednn::Type::f32, operand(a.data(), a.stride(0), stride_a),
+                 operand(b.data(), b.stride(0), stride_b), beta, onednn::Type::f32,
+                 {c.data(), static_cast<int>(c.stride(0)), static_cast<long long>(stride_c)}, count);
+    return;
+  }
+#endif
   // One BLAS call per matrix: on a CPU core a batch gains nothing over a loop.
   for (int i = 0; i < count; ++i) {
     const ConstSlice2D ai(a.data() + i * stride_a, a.extent(0), a.extent(1));
@@ -97,7 +136,85 @@ ConstSlice2D ones_row(std::size_t n) {
   return ConstSlice2D(ones.data(), 1, n);
 }
 
+// ---- bf16 products ----------------------------------------------------------
+
+#ifndef NDMINI_HAVE_ONEDNN
+// The elements a strided batch of `count` matrices spans.
+template <class V>
+std::size_t batch_span(const V& x, std::size_t stride, int count) {
+  return count > 0 ? (count - 1) * stride + x.span() : 0;
+}
+
+// Emulation without oneDNN: widen bf16 to fp32 (exact), multiply with the
+// fp32 route, which accumulates in fp32 as oneDNN and cuBLAS do.
+View1D widened(const bf16* x, std::size_t n) {
+  View1D w = uninitialized("ndmini::bf16_widened", n);
+  real* wp = w.data();
+  Kokkos::parallel_for(
+      "ndmini::bf16_widen", Range(0, n), KOKKOS_LAMBDA(const std::size_t i) { wp[i] = static_cast<real>(x[i]); });
+  return w;
+}
+#endif
+
+template <class CView>
+void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, std::size_t stride_a,
+                  ConstBf16Slice2D b, std::size_t stride_b, real beta, CView c, std::size_t stride_c, int count) {
+  check_shapes(transa, transb, a, b, c);
+  if (count <= 0) return;
+  constexpr bool bf16_out = std::is_same_v<typename CView::non_const_value_type, bf16>;
+#ifdef NDMINI_HAVE_ONEDNN  // never with cuBLAS: the build links oneDNN for host memory only
+  const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
+  onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)), k, alpha,
+               onednn::Type::bf16, operand(a.data(), a.stride(0), stride_a), operand(b.data(), b.stride(0), stride_b),
+               beta, bf16_out ? onednn::Type::bf16 : onednn::Type::f32,
+               {c.data(), static_cast<int>(c.stride(0)), static_cast<long long>(stride_c)}, count);
+#else
+  const View1D wa = widened(a.data(), batch_span(a, stride_a, count));
+  const View1D wb = widened(b.data(), batch_span(b, stride_b, count));
+  const ConstSlice2D fa(wa.data(), a.extent(0), a.extent(1)), fb(wb.data(), b.extent(0), b.extent(1));
+  if constexpr (bf16_out) {
+    // C widened too (beta may read it), multiplied in fp32, rounded once.
+    const std::size_t n = batch_span(c, stride_c, count);
+    View1D wc = beta != 0 ? widened(c.data(), n) : uninitialized("ndmini::bf16_widened", n);
+    product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, Slice2D(wc.data(), c.extent(0), c.extent(1)),
+            stride_c, count);
+    // Only the matrices' own elements: what lies between them belongs to someone else.
+    bf16* cp = c.data();
+    const real* wcp = wc.data();
+    const std::size_t rows = c.extent(0), cols = c.extent(1), ld = c.stride(0);
+    Kokkos::parallel_for(
+        "ndmini::bf16_narrow", Range(0, count * rows * cols), KOKKOS_LAMBDA(const std::size_t i) {
+          const std::size_t at = i / (rows * cols) * stride_c + i % (rows * cols) / cols * ld + i % cols;
+          cp[at] = bf16(wcp[at]);
+        });
+  } else {
+    product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, c, stride_c, count);
+  }
+#endif
+}
+
 }  // namespace
+
+void set_host_gemm_route(HostGemmRoute route) { g_route = route; }
+
+void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
+               Slice2D c) {
+  bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1);
+}
+void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
+               Bf16Slice2D c) {
+  bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1);
+}
+void gemm_bf16_strided_batched(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a,
+                               std::size_t stride_a, ConstBf16Slice2D b, std::size_t stride_b, real beta, Slice2D c,
+                               std::size_t stride_c, int count) {
+  bf16_product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+}
+void gemm_bf16_strided_batched(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a,
+                               std::size_t stride_a, ConstBf16Slice2D b, std::size_t stride_b, real beta, Bf16Slice2D c,
+                               std::size_t stride_c, int count) {
+  bf16_product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+}
 
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c) {
   check_shapes(transa, transb, a, b, c);

@@ -30,6 +30,29 @@ void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, Co
 void gemm_strided_batched(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a,
                           ConstSlice2D b, std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count);
 
+// bf16 products: bf16 A and B, fp32 accumulation, C in fp32 or bf16 (rounded
+// once, at the end); alpha and beta as above. Through oneDNN on the host where
+// the build has it (AMX or AVX512-BF16 where the CPU has them); elsewhere
+// emulated exactly: the bf16 inputs widened to fp32 (lossless) and multiplied
+// by the fp32 route.
+void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
+               Slice2D c);
+void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
+               Bf16Slice2D c);
+void gemm_bf16_strided_batched(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a,
+                               std::size_t stride_a, ConstBf16Slice2D b, std::size_t stride_b, real beta, Slice2D c,
+                               std::size_t stride_c, int count);
+void gemm_bf16_strided_batched(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a,
+                               std::size_t stride_a, ConstBf16Slice2D b, std::size_t stride_b, real beta, Bf16Slice2D c,
+                               std::size_t stride_c, int count);
+
+// Which library runs the host's fp32 products (a CUDA build always uses
+// cuBLAS). by_shape, the default, picks per product from measurements of this
+// CPU kind (bench/README.md, "fp32 route"); the others force one library, for
+// benchmarks and tests. onednn needs a build with oneDNN (else: blas).
+enum class HostGemmRoute { by_shape, blas, onednn };
+void set_host_gemm_route(HostGemmRoute route);
+
 // ---- embeddings -----------------------------------------------------------
 // Positions: one per row, the absolute position of that row's token in its
 // sequence (with context parallelism a rank holds two chunks of each

@@ -14,18 +14,10 @@ namespace ndmini {
 namespace detail {
 namespace {
 
-using Mask = std::array<bool, kNumAxes>;
-
-Mask mask_of(std::initializer_list<Axis> axes) {
-  Mask m{};
-  for (Axis a : axes) m[static_cast<int>(a)] = true;
-  return m;
-}
-
 // The groups of ranks that share every coordinate outside `keep`, each in
 // rank order, the groups ordered by their lowest rank: exactly the rank sets
 // MPI_Cart_sub(keep) builds on a no-reorder Cartesian communicator.
-std::vector<std::vector<int>> groups_of(const MeshShape& shape, const Mask& keep) {
+std::vector<std::vector<int>> groups_of(const ParallelDims& shape, const AxisSet& keep) {
   std::map<std::array<int, kNumAxes>, std::size_t> index;
   std::vector<std::vector<int>> groups;
   for (int r = 0; r < shape.size(); ++r) {
@@ -61,133 +53,64 @@ std::string format_groups(const std::vector<std::vector<int>>& groups) {
   return out;
 }
 
-std::string names_of(const Mask& keep) {
-  std::string out;
-  for (Axis a : kAxes) {
-    if (!keep[static_cast<int>(a)]) continue;
-    if (!out.empty()) out += " x ";
-    out += axis_name(a);
-  }
-  return out;
-}
-
-int product_of(const MeshShape& shape, const Mask& keep) {
-  int p = 1;
-  for (int i = 0; i < kNumAxes; ++i)
-    if (keep[i]) p *= shape.degree[i];
-  return p;
-}
-
 // The deck key of an axis, for messages: "parallel.tp".
 std::string key_of(Axis a) { return std::string("parallel.") + axis_name(a); }
-
-// The reductions of the header's table, defined here once for the
-// communicators and for describe_mesh.
-const Mask kFsdp = mask_of({Axis::dp_shard, Axis::cp});
-const Mask kBatch = mask_of({Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp});
-const Mask kNorm = mask_of({Axis::pp, Axis::dp_shard, Axis::cp, Axis::tp});
 
 }  // namespace
 }  // namespace detail
 
-const char* axis_name(Axis a) {
-  switch (a) {
-    case Axis::pp:
-      return "pp";
-    case Axis::dp_replicate:
-      return "dp_replicate";
-    case Axis::dp_shard:
-      return "dp_shard";
-    case Axis::cp:
-      return "cp";
-    case Axis::tp:
-      return "tp";
-  }
-  return "?";
-}
-
-int MeshShape::size() const {
-  int p = 1;
-  for (int d : degree) p *= d;
-  return p;
-}
-
-std::array<int, kNumAxes> MeshShape::coords_of(int rank) const {
-  // Row-major over pp, dp_replicate, dp_shard, cp, tp: the last axis varies fastest,
-  // matching MPI_Cart_coords on a no-reorder Cartesian communicator.
-  std::array<int, kNumAxes> c{};
-  for (int i = kNumAxes - 1; i >= 0; --i) {
-    c[i] = rank % degree[i];
-    rank /= degree[i];
-  }
-  return c;
-}
-
-int MeshShape::rank_of(const std::array<int, kNumAxes>& coords) const {
-  int r = 0;
-  for (int i = 0; i < kNumAxes; ++i) r = r * degree[i] + coords[i];
-  return r;
-}
-
-std::string MeshShape::str() const {
-  std::string out;
-  for (Axis a : kAxes) {
-    if (!out.empty()) out += ' ';
-    out += std::string(axis_name(a)) + "=" + std::to_string(degree_of(a));
-  }
-  return out;
-}
-
-MeshShape resolve_mesh(const ParallelConfig& p, int world) {
+ParallelDims resolve_mesh(const ParallelConfig& p, int world) {
   using std::to_string;
   require(world >= 1, "the job must have at least one rank, got " + to_string(world));
-  MeshShape shape;
-  shape.degree = {p.pp, p.dp_replicate, p.dp_shard, p.cp, p.tp};
+  std::array<int, kNumAxes> degree = {p.pp, p.dp_replicate, p.dp_shard, p.cp, p.tp};
 
   // At most one axis may take "what is left": two would make the split ambiguous.
   int wild = -1;
   for (Axis a : kAxes) {
     const int i = static_cast<int>(a);
-    if (shape.degree[i] != -1) continue;
+    if (degree[i] != -1) continue;
     require(wild < 0, std::string(detail::key_of(static_cast<Axis>(wild))) + " and " + detail::key_of(a) +
                           " are both -1; at most one degree may be -1 (what is left of the world), set the other");
     wild = i;
   }
   for (Axis a : kAxes) {
     const int i = static_cast<int>(a);
-    require(shape.degree[i] == -1 || shape.degree[i] >= 1,
-            std::string(detail::key_of(a)) + " = " + to_string(shape.degree[i]) + " must be -1 or at least 1");
+    require(degree[i] == -1 || degree[i] >= 1,
+            std::string(detail::key_of(a)) + " = " + to_string(degree[i]) + " must be -1 or at least 1");
   }
 
   if (wild >= 0) {
     long long others = 1;  // 64-bit: a deck may hold degrees whose product overflows an int
     for (int i = 0; i < kNumAxes; ++i)
-      if (i != wild) others *= shape.degree[i];
+      if (i != wild) others *= degree[i];
     const auto key = std::string(detail::key_of(static_cast<Axis>(wild)));
     require(world % others == 0, key + " = -1 cannot be resolved: the other degrees multiply to " + to_string(others) +
                                      ", which does not divide the " + to_string(world) +
                                      " ranks of the job; change the degrees or launch a multiple of " +
                                      to_string(others) + " ranks");
-    shape.degree[wild] = static_cast<int>(world / others);
+    degree[wild] = static_cast<int>(world / others);
   }
 
   // Product of the degrees, written in the deck's order so the user recognises it.
   long long product = 1;
-  for (int d : shape.degree) product *= d;
+  for (int d : degree) product *= d;
   if (product != world) {
     std::string expr;
     for (Axis a : {Axis::dp_replicate, Axis::dp_shard, Axis::tp, Axis::cp, Axis::pp}) {
       if (!expr.empty()) expr += " x ";
-      expr += std::string(axis_name(a)) + "=" + to_string(shape.degree_of(a));
+      expr += std::string(axis_name(a)) + "=" + to_string(degree[static_cast<int>(a)]);
     }
     const auto ranks = [](long long n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
     throw Error("parallel: " + expr + " = " + ranks(product) + ", but the job has " + to_string(world) +
                 "; change the degrees or launch " + ranks(product) + " (mpiexec -n " + to_string(product) + ")");
   }
-  return shape;
+  ParallelDims dims = ParallelDims::from_degrees(degree);
+  dims.sequence_parallel = p.sequence_parallel;
+  dims.virtual_stages = p.virtual_stages;
+  return dims;
 }
 
-std::string describe_mesh(const MeshShape& shape, bool details) {
+std::string describe_mesh(const ParallelDims& shape, bool details) {
   std::string out = "mesh " + shape.str() + " (" + std::to_string(shape.size()) + " ranks)\n";
   if (!details) return out;
   char line[128];
@@ -205,26 +128,24 @@ std::string describe_mesh(const MeshShape& shape, bool details) {
     out += "...   (" + std::to_string(n - rows) + " more; tp varies fastest, then cp, dp_shard, dp_replicate, pp)\n";
   for (Axis a : kAxes) {
     if (shape.degree_of(a) <= 1) continue;
-    detail::Mask keep{};
+    AxisSet keep{};
     keep[static_cast<int>(a)] = true;
     out += std::string(axis_name(a)) + " groups: " + detail::format_groups(detail::groups_of(shape, keep)) + "\n";
   }
-  if (detail::product_of(shape, detail::kFsdp) > 1)
-    out += "fsdp groups (" + detail::names_of(detail::kFsdp) +
-           "): " + detail::format_groups(detail::groups_of(shape, detail::kFsdp)) + "\n";
+  if (shape.fsdp() > 1)
+    out += "fsdp groups (" + axis_names(kFsdpAxes) +
+           "): " + detail::format_groups(detail::groups_of(shape, kFsdpAxes)) + "\n";
   if (shape.degree_of(Axis::pp) > 1) {
     // The first and the last stage of each pipeline: every group of pp ranks, its two ends.
-    detail::Mask keep{};
+    AxisSet keep{};
     keep[static_cast<int>(Axis::pp)] = true;
     auto groups = detail::groups_of(shape, keep);
     for (auto& g : groups) g = {g.front(), g.back()};
     out += "pipeline ends (first and last stage): " + detail::format_groups(groups) + "\n";
   }
   // Which ranks each reduction spans: the one place a reader can check it.
-  out += "loss summed over " + detail::names_of(detail::kBatch) + " (" +
-         std::to_string(detail::product_of(shape, detail::kBatch)) + " ranks); gradient norm over " +
-         detail::names_of(detail::kNorm) + " (" + std::to_string(detail::product_of(shape, detail::kNorm)) +
-         " ranks)\n";
+  out += "loss summed over " + axis_names(kBatchAxes) + " (" + std::to_string(shape.batch()) +
+         " ranks); gradient norm over " + axis_names(kNormAxes) + " (" + std::to_string(shape.norm()) + " ranks)\n";
   return out;
 }
 
@@ -240,7 +161,7 @@ MPI_Comm cart_sub(MPI_Comm cart, const std::array<bool, kNumAxes>& keep) {
 
 }  // namespace
 
-Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
+Mesh::Mesh(const ParallelDims& shape, MPI_Comm world) : dims_(shape) {
   axis_.fill(MPI_COMM_NULL);  // MPI_COMM_NULL is not 0 in every MPI
   int world_size = 0;
   MPI_Comm_size(world, &world_size);
@@ -249,20 +170,20 @@ Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
                                           " ranks, but the communicator has " + std::to_string(world_size));
 
   int dims[kNumAxes], periods[kNumAxes] = {0, 0, 0, 0, 0};
-  for (int i = 0; i < kNumAxes; ++i) dims[i] = shape.degree[i];
+  for (int i = 0; i < kNumAxes; ++i) dims[i] = shape.degrees()[i];
   // reorder = 0: keep world ranks, so tp lands on consecutive ranks (one node under srun's block placement).
   MPI_Cart_create(world, kNumAxes, dims, periods, 0, &cart_);
   MPI_Comm_rank(cart_, &rank_);
-  coords_ = shape_.coords_of(rank_);
+  coords_ = dims_.coords_of(rank_);
 
   for (Axis a : kAxes) {
     std::array<bool, kNumAxes> keep{};
     keep[static_cast<int>(a)] = true;
     axis_[static_cast<int>(a)] = cart_sub(cart_, keep);
   }
-  fsdp_ = cart_sub(cart_, detail::kFsdp);
-  batch_ = cart_sub(cart_, detail::kBatch);
-  norm_ = cart_sub(cart_, detail::kNorm);
+  fsdp_ = cart_sub(cart_, kFsdpAxes);
+  batch_ = cart_sub(cart_, kBatchAxes);
+  norm_ = cart_sub(cart_, kNormAxes);
   // The two ends of each pipeline, one group per set of other coordinates;
   // the rank index inside it is the stage order (first, then last).
   const int pp = degree(Axis::pp), stage = coord(Axis::pp);
@@ -270,7 +191,7 @@ Mesh::Mesh(const MeshShape& shape, MPI_Comm world) : shape_(shape) {
     std::array<int, kNumAxes> key = coords_;
     key[static_cast<int>(Axis::pp)] = 0;
     const bool end = stage == 0 || stage == pp - 1;
-    MPI_Comm_split(cart_, end ? shape_.rank_of(key) : MPI_UNDEFINED, stage, &ends_);
+    MPI_Comm_split(cart_, end ? dims_.rank_of(key) : MPI_UNDEFINED, stage, &ends_);
   }
 
   // Node awareness: a node is named by the lowest world rank on it.

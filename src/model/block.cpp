@@ -5,6 +5,22 @@
 #include "kernels/kernels.hpp"
 
 namespace ndmini {
+
+const std::array<BlockTensorSpec, 12> kBlockTensors = {{
+    {"ln_1/weight", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln1_w, nullptr},
+    {"ln_1/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln1_b, nullptr},
+    {"attn/c_attn/weight", 3, 1, TpSplit::rows, 3, nullptr, &BlockTensors::attn_w},
+    {"attn/c_attn/bias", 3, 0, TpSplit::rows, 3, &BlockTensors::attn_b, nullptr},
+    {"attn/c_proj/weight", 1, 1, TpSplit::cols, 1, nullptr, &BlockTensors::attn_proj_w},
+    {"attn/c_proj/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::attn_proj_b, nullptr},
+    {"ln_2/weight", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln2_w, nullptr},
+    {"ln_2/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln2_b, nullptr},
+    {"mlp/c_fc/weight", 4, 1, TpSplit::rows, 1, nullptr, &BlockTensors::fc_w},
+    {"mlp/c_fc/bias", 4, 0, TpSplit::rows, 1, &BlockTensors::fc_b, nullptr},
+    {"mlp/c_proj/weight", 1, 4, TpSplit::cols, 1, nullptr, &BlockTensors::mlp_proj_w},
+    {"mlp/c_proj/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::mlp_proj_b, nullptr},
+}};
+
 BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
   std::size_t k = 0;
   for (const ParamInfo& p : layout.params) {
@@ -17,54 +33,59 @@ BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
 }
 
 BlockTensors BlockLayout::view(real* base) const {
-  auto v1 = [&](int i) { return Slice1D(base + places_[i].offset, places_[i].rows); };
-  auto v2 = [&](int i) { return Slice2D(base + places_[i].offset, places_[i].rows, places_[i].cols); };
-  return {v1(0), v1(1), v2(2), v1(3), v2(4), v1(5), v1(6), v1(7), v2(8), v1(9), v2(10), v1(11)};
+  BlockTensors t;
+  for (std::size_t k = 0; k < places_.size(); ++k) {
+    const Place& p = places_[k];
+    if (kBlockTensors[k].vector != nullptr)
+      t.*kBlockTensors[k].vector = Slice1D(base + p.offset, p.rows);
+    else
+      t.*kBlockTensors[k].matrix = Slice2D(base + p.offset, p.rows, p.cols);
+  }
+  return t;
+}
+
+std::size_t BlockSizes::activation_floats(bool output_only) const {
+  if (output_only) return residual();
+  // What TransformerBlock::allocate takes, in its order.
+  return residual() + full() + 2 * stats() + ContextParallelAttention::qkvh_size(attention) +
+         ContextParallelAttention::lse_size(attention) + attention_out() + residual() + full() + 2 * stats() +
+         2 * hidden();
 }
 
 TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention)
-    : tp_(tp), attention_(attention) {
+    : tp_(tp),
+      attention_(attention),
+      sizes_{static_cast<std::size_t>(channels), tp.rows(), tp.local_rows(), tp.size(), attention.local_shape()} {
   C_ = channels;
   Cl_ = C_ / tp.size();
   F_ = 4 * C_ / tp.size();
   Q_ = 3 * C_ / tp.size();
-  const std::size_t N = tp.rows();
-  qkv_ = uninitialized("ndmini::qkv", N * Q_);
-  dln_ = uninitialized("ndmini::dln", N * C_);
-  dfc_ = uninitialized("ndmini::dfc", N * F_);
-  dqkv_ = uninitialized("ndmini::dqkv", N * Q_);
-  datty_ = uninitialized("ndmini::datty", N * Cl_);
+  const BlockSizes& n = sizes_;
+  qkv_ = uninitialized("ndmini::qkv", n.qkv());
+  dln_ = uninitialized("ndmini::dln", n.full());
+  dfc_ = uninitialized("ndmini::dfc", n.hidden());
+  dqkv_ = uninitialized("ndmini::dqkv", n.qkv());
+  datty_ = uninitialized("ndmini::datty", n.attention_out());
 }
 
 BlockActivations TransformerBlock::allocate(bool output_only) const {
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
+  const BlockSizes& n = sizes_;
   BlockActivations a;
-  a.res3 = uninitialized("ndmini::res3", Nr * C_);
+  a.res3 = uninitialized("ndmini::res3", n.residual());
   if (output_only) return a;
-  a.ln1 = uninitialized("ndmini::ln1", N * C_);
-  a.ln1_mean = uninitialized("ndmini::ln1_mean", Nr);
-  a.ln1_rstd = uninitialized("ndmini::ln1_rstd", Nr);
-  a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(attention_.local_shape()));
-  a.lse = uninitialized("ndmini::lse", ContextParallelAttention::lse_size(attention_.local_shape()));
-  a.atty = uninitialized("ndmini::atty", N * Cl_);
-  a.res2 = uninitialized("ndmini::res2", Nr * C_);
-  a.ln2 = uninitialized("ndmini::ln2", N * C_);
-  a.ln2_mean = uninitialized("ndmini::ln2_mean", Nr);
-  a.ln2_rstd = uninitialized("ndmini::ln2_rstd", Nr);
-  a.fch = uninitialized("ndmini::fch", N * F_);
-  a.fch_gelu = uninitialized("ndmini::fch_gelu", N * F_);
+  a.ln1 = uninitialized("ndmini::ln1", n.full());
+  a.ln1_mean = uninitialized("ndmini::ln1_mean", n.stats());
+  a.ln1_rstd = uninitialized("ndmini::ln1_rstd", n.stats());
+  a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(n.attention));
+  a.lse = uninitialized("ndmini::lse", ContextParallelAttention::lse_size(n.attention));
+  a.atty = uninitialized("ndmini::atty", n.attention_out());
+  a.res2 = uninitialized("ndmini::res2", n.residual());
+  a.ln2 = uninitialized("ndmini::ln2", n.full());
+  a.ln2_mean = uninitialized("ndmini::ln2_mean", n.stats());
+  a.ln2_rstd = uninitialized("ndmini::ln2_rstd", n.stats());
+  a.fch = uninitialized("ndmini::fch", n.hidden());
+  a.fch_gelu = uninitialized("ndmini::fch_gelu", n.hidden());
   return a;
-}
-
-std::size_t block_activation_bytes(std::size_t C, int tp, std::size_t N, std::size_t Nr,
-                                   const kernels::AttentionShape& attention, bool output_only) {
-  // The sizes TransformerBlock::allocate uses.
-  const std::size_t out = Nr * C;
-  if (output_only) return out * sizeof(real);
-  const std::size_t kept = 2 * N * C + 4 * Nr + N * (C / tp) + Nr * C + 2 * N * (4 * C / tp) + out +
-                           ContextParallelAttention::qkvh_size(attention) +
-                           ContextParallelAttention::lse_size(attention);
-  return kept * sizeof(real);
 }
 
 void TransformerBlock::forward(const BlockTensors& w, ConstSlice2D x, BlockActivations& a) {

@@ -1,33 +1,30 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// GPT-2 (docs/model.md) as a stack of pipeline chunks: an embedding unit, the
+// GPT-2 (docs/model.md) as a stack of chunks: an embedding unit, the
 // transformer blocks, a head unit (final LayerNorm, the LM head tied to wte,
-// the loss). One rank runs the chunks its pipeline stage holds
-// (parallel/pipeline/schedule.hpp); for each chunk it runs the forward or the
-// backward of one micro-batch at a time, keeping the activations of every
-// micro-batch in flight until its backward.
+// the loss). GptModel computes the forward and backward of each unit of the
+// chunks one rank holds, over parameters, gradients and activations it is
+// GIVEN: it owns no parameter and keeps nothing between micro-batches.
 //
-// This file says WHAT is computed. How it is split lives in src/parallel/:
-// tensor and sequence parallelism (tensor_parallel.hpp), context-parallel
-// attention (context_parallel.hpp), FSDP and data-parallel gradient
-// reduction (param_store.hpp), the pipeline's stages, schedules and tied
-// embedding (pipeline/). The model calls them; it issues no collective itself.
+// This file says WHAT is computed. The layers it calls split the work inside
+// a unit: tensor and sequence parallelism (layers/tensor_parallel.hpp) and
+// context-parallel attention (layers/context_parallel.hpp). Which rank holds
+// which parameters (FSDP, data parallelism), the activations of micro-batches
+// in flight and the gradient reductions live above, in the stage runtime
+// (parallel/stage_runtime.hpp).
 #include <cstdint>
-#include <map>
-#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/types.hpp"
+#include "layers/context_parallel.hpp"
+#include "layers/tensor_parallel.hpp"
+#include "mesh/dims.hpp"
 #include "model/block.hpp"
-#include "parallel/context_parallel.hpp"
-#include "parallel/param_layout.hpp"
-#include "parallel/param_store.hpp"
-#include "parallel/pipeline/schedule.hpp"
-#include "parallel/pipeline/tied_embedding.hpp"
-#include "parallel/tensor_parallel.hpp"
+#include "model/chunk.hpp"
+#include "model/param_layout.hpp"
 
 namespace ndmini {
 
@@ -39,15 +36,10 @@ std::int64_t gpt_flops_param_count(const ModelConfig& m);
 // Model FLOPs per trained token: 6N + 12 L C T (forward and backward).
 double gpt_flops_per_token(const ModelConfig& m);
 
-// How one model is split over the mesh: what its layout rules are checked against.
-struct ModelSplit {
-  int tp = 1, cp = 1, pp = 1, virtual_stages = 1;
-  bool sequence_parallel = false;
-};
-// The model's rules for a split: tp divides the heads, 4C and the vocabulary;
+// The model's rules for a split over the mesh (mesh/dims.hpp): tp divides the heads, 4C and the vocabulary;
 // 2 cp divides seq_len; with sequence parallelism tp divides seq_len / cp.
 // Throws Error naming the key and the fix.
-void check_model_split(const ModelConfig& m, const ModelSplit& split);
+void check_model_split(const ModelConfig& m, const ParallelDims& split);
 
 // The global tensors of the model, in checkpoint order: names and shapes.
 struct GlobalTensor {
@@ -65,159 +57,101 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m);
 ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp = 1, int tp_rank = 0,
                              int shards = 1);
 
-// Activation recomputation: "block" keeps only each block's input during the
-// forward and recomputes the block in its backward.
-enum class Recompute { none, block };
-
-// Bytes per rank, from the same sizes the model allocates: parameters,
-// gradients and AdamW state; the activations one micro-batch keeps in one
-// chunk (the largest chunk of the stage); and scratch. `fsdp` is the FSDP
-// group size, `in_flight` the most (micro-batch, chunk) records the
-// schedule keeps at once on the stage.
-struct MemoryEstimate {
-  std::int64_t state_bytes = 0;
-  std::int64_t activation_bytes_per_micro_batch = 0;
-  std::int64_t in_flight = 0;
-  std::int64_t scratch_bytes = 0;
-  std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
+// The units of one chunk in that layout (-1: not in this chunk).
+struct ChunkUnits {
+  int wte = -1, wpe = -1, ln_f = -1;
+  std::vector<int> blocks;
 };
-MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
-                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute);
+std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks);
 
-// ---- the model on one rank ----------------------------------------------------
+// Deterministic init: global element i of parameter `p` is drawn from the
+// counter-based RNG at (seed, name, i), so every layout builds the same
+// global model. Fills `data`: p's elements [local_begin, + size) on tp rank tp_rank.
+void gpt_init_param(const ModelConfig& m, const ParamInfo& p, int tp_rank, std::size_t local_begin, Slice1D data,
+                    std::uint64_t seed);
 
-// The groups this rank's model is split over (from ParallelContext); all
-// null: one rank.
-struct ModelParallel {
-  Communicator* tp = nullptr;
-  bool sequence_parallel = false;
-  Communicator* cp = nullptr;
-  DataParallelGroups data;                 // FSDP and data-parallel groups
-  Communicator* tied_embedding = nullptr;  // first and last pipeline stage (pp > 1)
-  int pp = 1, stage = 0, virtual_stages = 1;
-};
+// ---- the units of one rank's chunks ------------------------------------------
 
-class GptStage {
+class GptModel {
  public:
-  GptStage(const ModelConfig& m, int micro_batch, const ModelParallel& par = {}, Recompute recompute = Recompute::none);
-  ~GptStage();
-  GptStage(const GptStage&) = delete;
-  GptStage& operator=(const GptStage&) = delete;
+  // The chunks `chunks` of the model, for micro-batches of `micro_batch`
+  // sequences; tp and cp: the groups its layers split over (null: none).
+  GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp = nullptr,
+           bool sequence_parallel = false, Communicator* cp = nullptr);
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<Chunk>& chunks() const { return chunks_; }
-  ParamStore& store() { return *store_; }
-  const ParamStore& store() const { return *store_; }
-  const std::vector<ParamInfo>& params() const { return store_->layout().params; }
-  // This rank's persistent parameters and gradients: the whole flat buffer
-  // when unsharded (indexed by ParamInfo::offset), else its FSDP shard.
-  View1D param_buffer() const { return store_->shard_params(); }
-  View1D grad_buffer() const { return store_->shard_grads(); }
+  const std::vector<ChunkUnits>& units() const { return units_; }
+  // The parameter layout of these chunks on this tp rank, units padded to `shards`.
+  ParamLayout param_layout(int shards) const;
+  int tp_rank() const { return tp_.rank(); }
   // Which tokens of each sequence this rank holds (context parallelism).
   const CpLayout& cp_layout() const { return attention_.layout(); }
+  // Token rows of a micro-batch here (N) and the residual rows this rank holds (Nr).
+  std::size_t rows() const { return tp_.rows(); }
+  std::size_t local_rows() const { return tp_.local_rows(); }
+  // Floats of the activations between chunks: Nr x C.
+  std::size_t activation_elements() const { return tp_.local_rows() * cfg_.channels; }
+  // The sizes of one block's buffers on a rank of this split (what block_sizes() returns).
+  static BlockSizes block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp);
+  static std::size_t activation_elements_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel,
+                                            int cp) {
+    return block_sizes_of(m, micro_batch, tp, sequence_parallel, cp).residual();
+  }
+  const BlockSizes& block_sizes() const { return block_.sizes(); }
+  // One block's activations for one micro-batch (all, or only its output).
+  BlockActivations allocate_block(bool output_only) const { return block_.allocate(output_only); }
 
-  // Deterministic init: global element i of parameter `name` is drawn from
-  // the counter-based RNG at (seed, name, i), so every layout builds the
-  // same global model.
-  void init(std::uint64_t seed);
+  // ---- forward and backward of one unit, one micro-batch ----
+  // Parameters and gradients are the full (tp-local) units, indexed like the
+  // parameter layout from the unit's start. Gradients are ADDED.
+  // The embedding of `tokens` ([N]) into out [Nr, C].
+  void embedding_forward(Slice2D out, ConstTokenView tokens, real* wte, real* wpe);
+  void embedding_backward(real* dwte, real* dwpe, ConstSlice2D dres, ConstTokenView tokens);
+  // x: the block input [Nr, C]; fills a (a.res3 = output).
+  void block_forward(real* params, ConstSlice2D x, BlockActivations& a);
+  // dres: d(output) on entry, d(input) on exit.
+  void block_backward(real* params, real* grads, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
+  // The head: final LayerNorm, tied LM head, loss of `targets`; returns the
+  // sum of the per-token losses. With grad_scale != 0 it keeps d(logits)
+  // for head_backward, which must follow before the next head_forward.
+  double head_forward(real* ln_f, real* wte, ConstSlice2D x, ConstTokenView targets, real grad_scale);
+  // Writes d(x) into dx [Nr, C].
+  void head_backward(real* ln_f, real* wte, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx);
 
-  // ---- one micro-batch through one chunk (the pipeline's actions) ----
-  // Rows: tokens and targets hold micro_batch x seq_len / cp tokens (this cp
-  // rank's chunks of each sequence, sequence-major); activations between
-  // chunks hold activation_elements() floats (the residual rows this rank
-  // holds: a sequence-parallel slice with SP).
-  std::size_t activation_elements() const;
-  // Where the previous stage's output goes before forward() of a chunk that
-  // is not the first (the record of (chunk, micro_batch) is created here).
-  real* input_buffer(int chunk, int micro_batch);
-  // The forward of `micro_batch` through `chunk`. The first chunk embeds
-  // `tokens`; the head chunk computes the loss of `targets` and at once its
-  // own backward (its gradients are ADDED, scaled by loss_scale), and
-  // returns the sum of the micro-batch's per-token losses (0 elsewhere).
-  // `last_micro_batch`: no further micro-batch runs through this chunk in
-  // this step (data parallelism may start reducing).
-  double forward(int chunk, int micro_batch, ConstTokenView tokens, ConstTokenView targets, real loss_scale,
-                 bool last_micro_batch);
-  // The output of a forward (not the head chunk): what the next stage receives.
-  const real* output(int chunk, int micro_batch);
-  // Where the next stage's gradient of that output goes before backward().
-  real* output_grad_buffer(int chunk, int micro_batch);
-  // The backward of `micro_batch` through `chunk`: gradients ADDED; the
-  // gradient of the chunk's input written to `input_grad` (not the first
-  // chunk; activation_elements() floats). The micro-batch's record is freed.
-  void backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch);
-  // Evaluation (forward only, loss_scale 0): frees the record of a forward
-  // that has no backward; after the last, end_evaluation() drops every unit
-  // FSDP still holds gathered (reshard_after_forward = false keeps them).
-  // Gradients are never touched.
-  void discard(int chunk, int micro_batch) { free_record(chunk, micro_batch); }
-  void end_evaluation();
-  // After the step's last backward: completes every gradient reduction
-  // (FSDP, data parallel, sequence-parallel partial sums, the tied wte).
-  void finish_grads();
-  // Whether this stage's copy of the tied wte equals the other pipeline
-  // end's, bit for bit. Collective over the tied pair; true on other ranks.
-  bool tied_wte_identical();
+  // With SP, sums the partial gradients of tp-replicated tensors over tp.
+  void sum_replicated_grads(real* grads, std::size_t n) { tp_.sum_replicated_grads(grads, n); }
 
-  // ---- one rank holding the whole model (tests, evaluation) ----
-  // Forward and backward of one micro-batch; returns the loss sum.
-  double forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale, bool last_micro_batch = true);
-  // Forward only: the sum of per-token losses.
-  double forward_loss(ConstTokenView tokens, ConstTokenView targets);
-
-  // The most bytes of activations held at once so far (records in flight).
-  std::size_t peak_activation_bytes() const { return peak_activation_bytes_; }
-  // With recompute = block: milliseconds spent re-running block forwards
-  // since the last call (fenced, so the figure is the kernels' own time).
-  double take_recompute_ms() { return std::exchange(recompute_ms_, 0.0); }
+  // The buffers a GptModel allocates for itself (its constructor allocates
+  // these; the memory estimate adds them up): the layers' scratch, the
+  // positions, and on the head stage the head's, in floats.
+  struct Buffers {
+    std::size_t layers_bytes = 0;  // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
+    std::size_t positions = 0;     // tokens
+    std::size_t lnf = 0, lnf_stats = 0, logits = 0, losses = 0, head_dln = 0;  // head stage only
+    std::size_t bytes() const {
+      return layers_bytes + positions * sizeof(token_t) +
+             (lnf + 2 * lnf_stats + logits + losses + head_dln) * sizeof(real);
+    }
+  };
+  static Buffers buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp, bool sequence_parallel,
+                              int cp);
 
  private:
-  // The units of one chunk (-1: not in this chunk).
-  struct ChunkUnits {
-    int wte = -1, wpe = -1, ln_f = -1;
-    std::vector<int> blocks;
-  };
-  // What one micro-batch keeps between the forward and the backward of one chunk.
-  struct Record {
-    View1D input;                          // the chunk's input: embedding output or received activations
-    View1D grad;                           // d(output): received, or computed by the head's loss
-    TokenView tokens;                      // first chunk: the embedding backward needs them
-    std::vector<BlockActivations> layers;  // per block (only the outputs with recomputation)
-    std::size_t bytes = 0;
-  };
-  int local_chunk(int chunk) const;
-  Record& record(int chunk, int micro_batch);       // found or made (a forward's start)
-  Record& find_record(int chunk, int micro_batch);  // must exist (after its forward)
-  void free_record(int chunk, int micro_batch);
-  BlockTensors block_params(int unit) { return block_layout_.view(store_->params(unit)); }
-  BlockTensors block_grads(int unit) { return block_layout_.view(store_->grads(unit)); }
   Slice2D wte(real* unit_base) const;
-  // The head: final LayerNorm, tied LM head, loss; with grad_scale != 0 also
-  // its backward, writing d(x) into dx. Returns the loss sum.
-  double head(ConstSlice2D x, ConstTokenView targets, real grad_scale, const ChunkUnits& u, Slice2D dx,
-              bool last_micro_batch, bool owns_wte);
 
   ModelConfig cfg_;
-  int micro_batch_ = 1;
-  Recompute recompute_ = Recompute::none;
   std::vector<Chunk> chunks_;
   std::vector<ChunkUnits> units_;
-  std::unique_ptr<ParamStore> store_;
-  TiedEmbedding tied_;               // the two copies of wte (pp > 1)
-  int wte_unit_ = -1;                // this stage's wte unit, if it holds one
-  std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it)
   TensorParallel tp_;
-  kernels::AttentionShape attention_shape_;  // this rank's part: its tokens, its heads
   ContextParallelAttention attention_;
   TransformerBlock block_;
   BlockLayout block_layout_;
-  TokenView positions_;                            // absolute position of each residual row
-  std::map<std::pair<int, int>, Record> records_;  // (local chunk, micro-batch) in flight
-  std::vector<std::vector<Record>> spare_;         // freed records per local chunk, reused
-  BlockActivations recomputed_;                    // recompute = block: one block's activations
+  std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it)
+  TokenView positions_;              // absolute position of each residual row
   View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
-  std::size_t activation_bytes_ = 0, peak_activation_bytes_ = 0;
-  double recompute_ms_ = 0;
 };
 
 }  // namespace ndmini

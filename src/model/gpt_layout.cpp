@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The model's sizes and rules, computed without building it: parameter
-// counts, FLOPs, the layout rules for a split, the global tensor list, the
-// parameter layout of one pipeline stage and the memory estimate.
+// counts, FLOPs, the layout rules for a split, the global tensor list and the
+// parameter layout of one pipeline stage.
 #include <numeric>
 
 #include "core/error.hpp"
@@ -16,22 +16,6 @@ namespace {
 constexpr std::size_t kAlign = 16;
 
 std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-// The tensors of one block, in unit order: (suffix, shape, tp split, q/k/v sections).
-struct BlockTensorSpec {
-  const char* suffix;
-  int rows_c, cols_c;  // shape in multiples of C (cols 0: a 1-D tensor)
-  TpSplit split;
-  int sections;
-};
-constexpr BlockTensorSpec kBlockTensors[] = {
-    {"ln_1/weight", 1, 0, TpSplit::replicated, 1},  {"ln_1/bias", 1, 0, TpSplit::replicated, 1},
-    {"attn/c_attn/weight", 3, 1, TpSplit::rows, 3}, {"attn/c_attn/bias", 3, 0, TpSplit::rows, 3},
-    {"attn/c_proj/weight", 1, 1, TpSplit::cols, 1}, {"attn/c_proj/bias", 1, 0, TpSplit::replicated, 1},
-    {"ln_2/weight", 1, 0, TpSplit::replicated, 1},  {"ln_2/bias", 1, 0, TpSplit::replicated, 1},
-    {"mlp/c_fc/weight", 4, 1, TpSplit::rows, 1},    {"mlp/c_fc/bias", 4, 0, TpSplit::rows, 1},
-    {"mlp/c_proj/weight", 1, 4, TpSplit::cols, 1},  {"mlp/c_proj/bias", 1, 0, TpSplit::replicated, 1},
-};
 
 std::string block_prefix(int layer) { return "h/" + std::to_string(layer) + "/"; }
 
@@ -51,7 +35,7 @@ double gpt_flops_per_token(const ModelConfig& m) {
   return 6.0 * gpt_flops_param_count(m) + 12.0 * m.layers * m.channels * m.seq_len;
 }
 
-void check_model_split(const ModelConfig& m, const ModelSplit& s) {
+void check_model_split(const ModelConfig& m, const ParallelDims& s) {
   using std::to_string;
   // Tensor parallelism splits heads, the MLP's hidden 4C and the vocabulary
   // (the embedding and logits) over tp: each must split evenly.
@@ -153,58 +137,19 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
   return layout;
 }
 
-MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ModelSplit& split, int micro_batch, int fsdp,
-                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute) {
-  // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
-  const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
-  const double N = B * T / split.cp;
-  const double Nr = split.sequence_parallel && split.tp > 1 ? N / tp : N;
-  double params = 0;
+std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks) {
+  // The order gpt_param_layout closes its units in.
+  std::vector<ChunkUnits> out;
+  int unit = 0;
   for (const Chunk& c : chunks) {
-    if (c.embedding || c.head) params += V * C / tp;
-    if (c.embedding) params += T * C;
-    if (c.head) params += 2 * C;
-    params += c.layers() * (12 * C * C / tp + 13 * C);
+    ChunkUnits u;
+    if (c.embedding || c.head) u.wte = unit++;
+    if (c.embedding) u.wpe = unit++;
+    for (int l = c.first_layer; l < c.end_layer; ++l) u.blocks.push_back(unit++);
+    if (c.head) u.ln_f = unit++;
+    out.push_back(std::move(u));
   }
-  MemoryEstimate e;
-  // Byte counts saturate just below INT64_MAX: a refusal, not an overflow.
-  static constexpr double kMostBytes = 9.0e18;
-  const auto bytes = [](double n) { return static_cast<std::int64_t>(std::min(n * sizeof(real), kMostBytes)); };
-  // Parameters, gradients and AdamW's two moments, sharded over fsdp.
-  e.state_bytes = bytes(4 * params / fsdp);
-  const kernels::AttentionShape att{micro_batch, m.seq_len / split.cp, m.channels / split.tp, m.heads / split.tp};
-  // Floats of one block's activations, all of them or only its output.
-  const auto block_floats = [&](bool output_only) {
-    // Absurd decks (more rows than size_t arithmetic below survives): a rough
-    // count of the ~20 [N, C] activations of a block; refused by the caller anyway.
-    constexpr double kMostRows = 1e15, kRoughFloatsPerRow = 20;
-    if (N > kMostRows) return N * C * kRoughFloatsPerRow;
-    return static_cast<double>(block_activation_bytes(m.channels, split.tp, static_cast<std::size_t>(N),
-                                                      static_cast<std::size_t>(Nr), att, output_only)) /
-           sizeof(real);
-  };
-  // One record: one micro-batch through one chunk (the largest of this stage's chunks).
-  double per_mb = 0;
-  for (const Chunk& c : chunks) {
-    double record = Nr * C + Nr * C;  // the chunk input, and the gradient of its output
-    if (c.embedding) record += N;     // the tokens
-    record += c.layers() * block_floats(recompute == Recompute::block);
-    per_mb = std::max(per_mb, record);
-  }
-  e.activation_bytes_per_micro_batch = bytes(per_mb);
-  e.in_flight = in_flight;
-  // Scratch: one block's backward buffers, the head's logits and LayerNorm,
-  // a recomputed block, and FSDP's gathered parameters and gradients of two units.
-  // The largest unit this stage holds: a block, or wte where the embedding or the head runs.
-  double largest_unit = 12 * C * C / tp + 13 * C;
-  for (const Chunk& c : chunks)
-    if (c.embedding || c.head) largest_unit = std::max(largest_unit, V * C / tp);
-  double scratch = N * (3 * C / tp) * 2 + N * C + N * (4 * C / tp) + N * C / tp;  // qkv, dqkv, dln, dfc, datty
-  if (chunks.back().head) scratch += 2 * N * C + N * V / tp + 3 * N;  // the head: ln_f, its gradient, logits, losses
-  if (recompute == Recompute::block) scratch += block_floats(false);  // the block being recomputed
-  if (fsdp > 1) scratch += 4 * largest_unit;                          // two gathered units, their full gradients
-  e.scratch_bytes = bytes(scratch);
-  return e;
+  return out;
 }
 
 }  // namespace ndmini

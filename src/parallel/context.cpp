@@ -3,7 +3,7 @@
 
 namespace ndmini {
 
-ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_(shape, world) {
+ParallelContext::ParallelContext(const ParallelDims& dims, MPI_Comm world) : mesh_(dims, world) {
   const auto device = device_collectives_backend(world);
   tp_ = std::make_unique<Communicator>(mesh_.axis(Axis::tp), "tp", device);
   cp_ = std::make_unique<Communicator>(mesh_.axis(Axis::cp), "cp", device);
@@ -20,13 +20,16 @@ ParallelContext::ParallelContext(const MeshShape& shape, MPI_Comm world) : mesh_
     tied_ = std::make_unique<Communicator>(mesh_.pipeline_ends(), "tied_wte", device);
 }
 
-std::vector<ParallelContext::Reported> ParallelContext::reported() {
-  std::vector<Reported> out;
-  for (Communicator* c : {dp_replicate_.get(), fsdp_.get(), tp_.get(), cp_.get(), pp_.get()})
-    out.push_back({c->name().c_str(), c});
-  if (mesh_.degree(Axis::pp) > 1) out.push_back({"tied_wte", tied_.get()});
-  out.push_back({"batch", batch_.get()});
-  out.push_back({"norm", norm_.get()});
+std::vector<ParallelContext::Reported> ParallelContext::reported() const {
+  const ParallelDims& d = dims();
+  std::vector<Reported> out = {{dp_replicate_->name().c_str(), dp_replicate_.get(), d.dp_replicate},
+                               {fsdp_->name().c_str(), fsdp_.get(), d.fsdp()},
+                               {tp_->name().c_str(), tp_.get(), d.tp},
+                               {cp_->name().c_str(), cp_.get(), d.cp},
+                               {pp_->name().c_str(), pp_.get(), d.pp}};
+  if (d.pp > 1) out.push_back({"tied_wte", tied_.get(), 2});  // the first and the last stage
+  out.push_back({"batch", batch_.get(), d.batch()});
+  out.push_back({"norm", norm_.get(), d.norm()});
   return out;
 }
 

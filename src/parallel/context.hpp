@@ -20,11 +20,12 @@ namespace ndmini {
 class ParallelContext {
  public:
   // Collective over `world`: builds the Cartesian mesh and every communicator.
-  ParallelContext(const MeshShape& shape, MPI_Comm world);
+  ParallelContext(const ParallelDims& dims, MPI_Comm world);
   ParallelContext(const ParallelContext&) = delete;
   ParallelContext& operator=(const ParallelContext&) = delete;
 
   const Mesh& mesh() const { return mesh_; }
+  const ParallelDims& dims() const { return mesh_.dims(); }
   int rank() const { return mesh_.rank(); }
   int degree(Axis a) const { return mesh_.degree(a); }
   int coord(Axis a) const { return mesh_.coord(a); }
@@ -40,12 +41,14 @@ class ParallelContext {
   Communicator* tied_embedding() { return tied_.get(); }
 
   // Every group whose traffic a step reports, in report order; the same
-  // names on every rank (the tied pair, when pp > 1, is null on middle stages).
+  // names and sizes on every rank (the tied pair, when pp > 1, is null on
+  // middle stages). The size is the group's, from the mesh's degrees.
   struct Reported {
     const char* name;
     Communicator* comm;
+    int size;
   };
-  std::vector<Reported> reported();
+  std::vector<Reported> reported() const;
 
   // Data parallelism: this rank's index among the dp_replicate x dp_shard
   // ranks that take distinct sequences of the global batch.

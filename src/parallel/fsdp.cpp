@@ -15,9 +15,6 @@ void add_into(real* y, const real* x, std::size_t n) {
       KOKKOS_LAMBDA(const std::size_t i) { y[i] += x[i]; });
 }
 
-// Two in flight overlap the next unit's backward; more would only hold memory.
-constexpr std::size_t kReductionsInFlight = 2;
-
 }  // namespace
 
 Fsdp::Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,

@@ -16,7 +16,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/types.hpp"
-#include "parallel/param_layout.hpp"
+#include "model/param_layout.hpp"
 
 namespace ndmini {
 
@@ -40,6 +40,10 @@ class Fsdp {
   void finish();
 
   std::size_t peak_transient_bytes() const { return peak_transient_; }
+
+  // Reduce-scatters kept in flight: two overlap the next unit's backward;
+  // more would only hold memory.
+  static constexpr std::size_t kReductionsInFlight = 2;
 
  private:
   struct PendingReduction {

@@ -2,6 +2,7 @@
 #include "parallel/param_store.hpp"
 
 #include <algorithm>
+#include <exception>
 
 #include "core/error.hpp"
 
@@ -23,6 +24,7 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
     shard_offset_[u] = total;
     total += layout_.unit_size[u] / shards_;
   }
+  if (total != shard_elements(layout_, shards_)) throw InternalError("the shard sizes do not add up");
   shard_params_ = View1D("ndmini::params", total);
   shard_grads_ = View1D("ndmini::grads", total);
 
@@ -39,6 +41,10 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
   if (shards_ > 1) fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_);
   if (groups_.dp_replicate != nullptr && groups_.dp_replicate->size() > 1)
     dp_ = std::make_unique<DataParallel>(*groups_.dp_replicate);
+}
+
+std::size_t ParamStore::shard_elements(const ParamLayout& layout, int shards) {
+  return layout.total / shards;  // every unit is padded to split evenly
 }
 
 void ParamStore::prefetch(int u) {
@@ -85,6 +91,29 @@ bool ParamStore::is_replica(const Piece& piece) const { return replica_ || !coun
 
 std::size_t ParamStore::persistent_bytes() const {
   return (shard_params_.extent(0) + shard_grads_.extent(0)) * sizeof(real);
+}
+
+UnitParams::UnitParams(ParamStore& store, int unit, int prefetch, bool release)
+    : store_(store), unit_(unit), release_(release), exceptions_(std::uncaught_exceptions()) {
+  store_.gather(unit);
+  store_.prefetch(prefetch);  // the next unit's all-gather overlaps this unit's compute
+}
+
+UnitParams::~UnitParams() noexcept(false) {
+  if (release_ && std::uncaught_exceptions() == exceptions_) store_.release(unit_);
+}
+
+UnitGrads::UnitGrads(ParamStore& store, int unit, bool last_micro_batch, bool end)
+    : store_(store),
+      unit_(unit),
+      last_micro_batch_(last_micro_batch),
+      end_(end),
+      exceptions_(std::uncaught_exceptions()) {
+  store_.begin_grads(unit);
+}
+
+UnitGrads::~UnitGrads() noexcept(false) {
+  if (end_ && std::uncaught_exceptions() == exceptions_) store_.end_grads(unit_, last_micro_batch_);
 }
 
 }  // namespace ndmini

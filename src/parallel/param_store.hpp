@@ -14,9 +14,9 @@
 
 #include "comm/communicator.hpp"
 #include "core/types.hpp"
+#include "model/param_layout.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/fsdp.hpp"
-#include "parallel/param_layout.hpp"
 
 namespace ndmini {
 
@@ -31,6 +31,10 @@ class ParamStore {
   ParamStore(ParamLayout layout, const DataParallelGroups& groups);
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
+
+  // Floats of this rank's shard of `layout` over `shards` ranks: the size of
+  // the parameter and the gradient buffer (and of each AdamW moment).
+  static std::size_t shard_elements(const ParamLayout& layout, int shards);
 
   const ParamLayout& layout() const { return layout_; }
   int units() const { return static_cast<int>(layout_.unit_size.size()); }
@@ -95,6 +99,45 @@ class ParamStore {
   std::vector<Piece> pieces_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<DataParallel> dp_;
+};
+
+// FSDP as a scope around one unit's compute. UnitParams: the unit's full
+// parameters from construction (gathered; the all-gather of `prefetch`, the
+// unit that runs next, started) to destruction (released, unless `release`
+// is false: the unit stays gathered for a later scope). UnitGrads: its full
+// gradients from construction (opened) to destruction (reduction started,
+// unless `end` is false: a later scope of the same unit ends them). Without
+// FSDP both only hand out the unit's part of the flat buffers (and
+// UnitGrads' end starts data parallelism's bucket after the last micro-batch).
+// While an exception unwinds, destruction does nothing: the step is abandoned.
+class UnitParams {
+ public:
+  UnitParams(ParamStore& store, int unit, int prefetch = -1, bool release = true);
+  ~UnitParams() noexcept(false);
+  UnitParams(const UnitParams&) = delete;
+  UnitParams& operator=(const UnitParams&) = delete;
+  real* data() const { return store_.params(unit_); }
+
+ private:
+  ParamStore& store_;
+  int unit_;
+  bool release_;
+  int exceptions_;
+};
+
+class UnitGrads {
+ public:
+  UnitGrads(ParamStore& store, int unit, bool last_micro_batch, bool end = true);
+  ~UnitGrads() noexcept(false);
+  UnitGrads(const UnitGrads&) = delete;
+  UnitGrads& operator=(const UnitGrads&) = delete;
+  real* data() const { return store_.grads(unit_); }
+
+ private:
+  ParamStore& store_;
+  int unit_;
+  bool last_micro_batch_, end_;
+  int exceptions_;
 };
 
 }  // namespace ndmini

@@ -4,7 +4,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "model/gpt.hpp"
 

@@ -276,4 +276,9 @@ void write_token_file(const std::string& path, const std::vector<std::uint16_t>&
   require(out.good(), "write to '" + path + "' failed");
 }
 
+std::size_t micro_batch_feed_bytes(int micro_batch, int seq_len, int cp) {
+  const std::size_t whole = static_cast<std::size_t>(micro_batch) * seq_len, local = whole / cp;
+  return (2 * whole + 4 * local) * sizeof(token_t);
+}
+
 }  // namespace ndmini

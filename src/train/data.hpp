@@ -44,6 +44,12 @@ struct DataSources {
 };
 DataSources make_data_sources(const Config& cfg);
 
+// Bytes of the token buffers that feed one rank its micro-batches (the
+// trainer's MicroBatchFeed): inputs and targets of the whole sequences, and
+// of this cp rank's tokens on the host and in MemSpace. The memory estimate
+// counts them.
+std::size_t micro_batch_feed_bytes(int micro_batch, int seq_len, int cp);
+
 // A resumed run must continue on the data its checkpoint was trained on:
 // throws Error naming both sources when `saved` (the checkpoint's record) and
 // `current` differ in kind, size or digest, unless data.allow_source_change

@@ -2,36 +2,29 @@
 #include "train/layout.hpp"
 
 #include "core/error.hpp"
+#include "parallel/pipeline/pipeline.hpp"
+#include "train/data.hpp"
 
 namespace ndmini {
 
 RunLayout resolve_layout(const Config& cfg, int world) {
   using std::to_string;
-  RunLayout l;
-  l.mesh = resolve_mesh(cfg.parallel, world);
+  const ParallelDims dims = resolve_mesh(cfg.parallel, world);
   const auto& p = cfg.parallel;
   const auto& t = cfg.train;
-  l.split.tp = l.mesh.degree_of(Axis::tp);
-  l.split.cp = l.mesh.degree_of(Axis::cp);
-  l.split.pp = l.mesh.degree_of(Axis::pp);
-  l.split.virtual_stages = p.virtual_stages;
-  l.split.sequence_parallel = p.sequence_parallel;
-  l.fsdp = l.mesh.degree_of(Axis::dp_shard) * l.split.cp;
-  l.recompute = t.recompute == "block" ? Recompute::block : Recompute::none;
-  check_model_split(cfg.model, l.split);
+  check_model_split(cfg.model, dims);
 
   // Each data-parallel rank runs whole micro-batches of distinct sequences.
-  l.data_parallel = l.mesh.degree_of(Axis::dp_replicate) * l.mesh.degree_of(Axis::dp_shard);
-  const long long unit = static_cast<long long>(l.data_parallel) * t.micro_batch;
+  const long long unit = static_cast<long long>(dims.data_parallel()) * t.micro_batch;
   require(t.global_batch % unit == 0,
           "train.global_batch = " + to_string(t.global_batch) + " must be a multiple of dp_replicate x dp_shard x " +
               "micro_batch = " + to_string(unit) + " (each data-parallel rank runs whole micro-batches)");
-  l.micro_batches = static_cast<int>(t.global_batch / unit);
+  const int micro_batches = static_cast<int>(t.global_batch / unit);
 
-  const ScheduleKind kind = schedule_kind(p.schedule);
-  check_schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches, cfg.model.layers);
-  l.schedule = Schedule(kind, l.split.pp, p.virtual_stages, l.micro_batches).kind();  // none when pp = 1
-  return l;
+  const ScheduleKind kind = p.schedule;
+  check_schedule(kind, dims.pp, dims.virtual_stages, micro_batches, cfg.model.layers);
+  return RunLayout{dims, micro_batches, t.recompute, StagePlan(cfg.model.layers, dims.pp, dims.virtual_stages),
+                   Schedule(kind, dims.pp, dims.virtual_stages, micro_batches)};
 }
 
 std::vector<std::string> settings_without_effect(const Config& cfg, const RunLayout& l) {
@@ -39,9 +32,10 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
   std::vector<std::string> notes;
   const auto& p = cfg.parallel;
   // "1f1b" is the default, so only a schedule chosen on purpose is worth a word.
-  if (l.split.pp == 1 && p.schedule != "1f1b")
-    notes.push_back("parallel.schedule = \"" + p.schedule + "\" has no effect with parallel.pp = 1 (no pipeline)");
-  if (p.sequence_parallel && l.split.tp == 1)
+  if (l.dims.pp == 1 && p.schedule != ScheduleKind::one_f_one_b)
+    notes.push_back("parallel.schedule = \"" + std::string(name_of(p.schedule)) +
+                    "\" has no effect with parallel.pp = 1 (no pipeline)");
+  if (p.sequence_parallel && l.dims.tp == 1)
     notes.push_back("parallel.sequence_parallel = true has no effect with parallel.tp = 1 (it splits over tp ranks)");
   const auto& t = cfg.train;
   if (t.steps > 0 && t.warmup_steps > t.steps) {
@@ -54,12 +48,32 @@ std::vector<std::string> settings_without_effect(const Config& cfg, const RunLay
 }
 
 std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const RunLayout& l) {
-  const StagePlan plan(cfg.model.layers, l.split.pp, l.split.virtual_stages);
-  const Schedule schedule(l.schedule, l.split.pp, l.split.virtual_stages, l.micro_batches);
+  const ParallelDims& d = l.dims;
+  // The records and FSDP's peak follow the run's schedule; a step of very
+  // many micro-batches is replayed for its first few rounds only (the pattern repeats).
+  const Schedule replay = l.micro_batches <= 4096
+                              ? l.schedule
+                              : Schedule(l.schedule.kind(), d.pp, d.virtual_stages, 4 * d.pp * d.virtual_stages);
+  const std::size_t activation =
+      GptModel::activation_elements_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   std::vector<MemoryEstimate> out;
-  for (int stage = 0; stage < l.split.pp; ++stage)
-    out.push_back(gpt_memory_estimate(cfg.model, l.split, cfg.train.micro_batch, l.fsdp, plan.chunks_of(stage),
-                                      schedule.max_in_flight(stage), l.recompute));
+  for (int stage = 0; stage < d.pp; ++stage) {
+    MemoryEstimate e = gpt_memory_estimate(cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage),
+                                           l.schedule.max_in_flight(stage), l.recompute, replay.actions(stage),
+                                           cfg.parallel.reshard_after_forward);
+    // The pipeline's buffers for the input gradients it sends.
+    if (d.pp > 1)
+      e.scratch_bytes += static_cast<std::int64_t>(
+          std::min(9.0e18, static_cast<double>(PipelineRunner::most_grad_buffers(l.plan, stage, l.micro_batches)) *
+                               activation * sizeof(real)));
+    out.push_back(e);
+  }
+  // Every stage also holds the tokens of its micro-batches: one feed, and
+  // one more for the validation loss.
+  const int feeds = cfg.train.eval_every > 0 ? 2 : 1;
+  for (MemoryEstimate& e : out)
+    e.scratch_bytes +=
+        feeds * static_cast<std::int64_t>(micro_batch_feed_bytes(cfg.train.micro_batch, cfg.model.seq_len, d.cp));
   return out;
 }
 

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // The layout of a run, resolved and checked once before anything is built:
-// the mesh degrees (mesh/), the model's rules for that split (model/), the
-// pipeline's rules (parallel/pipeline/) and how the global batch divides.
+// the parallel degrees (mesh/dims.hpp), the model's rules for that split
+// (model/), how the global batch divides, and the pipeline's stage plan and
+// schedule (parallel/pipeline/), built here once: every other place reads
+// them from the layout.
 #include <string>
 #include <vector>
 
@@ -10,17 +12,16 @@
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "parallel/pipeline/schedule.hpp"
+#include "parallel/stage_runtime.hpp"
 
 namespace ndmini {
 
 struct RunLayout {
-  MeshShape mesh;
-  ModelSplit split;
-  ScheduleKind schedule = ScheduleKind::none;
-  int data_parallel = 1;  // dp_replicate x dp_shard: ranks that take distinct sequences
+  ParallelDims dims;      // the degrees, sequence parallelism, virtual stages; the groups derived from them
   int micro_batches = 1;  // per optimizer step, per data-parallel rank (gradient accumulation)
-  int fsdp = 1;           // dp_shard x cp: the FSDP group
   Recompute recompute = Recompute::none;
+  StagePlan plan;     // which layers each pipeline stage runs
+  Schedule schedule;  // the order of its forward and backward actions (`none` when pp = 1)
 };
 
 // Throws Error with one message naming the key and the fix.

@@ -7,9 +7,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/signals.hpp"
 #include "io/checkpoint.hpp"
+#include "kernels/gemm_library.hpp"
 #include "model/gpt.hpp"
 #include "train/budget.hpp"
 #include "train/metrics.hpp"
@@ -29,22 +30,9 @@ double median_of(const std::vector<StepStats>& steps, F&& f) {
 
 }  // namespace
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double StepStats::exposed_comm_ms() const {
-  double total = 0;
-  for (const auto& [name, s] : comm) total += s.exposed_ms;
-  return total;
-}
-
 StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms) {
   const auto groups = ctx.reported();
-  const int pp = ctx.degree(Axis::pp);
+  const int pp = ctx.dims().pp;
   // One reduction for every time: [step, recompute, (ms, exposed) per group, bubble per stage].
   std::vector<double> times(2 + 2 * groups.size() + pp, 0.0);
   times[0] = step_ms;
@@ -81,14 +69,14 @@ StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, do
 namespace {
 
 // "1f1b schedule, 4 micro-batches | stage 0: layers 0-2 (+embedding) | ..."
-std::string describe_pipeline(const Config& cfg, const RunLayout& l) {
-  return std::string(schedule_name(l.schedule)) + " schedule, " + std::to_string(l.micro_batches) +
-         " micro-batches | " + StagePlan(cfg.model.layers, l.split.pp, l.split.virtual_stages).describe();
+std::string describe_pipeline(const RunLayout& l) {
+  return std::string(name_of(l.schedule.kind())) + " schedule, " + std::to_string(l.micro_batches) +
+         " micro-batches | " + l.plan.describe();
 }
 
 // "4 chunks of 16 tokens per sequence; cp rank i holds chunks i and 3-i"
 std::string describe_context(const Config& cfg, const RunLayout& l) {
-  const int cp = l.split.cp;
+  const int cp = l.dims.cp;
   return std::to_string(2 * cp) + " chunks of " + std::to_string(cfg.model.seq_len / (2 * cp)) +
          " tokens per sequence; cp rank i holds chunks i and " + std::to_string(2 * cp - 1) + "-i";
 }
@@ -119,13 +107,12 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
               static_cast<long long>(gpt_flops_param_count(m)));
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
-              layout.micro_batches, cfg.train.micro_batch, layout.data_parallel);
-  if (layout.split.pp > 1) {
-    const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
-    std::printf("pipeline          %s\n", describe_pipeline(cfg, layout).c_str());
-    std::printf("                  ideal bubble %.1f%% of the step\n", 100 * schedule.ideal_bubble());
+              layout.micro_batches, cfg.train.micro_batch, layout.dims.data_parallel());
+  if (layout.dims.pp > 1) {
+    std::printf("pipeline          %s\n", describe_pipeline(layout).c_str());
+    std::printf("                  ideal bubble %.1f%% of the step\n", 100 * layout.schedule.ideal_bubble());
   }
-  if (layout.split.cp > 1) std::printf("context           %s\n", describe_context(cfg, layout).c_str());
+  if (layout.dims.cp > 1) std::printf("context           %s\n", describe_context(cfg, layout).c_str());
   if (layout.recompute == Recompute::block)
     std::printf("recompute         %s\n", describe_recompute(cfg, layout).c_str());
   // Per rank of each stage: the sizes the model allocates.
@@ -145,6 +132,7 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
   if (data > 0) std::printf("data in memory    %s per rank (%s)\n", bytes_text(data).c_str(), cfg.data.path.c_str());
   std::printf("memory limit      %s per rank (%s)\n", limit > 0 ? bytes_text(limit).c_str() : "unknown", how.c_str());
   print_notes(cfg, layout);
+  std::printf("%s", kernels::gemm_machine_lines().c_str());
   std::printf("deck OK\n");
 }
 
@@ -153,105 +141,109 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   const auto& t = cfg.train;
   std::printf("ndmini %s | Kokkos %d.%d.%d %s | mesh %s | ranks/node %d | params %lld | %.3g FLOP/token\n",
               NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
-              ExecSpace::name(), layout.mesh.str().c_str(), ctx.mesh().ranks_per_node(),
+              ExecSpace::name(), layout.dims.str().c_str(), ctx.mesh().ranks_per_node(),
               static_cast<long long>(gpt_param_count(cfg.model)), gpt_flops_per_token(cfg.model));
   std::printf("data: %s | steps %d | global batch %d x %d tokens | %d data-parallel ranks x %d micro-batches of %d\n",
-              data.c_str(), t.steps, t.global_batch, cfg.model.seq_len, layout.data_parallel, layout.micro_batches,
-              t.micro_batch);
+              data.c_str(), t.steps, t.global_batch, cfg.model.seq_len, layout.dims.data_parallel(),
+              layout.micro_batches, t.micro_batch);
   if (!validation.empty()) std::printf("validation: %s\n", validation.c_str());
-  if (layout.split.pp > 1) std::printf("pipeline: %s\n", describe_pipeline(cfg, layout).c_str());
-  if (layout.split.cp > 1) std::printf("context: %s\n", describe_context(cfg, layout).c_str());
+  if (layout.dims.pp > 1) std::printf("pipeline: %s\n", describe_pipeline(layout).c_str());
+  if (layout.dims.cp > 1) std::printf("context: %s\n", describe_context(cfg, layout).c_str());
   if (layout.recompute == Recompute::block) std::printf("recompute: %s\n", describe_recompute(cfg, layout).c_str());
   std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
-  if (show_mesh) std::printf("%s", describe_mesh(layout.mesh, true).c_str());
+  std::printf("%s", kernels::gemm_machine_lines().c_str());
+  if (show_mesh) std::printf("%s", describe_mesh(layout.dims, true).c_str());
   print_notes(cfg, layout);
   std::fflush(stdout);
 }
 
-void print_performance(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s) {
-  const int world = layout.mesh.size();
+void print_performance(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r) {
+  const int world = layout.dims.size();
   double exposed = 0;
   std::printf("PERFORMANCE\n");
   std::printf("  ranks              %d (%d per node)\n", world, ctx.mesh().ranks_per_node());
-  std::printf("  mesh               %s\n", layout.mesh.str().c_str());
+  std::printf("  mesh               %s\n", layout.dims.str().c_str());
   std::printf("  steps timed        %zu (medians; first step excluded as warm-up; times are the slowest rank's)\n",
-              s.timed.size());
-  std::printf("  time/step          %.1f ms\n", s.median_step_ms);
-  const std::size_t groups = s.timed.empty() ? 0 : s.timed.front().comm.size();
-  for (std::size_t k = 0; k < groups; ++k) {
-    const double e = median_of(s.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_ms; });
-    const double least = median_of(s.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_min_ms; });
-    const double all = median_of(s.timed, [&](const StepStats& st) { return st.comm[k].second.ms; });
+              r.timed.size());
+  std::printf("  time/step          %.1f ms\n", r.median_step_ms);
+  const auto groups = ctx.reported();
+  const std::size_t reported = r.timed.empty() ? 0 : r.timed.front().comm.size();
+  for (std::size_t k = 0; k < reported; ++k) {
+    const double e = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_ms; });
     exposed += e;
+    // A group of one rank moves nothing: its line would only say 0.0 ms.
+    if (k < groups.size() && groups[k].size == 1) continue;
+    const double least = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_min_ms; });
+    const double all = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.ms; });
     std::printf(
         "    exposed comm     %7.1f ms  %-13s (least-blocked rank %.1f ms; %.1f ms in flight, summed over its "
         "requests)\n",
-        e, s.timed.front().comm[k].first.c_str(), least, all);
+        e, r.timed.front().comm[k].first.c_str(), least, all);
   }
-  std::printf("    compute          %.1f ms\n", s.median_step_ms - exposed);
+  std::printf("    compute          %.1f ms\n", r.median_step_ms - exposed);
   if (layout.recompute == Recompute::block)
     std::printf("      recompute      %.1f ms of it: block forwards run again in the backward (slowest rank)\n",
-                median_of(s.timed, [](const StepStats& st) { return st.recompute_ms; }));
-  if (layout.split.pp == 1) {
+                median_of(r.timed, [](const StepStats& st) { return st.recompute_ms; }));
+  if (layout.dims.pp == 1) {
     std::printf("    bubble           0.0 ms (no pipeline)\n");
   } else {
     // Waiting for a neighbour stage: part of pp's exposed time above.
     std::printf("    bubble           per stage (within pp's exposed time; ideal %.1f%% of the step)\n",
-                100 * s.ideal_bubble);
-    for (int stage = 0; stage < layout.split.pp; ++stage) {
-      const double b = median_of(s.timed, [&](const StepStats& st) { return st.bubble_ms[stage]; });
+                100 * r.ideal_bubble);
+    for (int stage = 0; stage < layout.dims.pp; ++stage) {
+      const double b = r.median_bubble_ms(stage);
       std::printf("      stage %-3d      %7.1f ms  %5.1f%% of the step, %.1f MiB activations in flight at most\n",
-                  stage, b, s.median_step_ms > 0 ? 100 * b / s.median_step_ms : 0.0,
-                  s.peak_activation_bytes[stage] / kMiB);
+                  stage, b, r.median_step_ms > 0 ? 100 * b / r.median_step_ms : 0.0,
+                  r.peak_activation_bytes[stage] / kMiB);
     }
   }
-  std::printf("    I/O              %.1f ms in total (checkpoints)\n", s.io_ms);
-  if (s.val_loss)
+  std::printf("    I/O              %.1f ms in total (checkpoints)\n", r.io_ms);
+  if (!r.val_losses.empty())
     std::printf("  validation         loss %.6f at step %lld (the last; %.1f ms evaluating in all, not in time/step)\n",
-                s.val_loss->second, static_cast<long long>(s.val_loss->first), s.eval_ms);
-  std::printf("  tokens/s           %.0f\n", s.tokens_per_s);
-  std::printf("  tokens/s/rank      %.0f\n", s.tokens_per_s / world);
-  std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * s.mfu, s.peak.flops_per_rank / 1e9,
-              s.peak.source.c_str());
+                r.val_losses.back().second, static_cast<long long>(r.val_losses.back().first), r.eval_ms);
+  std::printf("  tokens/s           %.0f\n", r.tokens_per_s);
+  std::printf("  tokens/s/rank      %.0f\n", r.tokens_per_s / world);
+  std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * r.mfu, r.peak.flops_per_rank / 1e9,
+              r.peak.source.c_str());
   std::printf(
       "  memory/rank        %.1f MiB model state, %.1f MiB activations in flight at most, "
       "%.1f MiB estimated in all, %.1f MiB peak RSS (rank 0)\n",
-      s.state_bytes / kMiB, *std::max_element(s.peak_activation_bytes.begin(), s.peak_activation_bytes.end()) / kMiB,
-      s.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
+      r.state_bytes / kMiB, *std::max_element(r.peak_activation_bytes.begin(), r.peak_activation_bytes.end()) / kMiB,
+      r.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
   std::fflush(stdout);
 }
 
-std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const RunSummary& s, std::int64_t steps,
-                         std::optional<double> final_loss) {
-  const int world = layout.mesh.size();
+std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r) {
+  const int world = layout.dims.size();
   std::vector<double> bubble;
-  for (int stage = 0; stage < layout.split.pp; ++stage)
-    bubble.push_back(median_of(s.timed, [&](const StepStats& st) { return st.bubble_ms[stage]; }));
+  for (int stage = 0; stage < layout.dims.pp; ++stage) bubble.push_back(r.median_bubble_ms(stage));
+  const auto final_loss = r.final_loss();
+  const bool validated = !r.val_losses.empty();
   nlohmann::json j = {{"summary", true},
-                      {"steps", steps},
+                      {"steps", r.steps_run()},
                       {"ranks", world},
                       {"ranks_per_node", ctx.mesh().ranks_per_node()},
-                      {"mesh", layout.mesh.str()},
-                      {"schedule", schedule_name(layout.schedule)},
+                      {"mesh", layout.dims.str()},
+                      {"schedule", name_of(layout.schedule.kind())},
                       {"micro_batches", layout.micro_batches},
-                      {"median_step_ms", s.median_step_ms},
-                      {"tokens_per_s", s.tokens_per_s},
-                      {"tokens_per_s_per_rank", s.tokens_per_s / world},
-                      {"mfu", s.mfu},
-                      {"peak_flops", s.peak.flops_per_rank},
-                      {"peak_source", s.peak.source},
-                      {"io_ms", s.io_ms},
+                      {"median_step_ms", r.median_step_ms},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"tokens_per_s_per_rank", r.tokens_per_s / world},
+                      {"mfu", r.mfu},
+                      {"peak_flops", r.peak.flops_per_rank},
+                      {"peak_source", r.peak.source},
+                      {"io_ms", r.io_ms},
                       {"bubble_ms_per_stage", bubble},
-                      {"recompute_ms", median_of(s.timed, [](const StepStats& st) { return st.recompute_ms; })},
-                      {"ideal_bubble", s.ideal_bubble},
-                      {"state_bytes", s.state_bytes},
-                      {"peak_activation_bytes_per_stage", s.peak_activation_bytes},
-                      {"mem_bytes", s.mem_bytes},
+                      {"recompute_ms", median_of(r.timed, [](const StepStats& st) { return st.recompute_ms; })},
+                      {"ideal_bubble", r.ideal_bubble},
+                      {"state_bytes", r.state_bytes},
+                      {"peak_activation_bytes_per_stage", r.peak_activation_bytes},
+                      {"mem_bytes", r.mem_bytes},
                       {"peak_rss_bytes", static_cast<std::int64_t>(peak_rss_bytes())},
                       {"final_loss", final_loss ? nlohmann::json(*final_loss) : nlohmann::json()},
-                      {"final_val_loss", s.val_loss ? nlohmann::json(s.val_loss->second) : nlohmann::json()},
-                      {"final_val_step", s.val_loss ? nlohmann::json(s.val_loss->first) : nlohmann::json()},
-                      {"eval_ms", s.eval_ms}};
+                      {"final_val_loss", validated ? nlohmann::json(r.val_losses.back().second) : nlohmann::json()},
+                      {"final_val_step", validated ? nlohmann::json(r.val_losses.back().first) : nlohmann::json()},
+                      {"eval_ms", r.eval_ms}};
   return j.dump();
 }
 

@@ -7,18 +7,19 @@
 #include <sstream>
 #include <string>
 
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "kernels/kernels.hpp"
 #include "model/gpt.hpp"
+#include "parallel/stage_runtime.hpp"
 
 namespace ndmini {
 namespace {
 
 // This rank's first parameter whose gradient holds a non-finite value, or "".
 // Only called once a step has failed: one pass over the shard.
-std::string first_bad_tensor(const GptStage& model) {
+std::string first_bad_tensor(const StageRuntime& model) {
   const ParamStore& store = model.store();
   for (const auto& piece : store.pieces()) {
     const double s = kernels::sum_squares(Slice1D(model.grad_buffer().data() + piece.shard_offset, piece.length));
@@ -47,8 +48,9 @@ std::string resume_advice(MPI_Comm comm, const Config& cfg) {
 
 // Agreement and diagnosis. `bad_loss`, `bad_grad`: this rank's view;
 // `local_bad`: this rank's own contribution is non-finite.
-void agree_finite(MPI_Comm comm, std::int64_t step, bool bad_loss, bool bad_grad, bool local_bad, const GptStage* model,
-                  const std::string& what_state, double loss, double grad_norm, const Config& cfg) {
+void agree_finite(MPI_Comm comm, std::int64_t step, bool bad_loss, bool bad_grad, bool local_bad,
+                  const StageRuntime* model, const std::string& what_state, double loss, double grad_norm,
+                  const Config& cfg) {
   int flags[2] = {bad_loss ? 1 : 0, bad_grad ? 1 : 0};
   mpi_all_reduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, comm, "the finite-loss check");
   if (!flags[0] && !flags[1]) return;
@@ -85,7 +87,7 @@ void agree_finite(MPI_Comm comm, std::int64_t step, bool bad_loss, bool bad_grad
 }  // namespace
 
 void require_finite_step(MPI_Comm comm, std::int64_t step, double loss, double grad_norm, double local_loss,
-                         const GptStage& model, const Config& cfg) {
+                         const StageRuntime& model, const Config& cfg) {
   const bool bad_loss = !std::isfinite(loss) || !std::isfinite(local_loss);
   const bool bad_grad = !std::isfinite(grad_norm);
   agree_finite(comm, step, bad_loss, bad_grad, !std::isfinite(local_loss), &model,
@@ -99,7 +101,7 @@ void require_finite_state(MPI_Comm comm, std::int64_t step, double loss, double 
                "The final state (after step " + std::to_string(step - 1) + ") was not saved", loss, 0, cfg);
 }
 
-void poison_first_gradient(GptStage& model) {
+void poison_first_gradient(StageRuntime& model) {
   const auto& pieces = model.store().pieces();
   if (pieces.empty()) return;  // this rank holds no gradient to poison
   const View1D grads = model.grad_buffer();

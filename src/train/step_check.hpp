@@ -17,7 +17,7 @@
 
 namespace ndmini {
 
-class GptStage;
+class StageRuntime;
 
 // After the backward of `step`: `loss` and `grad_norm` as this rank computed
 // them (reduced over its groups), `local_loss` its own partial sum. Collective
@@ -26,7 +26,7 @@ class GptStage;
 // own loss or gradient is non-finite and its first such tensor, and the
 // newest checkpoint to resume from (cfg.checkpoint.dir).
 void require_finite_step(MPI_Comm comm, std::int64_t step, double loss, double grad_norm, double local_loss,
-                         const GptStage& model, const Config& cfg);
+                         const StageRuntime& model, const Config& cfg);
 
 // The same for a state shown only by a loss (the final state, before
 // it is saved): `loss` reduced, `local_loss` this rank's part.
@@ -34,6 +34,6 @@ void require_finite_state(MPI_Comm comm, std::int64_t step, double loss, double 
 
 // Fault injection (fault.kind = "nan"): this rank's first gradient element
 // becomes NaN, as a faulty kernel or device would leave it.
-void poison_first_gradient(GptStage& model);
+void poison_first_gradient(StageRuntime& model);
 
 }  // namespace ndmini

@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "comm/communicator.hpp"
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
@@ -20,8 +20,10 @@
 #include "model/gpt.hpp"
 #include "parallel/context.hpp"
 #include "parallel/pipeline/pipeline.hpp"
+#include "parallel/stage_runtime.hpp"
 #include "train/budget.hpp"
 #include "train/calibration.hpp"
+#include "train/capture.hpp"
 #include "train/checkpoint_state.hpp"
 #include "train/data.hpp"
 #include "train/layout.hpp"
@@ -33,19 +35,17 @@
 namespace ndmini {
 namespace {
 
-// The groups the model on this rank is split over.
+// The groups the model on this rank is split over, and the chunks of its stage.
 ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunLayout& layout) {
   ModelParallel par;
   par.tp = &ctx.tp();
-  par.sequence_parallel = cfg.parallel.sequence_parallel;
+  par.sequence_parallel = layout.dims.sequence_parallel;
   par.cp = &ctx.cp();
   par.data.fsdp = &ctx.fsdp();
   par.data.dp_replicate = &ctx.dp_replicate();
   par.data.reshard_after_forward = cfg.parallel.reshard_after_forward;
   par.tied_embedding = ctx.tied_embedding();
-  par.pp = layout.split.pp;
-  par.stage = ctx.coord(Axis::pp);
-  par.virtual_stages = layout.split.virtual_stages;
+  par.chunks = layout.plan.chunks_of(ctx.coord(Axis::pp));
   return par;
 }
 
@@ -101,7 +101,7 @@ class MicroBatchFeed {
 // validation loss); loss_scale 0: the head computes no gradient.
 class TrainingStage final : public PipelineStage {
  public:
-  TrainingStage(GptStage& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
+  TrainingStage(StageRuntime& model, MicroBatchFeed& feed, real loss_scale, int micro_batches)
       : model_(model), feed_(feed), loss_scale_(loss_scale), micro_batches_(micro_batches) {}
   void set_step(std::int64_t step) { step_ = step; }
 
@@ -122,292 +122,415 @@ class TrainingStage final : public PipelineStage {
   void discard(int chunk, int mb) override { model_.discard(chunk, mb); }
 
  private:
-  GptStage& model_;
+  StageRuntime& model_;
   MicroBatchFeed& feed_;
   real loss_scale_;
   int micro_batches_;
   std::int64_t step_ = 0;
 };
 
-}  // namespace
+// The training run on this rank, in the order of the algorithm: the
+// constructor sets up (layout, mesh, model, data, resume), step() runs one
+// optimizer step, evaluate() is the one forward-only loss, finish() checks
+// and saves the final state and reports.
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
-TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
-  int world = 1;
-  MPI_Comm_size(comm, &world);
-  const RunLayout layout = resolve_layout(cfg, world);
+  // Steps are left and no stop signal was agreed on.
+  bool running() const { return next_step_ < cfg_.train.steps && stop_signal_ == 0; }
+  void step();
+  TrainResult finish();
+
+ private:
+  // The loss sum of `batches` global batches of `stage`'s data from step
+  // `first_step` on, forward only through the pipeline (a loss scale of 0:
+  // parameters, gradients and AdamW state untouched): this rank's and the
+  // sum over the batch group. `poison`: fault injection, this rank's is NaN.
+  struct LossSum {
+    double local = 0, global = 0;
+  };
+  LossSum evaluate(TrainingStage& stage, std::int64_t first_step, int batches, bool poison = false);
+  void setup();
+  void resume();
+  void announce();
+  void build_pipeline();
+  struct StepLoss {
+    double loss = 0, grad_norm = 0;
+  };
+  StepLoss compute_gradients(std::int64_t step);
+  double update(std::int64_t step, double grad_norm);
+  void agree_on_stop(std::int64_t step);
+  void summarise();
+  void save(std::int64_t step);
+  std::optional<double> validate_if_due(std::int64_t step, double* eval_ms);
+  double mfu(double tokens_per_s) const;
+  void log_step(std::int64_t step, double loss, std::optional<double> val_loss, double eval_ms, double lr,
+                double grad_norm, const StepStats& stats, double io_ms);
+  void reset_comm_stats();
+
+  const Config& cfg_;
+  const TrainOptions& opts_;
+  const MPI_Comm comm_;
+  const int world_;
+  const RunLayout layout_;
+  const double tokens_per_step_;
   // Hang detection for every collective of the run (comm.timeout_s); built
   // before the communicators, so the ledger names their ranks in `comm`.
-  CollectiveWatchdog watchdog(comm, cfg.comm.timeout_s);
+  CollectiveWatchdog watchdog_;
   // Non-blocking MPI transfers move during compute (comm.progress_poll_us).
-  const MpiProgressThread progress(comm, cfg.comm.progress_poll_us);
+  const MpiProgressThread progress_;
+  std::unique_ptr<ParallelContext> ctx_;
+  int rank_ = 0;
+  bool speak_ = false;  // rank 0, not quiet
+  bool saves_ = false;  // the run saves checkpoints
+  fault::FaultPlan faults_;
+  std::unique_ptr<io::CheckpointDirLock> dir_lock_;
+  DataSources sources_;
+  std::unique_ptr<StageRuntime> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<CheckpointState> ckpt_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<PipelineRunner> runner_;
+  std::unique_ptr<MicroBatchFeed> feed_, val_feed_;
+  std::unique_ptr<TrainingStage> stage_, val_stage_;
+  TrainResult result_;
+  std::vector<StepStats> steps_;
+  std::int64_t next_step_ = 0;
+  // A due save waits until the state it holds is shown sane (train/step_check.hpp).
+  std::int64_t pending_save_ = -1;  // the step of the state to save; -1: none
+  int stop_signal_ = 0;             // agreed at a step boundary with steps left
+};
+
+int world_size(MPI_Comm comm) {
+  int world = 1;
+  MPI_Comm_size(comm, &world);
+  return world;
+}
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
+    : cfg_(cfg),
+      opts_(opts),
+      comm_(comm),
+      world_(world_size(comm)),
+      layout_(resolve_layout(cfg, world_)),
+      tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
+      watchdog_(comm, cfg.comm.timeout_s),
+      progress_(comm, cfg.comm.progress_poll_us) {
+  setup();
+  if (opts_.resume) resume();
+  // Opened after a resume succeeded, so a failed resume leaves the old file alone.
+  agree_on_errors(comm_, [&] { metrics_ = std::make_unique<MetricsWriter>(rank_ == 0 ? opts_.metrics_path : ""); });
+  announce();
+  build_pipeline();
+  result_.first_step = next_step_;
+  reset_comm_stats();
+}
+
+// The figures the report needs from the start, and the banner.
+void Trainer::announce() {
+  const auto& t = cfg_.train;
+  result_.peak = peak_flops(cfg_.perf, comm_);
+  result_.state_bytes =
+      static_cast<std::int64_t>(model_->store().persistent_bytes() + 2 * opt_->exp_avg.extent(0) * sizeof(real));
+  result_.mem_bytes = estimate_memory(cfg_, layout_).total();
+  result_.ideal_bubble = layout_.schedule.ideal_bubble();
+  const std::string validation = sources_.validation ? "every " + std::to_string(t.eval_every) +
+                                                           " steps and at the last, " + std::to_string(t.eval_batches) +
+                                                           " global batch(es) of " + sources_.validation->describe()
+                                                     : "";
+  if (speak_) print_banner(cfg_, layout_, *ctx_, sources_.train->describe(), validation, result_.peak, opts_.show_mesh);
+  if (cfg_.checkpoint.at_start && !opts_.resume) pending_save_ = 0;
+  if (speak_ && next_step_ >= t.steps)
+    std::printf("checkpoint: step %lld is train.steps = %d; nothing left to train (raise train.steps to go on)\n",
+                static_cast<long long>(next_step_), t.steps);
+}
+
+// The layout's schedule run over this rank's model, fed with this rank's
+// share of the training batches and, for the validation loss, of the held-out ones.
+void Trainer::build_pipeline() {
+  const auto& t = cfg_.train;
+  runner_ = std::make_unique<PipelineRunner>(ctx_->pp(), layout_.plan, layout_.schedule);
+  const int local_batch = t.global_batch / layout_.dims.data_parallel();
+  const int first_sequence = ctx_->data_parallel_index() * local_batch;
+  feed_ = std::make_unique<MicroBatchFeed>(*sources_.train, model_->cp_layout(), t.micro_batch, first_sequence);
+  stage_ = std::make_unique<TrainingStage>(*model_, *feed_, static_cast<real>(1.0 / tokens_per_step_),
+                                           layout_.micro_batches);
+  // The validation loss: the held-out batches 0 .. eval_batches - 1 (evaluate()).
+  if (sources_.validation) {
+    val_feed_ =
+        std::make_unique<MicroBatchFeed>(*sources_.validation, model_->cp_layout(), t.micro_batch, first_sequence);
+    val_stage_ = std::make_unique<TrainingStage>(*model_, *val_feed_, real(0), layout_.micro_batches);
+  }
+}
+
+// The mesh's communicators, the checks that refuse a run before anything
+// large is allocated, the data and the model.
+void Trainer::setup() {
   // Communicator creation has no non-blocking form: the watchdog's monitor
   // thread keeps its deadline.
-  std::unique_ptr<ParallelContext> context;
-  mpi_blocking(comm, "building the mesh's communicators",
-               [&] { context = std::make_unique<ParallelContext>(layout.mesh, comm); });
-  ParallelContext& ctx = *context;
+  mpi_blocking(comm_, "building the mesh's communicators",
+               [&] { ctx_ = std::make_unique<ParallelContext>(layout_.dims, comm_); });
   // Ranks of one pipeline stage issue the same collectives: the diagnosis compares them.
-  watchdog.set_peer_group(ctx.coord(Axis::pp));
-  const int rank = ctx.rank();
-  const bool speak = rank == 0 && !opts.quiet;
-  if (speak && world > 1 && cfg.comm.progress_poll_us > 0 && !progress.running())
+  watchdog_.set_peer_group(ctx_->coord(Axis::pp));
+  rank_ = ctx_->rank();
+  speak_ = rank_ == 0 && !opts_.quiet;
+  if (speak_ && world_ > 1 && cfg_.comm.progress_poll_us > 0 && !progress_.running())
     std::printf(
         "note: no progress thread (comm.progress_poll_us): this MPI library does not provide "
         "MPI_THREAD_MULTIPLE, so non-blocking transfers move only inside MPI calls\n");
-  const auto& t = cfg.train;
-  const double tokens_per_step = static_cast<double>(t.global_batch) * cfg.model.seq_len;
-  // Before anything large is allocated: refuse what cannot fit, hold the
-  // checkpoint folder (one writer; proven usable now, not at the first save).
-  agree_on_errors(comm, [&] { require_memory_fits(cfg, layout, ctx.mesh().ranks_per_node()); });
-  fault::FaultPlan faults;
-  agree_on_errors(comm, [&] { faults = fault::FaultPlan(cfg.fault, rank, world); });
-  std::unique_ptr<io::CheckpointDirLock> dir_lock;
-  const bool saves = cfg.checkpoint.every > 0 || cfg.checkpoint.at_start;
-  if (saves || opts.resume)
-    dir_lock = std::make_unique<io::CheckpointDirLock>(comm, cfg.checkpoint.dir,
-                                                       saves ? io::DirAccess::write : io::DirAccess::read,
-                                                       saves ? checkpoint_bytes(cfg.model) : 0);
+  // Refuse what cannot fit, hold the checkpoint folder (one writer; proven
+  // usable now, not at the first save).
+  agree_on_errors(comm_, [&] { require_memory_fits(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
+  agree_on_errors(comm_, [&] { faults_ = fault::FaultPlan(cfg_.fault, rank_, world_); });
+  saves_ = cfg_.checkpoint.every > 0 || cfg_.checkpoint.at_start;
+  if (saves_ || opts_.resume)
+    dir_lock_ = std::make_unique<io::CheckpointDirLock>(comm_, cfg_.checkpoint.dir,
+                                                        saves_ ? io::DirAccess::write : io::DirAccess::read,
+                                                        saves_ ? checkpoint_bytes(cfg_.model) : 0);
 
   // Reading the data is rank-local: agree on the outcome, so one rank's
   // missing file stops every rank with its message instead of a hang.
-  DataSources sources;
-  agree_on_errors(comm, [&] { sources = make_data_sources(cfg); });
-  const std::unique_ptr<DataSource>& data = sources.train;
-  GptStage model(cfg.model, t.micro_batch, model_parallel(ctx, cfg, layout), layout.recompute);
-  model.init(t.seed);
-  ParamStore& store = model.store();
-  AdamW opt(store);
-  CheckpointState ckpt(cfg.model, store, opt);
-  RunSummary summary;
+  agree_on_errors(comm_, [&] { sources_ = make_data_sources(cfg_); });
+  model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
+                                          layout_.recompute);
+  model_->init(cfg_.train.seed);
+  opt_ = std::make_unique<AdamW>(model_->store());
+  ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_);
+}
 
-  auto save = [&](std::int64_t step) {
-    const ProfileRegion region("ndmini::checkpoint save");
-    const auto t0 = Clock::now();
-    ckpt.from_device(store, opt);
-    io::CheckpointInfo info{step,
-                            static_cast<std::int64_t>(step * tokens_per_step),
-                            t.seed,
-                            cfg.toml,
-                            layout.mesh.str(),
-                            data->provenance()};
-    io::SaveOptions save_options;
-    save_options.hook = faults.save_hook();
-    io::save_checkpoint(comm, cfg.checkpoint.dir, info, ckpt.slabs(), cfg.checkpoint.keep, save_options);
-    summary.io_ms += ms_since(t0);
-    if (speak)
-      std::printf("checkpoint: saved step %lld to %s/%s (%.0f ms)\n", static_cast<long long>(step),
-                  cfg.checkpoint.dir.c_str(), io::checkpoint_dirname(step).c_str(), ms_since(t0));
-  };
+void Trainer::resume() {
+  const ProfileRegion region("ndmini::checkpoint load");
+  const auto t0 = Clock::now();
+  const auto info = io::load_checkpoint(comm_, cfg_.checkpoint.dir, opts_.resume_step, ckpt_->slabs());
+  const std::string where = cfg_.checkpoint.dir + "/" + io::checkpoint_dirname(info.step);
+  check_resume_compatible(cfg_, info, where);
+  const std::string data_note = check_resume_data(info.data, sources_.train->provenance(), cfg_.data, where);
+  if (speak_ && !data_note.empty()) std::printf("%s\n", data_note.c_str());
+  ckpt_->to_device(model_->store(), *opt_);
+  next_step_ = info.step;
+  result_.io_ms += ms_since(t0);
+  if (speak_)
+    std::printf("checkpoint: resumed from %s/%s at step %lld (written by %s)\n", cfg_.checkpoint.dir.c_str(),
+                io::checkpoint_dirname(info.step).c_str(), static_cast<long long>(next_step_), info.layout.c_str());
+}
 
-  std::int64_t start = 0;
-  if (opts.resume) {
-    const ProfileRegion region("ndmini::checkpoint load");
-    const auto t0 = Clock::now();
-    const auto info = io::load_checkpoint(comm, cfg.checkpoint.dir, opts.resume_step, ckpt.slabs());
-    const std::string where = cfg.checkpoint.dir + "/" + io::checkpoint_dirname(info.step);
-    check_resume_compatible(cfg, info, where);
-    const std::string data_note = check_resume_data(info.data, data->provenance(), cfg.data, where);
-    if (speak && !data_note.empty()) std::printf("%s\n", data_note.c_str());
-    ckpt.to_device(store, opt);
-    start = info.step;
-    summary.io_ms += ms_since(t0);
-    if (speak)
-      std::printf("checkpoint: resumed from %s/%s at step %lld (written by %s)\n", cfg.checkpoint.dir.c_str(),
-                  io::checkpoint_dirname(info.step).c_str(), static_cast<long long>(start), info.layout.c_str());
-  }
+void Trainer::save(std::int64_t step) {
+  const ProfileRegion region("ndmini::checkpoint save");
+  const auto t0 = Clock::now();
+  ckpt_->from_device(model_->store(), *opt_);
+  io::CheckpointInfo info{step,
+                          static_cast<std::int64_t>(step * tokens_per_step_),
+                          cfg_.train.seed,
+                          cfg_.toml,
+                          layout_.dims.str(),
+                          sources_.train->provenance()};
+  io::SaveOptions save_options;
+  save_options.hook = faults_.save_hook();
+  io::save_checkpoint(comm_, cfg_.checkpoint.dir, info, ckpt_->slabs(), cfg_.checkpoint.keep, save_options);
+  result_.io_ms += ms_since(t0);
+  if (speak_)
+    std::printf("checkpoint: saved step %lld to %s/%s (%.0f ms)\n", static_cast<long long>(step),
+                cfg_.checkpoint.dir.c_str(), io::checkpoint_dirname(step).c_str(), ms_since(t0));
+}
 
-  // Opened after a resume succeeded, so a failed resume leaves the old file alone.
-  std::unique_ptr<MetricsWriter> metrics_file;
-  agree_on_errors(comm, [&] { metrics_file = std::make_unique<MetricsWriter>(rank == 0 ? opts.metrics_path : ""); });
-  MetricsWriter& metrics = *metrics_file;
+Trainer::LossSum Trainer::evaluate(TrainingStage& stage, std::int64_t first_step, int batches, bool poison) {
+  stage.set_step(first_step);
+  double local = runner_->evaluate(stage, batches * layout_.micro_batches);
+  model_->end_evaluation();
+  if (poison) local = std::numeric_limits<double>::quiet_NaN();
+  return {local, ctx_->batch().all_reduce_scalar(local)};
+}
 
-  summary.peak = peak_flops(cfg.perf, comm);
-  const double flops_per_token = gpt_flops_per_token(cfg.model);
-  const MemoryEstimate memory = estimate_memory(cfg, layout);
-  summary.state_bytes = static_cast<std::int64_t>(store.persistent_bytes() + 2 * opt.exp_avg.extent(0) * sizeof(real));
-  summary.mem_bytes = memory.total();
-  const std::string validation = sources.validation ? "every " + std::to_string(t.eval_every) +
-                                                          " steps and at the last, " + std::to_string(t.eval_batches) +
-                                                          " global batch(es) of " + sources.validation->describe()
-                                                    : "";
-  if (speak) print_banner(cfg, layout, ctx, data->describe(), validation, summary.peak, opts.show_mesh);
-  // A due save waits until the state it holds is shown sane (train/step_check.hpp).
-  std::int64_t pending_save = -1;  // the step of the state to save; -1: none
-  if (cfg.checkpoint.at_start && !opts.resume) pending_save = 0;
-  if (speak && start >= t.steps)
-    std::printf("checkpoint: step %lld is train.steps = %d; nothing left to train (raise train.steps to go on)\n",
-                static_cast<long long>(start), t.steps);
-
-  const StagePlan plan(cfg.model.layers, layout.split.pp, layout.split.virtual_stages);
-  const Schedule schedule(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.micro_batches);
-  summary.ideal_bubble = schedule.ideal_bubble();
-  PipelineRunner runner(ctx.pp(), plan, schedule);
-  const int local_batch = t.global_batch / layout.data_parallel;
-  MicroBatchFeed feed(*data, model.cp_layout(), t.micro_batch, ctx.data_parallel_index() * local_batch);
-  TrainingStage stage(model, feed, static_cast<real>(1.0 / tokens_per_step), layout.micro_batches);
-
-  // The validation loss: the held-out batches 0 .. eval_batches - 1, forward
-  // only (PipelineRunner::evaluate), so parameters, gradients and AdamW state
-  // are untouched and training is bitwise the same with it or without it.
-  std::unique_ptr<MicroBatchFeed> val_feed;
-  std::unique_ptr<TrainingStage> val_stage;
-  if (sources.validation) {
-    val_feed = std::make_unique<MicroBatchFeed>(*sources.validation, model.cp_layout(), t.micro_batch,
-                                                ctx.data_parallel_index() * local_batch);
-    val_stage = std::make_unique<TrainingStage>(model, *val_feed, real(0), layout.micro_batches);
-  }
-  auto validation_loss = [&] {
+// Before the step, outside its time and its communication figures: the
+// held-out loss of the same parameters as this step's loss. Training is
+// bitwise the same with it or without it.
+std::optional<double> Trainer::validate_if_due(std::int64_t step, double* eval_ms) {
+  *eval_ms = 0;
+  const auto& t = cfg_.train;
+  if (!val_stage_ || (step % t.eval_every != 0 && step + 1 != t.steps)) return std::nullopt;
+  const auto e0 = Clock::now();
+  double val_loss = 0;
+  {
     const ProfileRegion region("ndmini::validation loss");
-    const double local = runner.evaluate(*val_stage, t.eval_batches * layout.micro_batches);
-    model.end_evaluation();
-    return ctx.batch().all_reduce_scalar(local) / (tokens_per_step * t.eval_batches);
-  };
-
-  TrainResult result;
-  result.first_step = start;
-  result.peak_flops = summary.peak.flops_per_rank;
-  std::vector<StepStats> steps;
-  int stop_signal = 0;  // agreed at a step boundary with steps left
-  for (const auto& g : ctx.reported())
-    if (g.comm != nullptr) g.comm->reset_stats();
-
-  for (std::int64_t step = start; step < t.steps; ++step) {
-    faults.at_step_start(step);
-    // Before the step, outside its time and its communication figures: the
-    // held-out loss of the same parameters as this step's loss.
-    std::optional<double> val_loss;
-    double eval_ms = 0;
-    if (val_stage && (step % t.eval_every == 0 || step + 1 == t.steps)) {
-      const auto e0 = Clock::now();
-      val_loss = validation_loss();
-      eval_ms = ms_since(e0);
-      for (const auto& g : ctx.reported())
-        if (g.comm != nullptr) g.comm->reset_stats();
-      result.val_losses.emplace_back(step, *val_loss);
-      summary.val_loss = result.val_losses.back();
-      summary.eval_ms += eval_ms;
-    }
-    // This rank "forgets" the step's loss reduction: the others wait for it.
-    if (faults.skip_collective_at(step, rank)) ctx.batch().skip_next_for_fault_injection();
-    mpi_barrier(comm, "the step's start");  // steps start together, so per-step times compare across ranks
-    const auto t0 = Clock::now();
-    const double io_ms_before = summary.io_ms;
-    const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
-    stage.set_step(step);
-    const double loss_sum = runner.run(stage);
-    {
-      const ProfileRegion finish("ndmini::finish gradient reductions");
-      model.finish_grads();
-    }
-    if (faults.nan_at(step)) poison_first_gradient(model);
-    const double loss = ctx.batch().all_reduce_scalar(loss_sum) / tokens_per_step;
-    const double grad_norm = std::sqrt(grad_norm_squared(store, ctx.norm()));
-    require_finite_step(comm, step, loss, grad_norm, loss_sum, model, cfg);
-    if (pending_save >= 0) {  // the state before this step's update, now shown sane
-      save(pending_save);
-      pending_save = -1;
-    }
-    if (opts.capture != nullptr && step == start)
-      opts.capture->first_step_grads = gather_global(cfg.model, store, store.shard_grads(), comm);
-    const double clip = (t.grad_clip > 0 && grad_norm > t.grad_clip) ? t.grad_clip / (grad_norm + 1e-6) : 1.0;
-    const double lr = learning_rate(t, step);
-    {
-      const ProfileRegion optimizer_region("ndmini::optimizer");
-      opt.step(store, t, lr, clip, step + 1);
-    }
-    Kokkos::fence();
-    const StepStats stats =
-        reduce_step(ctx, ms_since(t0) - (summary.io_ms - io_ms_before), runner.bubble_ms(), model.take_recompute_ms());
-    steps.push_back(stats);
-    result.losses.push_back(loss);
-
-    if (rank == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss)) {
-      StepRecord r;
-      r.step = step;
-      r.loss = loss;
-      r.val_loss = val_loss;
-      r.eval_ms = eval_ms;
-      r.lr = lr;
-      r.grad_norm = grad_norm;
-      r.step_ms = stats.step_ms;
-      r.tokens_per_s = tokens_per_step / (stats.step_ms / 1e3);
-      r.mfu = flops_per_token * r.tokens_per_s / (summary.peak.flops_per_rank * world);
-      r.exposed_comm_ms = stats.exposed_comm_ms();
-      r.bubble_ms_per_stage = stats.bubble_ms;
-      r.bubble_ms = *std::max_element(stats.bubble_ms.begin(), stats.bubble_ms.end());
-      r.io_ms = summary.io_ms - io_ms_before;
-      r.mem_bytes = summary.mem_bytes;
-      r.comm = stats.comm;
-      if (!opts.quiet) std::printf("%s\n", progress_line(r).c_str());
-      std::fflush(stdout);
-      metrics.step(r);
-    }
-    // Only rank 0 writes: a full disk there stops every rank. A stop signal
-    // on any rank stops every rank after this same step.
-    const int agreed_signal = agree_max(comm, metrics.error(), stop_signal_received());
-    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) pending_save = step + 1;
-    if (agreed_signal != 0 && step + 1 < t.steps) {
-      stop_signal = agreed_signal;
-      pending_save = saves && cfg.checkpoint.on_signal ? step + 1 : -1;
-      break;
-    }
+    val_loss = evaluate(*val_stage_, 0, t.eval_batches).global / (tokens_per_step_ * t.eval_batches);
   }
-  if (pending_save >= 0) {
+  *eval_ms = ms_since(e0);
+  reset_comm_stats();
+  result_.val_losses.emplace_back(step, val_loss);
+  result_.eval_ms += *eval_ms;
+  return val_loss;
+}
+
+// One optimizer step: the validation loss when due (outside the step's
+// time), the gradients, the save of the state they showed sane, the update,
+// the figures, and the agreement on stopping.
+void Trainer::step() {
+  const auto& t = cfg_.train;
+  const std::int64_t step = next_step_++;
+  faults_.at_step_start(step);
+  double eval_ms = 0;
+  const std::optional<double> val_loss = validate_if_due(step, &eval_ms);
+  // This rank "forgets" the step's loss reduction: the others wait for it.
+  if (faults_.skip_collective_at(step, rank_)) ctx_->batch().skip_next_for_fault_injection();
+  mpi_barrier(comm_, "the step's start");  // steps start together, so per-step times compare across ranks
+  const auto t0 = Clock::now();
+  const double io_ms_before = result_.io_ms;
+  const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
+
+  const auto [loss, grad_norm] = compute_gradients(step);
+  if (pending_save_ >= 0) {  // the state before this step's update, now shown sane
+    save(pending_save_);
+    pending_save_ = -1;
+  }
+  if (opts_.capture != nullptr && step == result_.first_step)
+    opts_.capture->first_step_grads = gather_global(cfg_.model, model_->store(), model_->store().shard_grads(), comm_);
+  const double lr = update(step, grad_norm);
+
+  const double io_ms = result_.io_ms - io_ms_before;
+  const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
+  steps_.push_back(stats);
+  result_.losses.push_back(loss);
+  if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
+    log_step(step, loss, val_loss, eval_ms, lr, grad_norm, stats, io_ms);
+  agree_on_stop(step);
+}
+
+// Forward and backward of every micro-batch, the gradient reductions, and
+// the checks of the loss and the gradient norm.
+Trainer::StepLoss Trainer::compute_gradients(std::int64_t step) {
+  stage_->set_step(step);
+  const double loss_sum = runner_->run(*stage_);
+  {
+    const ProfileRegion finish("ndmini::finish gradient reductions");
+    model_->finish_grads();
+  }
+  if (faults_.nan_at(step)) poison_first_gradient(*model_);
+  const double loss = ctx_->batch().all_reduce_scalar(loss_sum) / tokens_per_step_;
+  const double grad_norm = std::sqrt(grad_norm_squared(model_->store(), ctx_->norm()));
+  require_finite_step(comm_, step, loss, grad_norm, loss_sum, *model_, cfg_);
+  return {loss, grad_norm};
+}
+
+// Clips and takes the AdamW step; returns the learning rate it used.
+double Trainer::update(std::int64_t step, double grad_norm) {
+  const auto& t = cfg_.train;
+  const double clip = (t.grad_clip > 0 && grad_norm > t.grad_clip) ? t.grad_clip / (grad_norm + 1e-6) : 1.0;
+  const double lr = learning_rate(t, step);
+  {
+    const ProfileRegion optimizer_region("ndmini::optimizer");
+    opt_->step(model_->store(), t, lr, clip, step + 1);
+  }
+  Kokkos::fence();
+  return lr;
+}
+
+// Only rank 0 writes: a full disk there stops every rank. A stop signal on
+// any rank stops every rank after this same step.
+void Trainer::agree_on_stop(std::int64_t step) {
+  const auto& t = cfg_.train;
+  const int agreed_signal = agree_max(comm_, metrics_->error(), stop_signal_received());
+  if (cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0) pending_save_ = step + 1;
+  if (agreed_signal != 0 && step + 1 < t.steps) {
+    stop_signal_ = agreed_signal;
+    pending_save_ = saves_ && cfg_.checkpoint.on_signal ? step + 1 : -1;
+  }
+}
+
+// Model FLOPs utilisation of a throughput, over the peak of every rank.
+double Trainer::mfu(double tokens_per_s) const {
+  return gpt_flops_per_token(cfg_.model) * tokens_per_s / (result_.peak.flops_per_rank * world_);
+}
+
+void Trainer::log_step(std::int64_t step, double loss, std::optional<double> val_loss, double eval_ms, double lr,
+                       double grad_norm, const StepStats& stats, double io_ms) {
+  StepRecord r;
+  r.step = step;
+  r.loss = loss;
+  r.val_loss = val_loss;
+  r.eval_ms = eval_ms;
+  r.lr = lr;
+  r.grad_norm = grad_norm;
+  r.step_ms = stats.step_ms;
+  r.tokens_per_s = tokens_per_step_ / (stats.step_ms / 1e3);
+  r.mfu = mfu(r.tokens_per_s);
+  r.exposed_comm_ms = stats.exposed_comm_ms();
+  r.bubble_ms_per_stage = stats.bubble_ms;
+  r.bubble_ms = *std::max_element(stats.bubble_ms.begin(), stats.bubble_ms.end());
+  r.io_ms = io_ms;
+  r.mem_bytes = result_.mem_bytes;
+  r.comm = stats.comm;
+  if (!opts_.quiet) std::printf("%s\n", progress_line(r).c_str());
+  std::fflush(stdout);
+  metrics_->step(r);
+}
+
+void Trainer::reset_comm_stats() {
+  for (const auto& g : ctx_->reported())
+    if (g.comm != nullptr) g.comm->reset_stats();
+}
+
+// The final state saved (when due, shown sane first), the figures of the
+// run, the report, and the exit status a stop signal asks for.
+TrainResult Trainer::finish() {
+  if (pending_save_ >= 0) {
     // The final state (or the one a signal stopped at): the loss of one more
     // batch (forward only, through the pipeline) shows it sane before it is saved.
-    TrainingStage forward_only(model, feed, real(0), layout.micro_batches);  // a loss scale of 0: no backward
-    forward_only.set_step(pending_save);
-    double local = runner.evaluate(forward_only, layout.micro_batches);
-    model.end_evaluation();
-    if (faults.nan_at(pending_save)) local = std::numeric_limits<double>::quiet_NaN();
-    require_finite_state(comm, pending_save, ctx.batch().all_reduce_scalar(local), local, cfg);
-    save(pending_save);
+    TrainingStage forward_only(*model_, *feed_, real(0), layout_.micro_batches);  // a loss scale of 0: no backward
+    const LossSum check = evaluate(forward_only, pending_save_, 1, faults_.nan_at(pending_save_));
+    require_finite_state(comm_, pending_save_, check.global, check.local, cfg_);
+    save(pending_save_);
   }
-  if (opts.capture != nullptr) {
-    opts.capture->final_params = gather_global(cfg.model, store, store.shard_params(), comm);
-    int same = model.tied_wte_identical() ? 1 : 0;
-    mpi_all_reduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm, "the tied embedding's copies");
-    opts.capture->tied_wte_identical = same == 1;
+  if (opts_.capture != nullptr) {
+    const ParamStore& store = model_->store();
+    opts_.capture->final_params = gather_global(cfg_.model, store, store.shard_params(), comm_);
+    int same = model_->tied_wte_identical() ? 1 : 0;
+    mpi_all_reduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm_, "the tied embedding's copies");
+    opts_.capture->tied_wte_identical = same == 1;
   }
+  summarise();
+  if (speak_) print_performance(layout_, *ctx_, result_);
+  if (rank_ == 0) metrics_->summary(summary_json(layout_, *ctx_, result_));
 
+  // A signal after the last step's agreement finds the run complete.
+  const int late_signal = agree_max(comm_, metrics_->error(), stop_signal_received());
+  if (const int signal_number = stop_signal_ != 0 ? stop_signal_ : late_signal; signal_number != 0) {
+    if (rank_ == 0)
+      std::fprintf(stderr, "%s\n",
+                   stop_line(cfg_, signal_number, result_.first_step + result_.steps_run(),
+                             stop_signal_ != 0 ? pending_save_ : -1, stop_signal_ != 0)
+                       .c_str());
+    result_.exit_status = signal_exit_status(signal_number);
+  }
+  return result_;
+}
+
+// The medians over the timed steps, and each stage's activation peak.
+void Trainer::summarise() {
   // The first step pays for first-touch page faults and BLAS warm-up: leave
   // it out of the figures when there are others.
-  const std::size_t skip = steps.size() > 1 ? 1 : 0;
-  summary.timed.assign(steps.begin() + skip, steps.end());
+  const std::size_t skip = steps_.size() > 1 ? 1 : 0;
+  result_.timed.assign(steps_.begin() + skip, steps_.end());
   std::vector<double> step_ms;
-  for (const StepStats& s : summary.timed) step_ms.push_back(s.step_ms);
-  summary.median_step_ms = median(step_ms);
-  summary.tokens_per_s = summary.median_step_ms > 0 ? tokens_per_step / (summary.median_step_ms / 1e3) : 0;
-  summary.mfu = flops_per_token * summary.tokens_per_s / (summary.peak.flops_per_rank * world);
-  summary.peak_activation_bytes.assign(layout.split.pp, 0);
-  summary.peak_activation_bytes[ctx.coord(Axis::pp)] = static_cast<std::int64_t>(model.peak_activation_bytes());
-  mpi_all_reduce(MPI_IN_PLACE, summary.peak_activation_bytes.data(), layout.split.pp, MPI_INT64_T, MPI_MAX, comm,
+  for (const StepStats& s : result_.timed) step_ms.push_back(s.step_ms);
+  result_.median_step_ms = median(step_ms);
+  result_.tokens_per_s = result_.median_step_ms > 0 ? tokens_per_step_ / (result_.median_step_ms / 1e3) : 0;
+  result_.mfu = mfu(result_.tokens_per_s);
+  const int pp = layout_.dims.pp;
+  result_.peak_activation_bytes.assign(pp, 0);
+  result_.peak_activation_bytes[ctx_->coord(Axis::pp)] = static_cast<std::int64_t>(model_->peak_activation_bytes());
+  mpi_all_reduce(MPI_IN_PLACE, result_.peak_activation_bytes.data(), pp, MPI_INT64_T, MPI_MAX, comm_,
                  "the activation peaks");
+}
 
-  result.median_step_ms = summary.median_step_ms;
-  result.tokens_per_s = summary.tokens_per_s;
-  result.mfu = summary.mfu;
-  result.peak_activation_bytes = static_cast<std::int64_t>(model.peak_activation_bytes());
-  for (int s = 0; s < layout.split.pp; ++s) {
-    std::vector<double> b;
-    for (const StepStats& st : summary.timed) b.push_back(st.bubble_ms[s]);
-    result.bubble_ms.push_back(median(b));
-  }
-  if (speak) print_performance(layout, ctx, summary);
-  if (rank == 0)
-    metrics.summary(summary_json(layout, ctx, summary, static_cast<std::int64_t>(steps.size()),
-                                 result.losses.empty() ? std::nullopt : std::optional(result.losses.back())));
-  // A signal after the last step's agreement finds the run complete.
-  const int late_signal = agree_max(comm, metrics.error(), stop_signal_received());
-  if (const int signal_number = stop_signal != 0 ? stop_signal : late_signal; signal_number != 0) {
-    if (rank == 0)
-      std::fprintf(stderr, "%s\n",
-                   stop_line(cfg, signal_number, result.first_step + static_cast<std::int64_t>(result.losses.size()),
-                             stop_signal != 0 ? pending_save : -1, stop_signal != 0)
-                       .c_str());
-    result.exit_status = signal_exit_status(signal_number);
-  }
-  return result;
+}  // namespace
+
+TrainResult train(const Config& cfg, const TrainOptions& opts, MPI_Comm comm) {
+  Trainer trainer(cfg, opts, comm);  // layout, mesh, model, data, resume
+  while (trainer.running()) trainer.step();
+  return trainer.finish();  // the final state checked and saved, the report
 }
 
 }  // namespace ndmini

@@ -11,8 +11,9 @@ dir=ckpt/step_00000004
 
 run 1 ckpt info ckpt >info.txt || { cat info.txt; fail "ckpt info failed"; }
 cat info.txt | head -n 12
-for want in "step        4" "tokens      2048" "seed        1234" "layout      pp=1 dp_replicate=1 dp_shard=2 cp=1 tp=1" \
-  "data        text 'corpus.txt', $(stat -c %s corpus.txt) bytes, first-MiB digest" "/model/wte  [256, 64]  65536  " \
+for want in "step             4" "consumed_tokens  2048" "seed             1234" \
+  "layout           pp=1 dp_replicate=1 dp_shard=2 cp=1 tp=1" "data_source      text" "data_path        corpus.txt" \
+  "data_bytes       $(stat -c %s corpus.txt)" "data_digest      " "/model/wte  [256, 64]  65536  " \
   "/optimizer/exp_avg_sq/h/1/mlp/c_proj/weight  [64, 256]" "[model]"; do
   grep -qF -- "$want" info.txt || fail "ckpt info lacks: $want"
 done

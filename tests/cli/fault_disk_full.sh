@@ -81,7 +81,7 @@ full_disk_case() (
   echo "ok: $name: every rank stopped in phase '$phase' of step 2; step 1 intact and resumed"
 )
 
-# The free-space check asks for the data, 8 KiB per tensor and 1 MiB (io/checkpoint.cpp):
+# The free-space check asks for the data, 8 KiB per tensor and 1 MiB (io/folder.cpp):
 # 3.1 MiB for the tiny deck, where one save takes 1.5 MiB. Step 1 passes it with LEAVE
 # >= 3.1 - 1.5 MiB, step 2 fails it with LEAVE < 3.1 MiB: 2.25 MiB is mid-way.
 full_disk_case precheck $((2304 * 1024)) create

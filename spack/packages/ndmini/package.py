@@ -35,6 +35,11 @@ class Ndmini(CMakePackage, CudaPackage):
     variant("openmp", default=False, description="Kokkos OpenMP backend (threads in each rank)")
     variant("nccl", default=False, description="NCCL backend for GPU collectives (needs +cuda)")
     variant("benchmarks", default=False, description="Build the Google Benchmark programs")
+    variant(
+        "onednn",
+        default=False,
+        description="bf16 host matrix products through oneDNN (AMX, AVX512-BF16)",
+    )
 
     depends_on("c", type="build")  # MPI's C component
     depends_on("cxx", type="build")
@@ -94,6 +99,10 @@ class Ndmini(CMakePackage, CudaPackage):
 
     conflicts("+nccl", when="~cuda", msg="NCCL collectives need the CUDA build (+cuda)")
 
+    # ndmini's oneDNN layer speaks the 2.x API (Debian 12 ships 2.6.3; Spack builds 2.7.3).
+    depends_on("onednn@2.6:2", when="+onednn")
+    conflicts("+onednn", when="+cuda", msg="oneDNN multiplies host memory; the CUDA build uses cuBLAS")
+
     sanity_check_is_file = [join_path("bin", "ndmini")]
 
     def cmake_args(self):
@@ -106,6 +115,8 @@ class Ndmini(CMakePackage, CudaPackage):
             self.define_from_variant("NDMINI_ENABLE_BENCHMARKS", "benchmarks"),
             # ON or OFF, never AUTO: a Spack build must not pick up whatever NCCL is lying around
             self.define_from_variant("NDMINI_ENABLE_NCCL", "nccl"),
+            # ON or OFF, never AUTO, for the same reason
+            self.define_from_variant("NDMINI_ENABLE_ONEDNN", "onednn"),
             # the library is not installed, so the installed executable must link it statically
             self.define("BUILD_SHARED_LIBS", False),
             # The compiler Kokkos was built with (nvcc_wrapper with +cuda); ndmini passes
@@ -116,6 +127,9 @@ class Ndmini(CMakePackage, CudaPackage):
         ]
         if spec.satisfies("+cuda"):
             args.append(self.define("CUDAToolkit_ROOT", spec["cuda"].prefix))
+        if spec.satisfies("+onednn"):
+            # cmake/FindoneDNN.cmake looks there first
+            args.append(self.define("oneDNN_ROOT", spec["onednn"].prefix))
         if spec.satisfies("+nccl"):
             # cmake/FindNCCL.cmake looks there first
             args.append(self.define("NCCL_ROOT", spec["nccl"].prefix))

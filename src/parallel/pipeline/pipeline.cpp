@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "parallel/pipeline/pipeline.hpp"
 
-#include <algorithm>
-
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 #include "core/timer.hpp"
@@ -48,6 +46,12 @@ PipelineRunner::Transfer PipelineRunner::outgoing(PipelineStage& stage, const Pi
   if (a.kind == PipelineAction::Kind::backward && a.chunk > 0)
     return {true, input_grad, plan_.rank_of(a.chunk - 1), tag(a.chunk, a.micro_batch, true)};
   return {};
+}
+
+std::size_t PipelineRunner::most_grad_buffers(const StagePlan& plan, int stage, int micro_batches) {
+  std::size_t chunks = 0;
+  for (const Chunk& c : plan.chunks_of(stage)) chunks += c.index > 0;
+  return chunks * micro_batches;
 }
 
 View1D PipelineRunner::grad_buffer(std::size_t n) {

@@ -35,7 +35,7 @@
 
 namespace ndmini {
 
-// What the runner needs of the stage's model (see GptStage, which the
+// What the runner needs of the stage's model (see StageRuntime, which the
 // training loop adapts to this).
 class PipelineStage {
  public:
@@ -65,6 +65,12 @@ class PipelineRunner {
   // Runs every action of this stage for one optimizer step. Returns the sum
   // of the losses this stage computed (the head stage's; 0 elsewhere).
   double run(PipelineStage& stage);
+  // The most buffers of input gradients (activation_elements() floats each)
+  // pp rank `stage` holds in a step of `micro_batches`: one per backward of
+  // a chunk after the first while its send is in flight (kept for reuse
+  // once it completed), so at most one per such backward.
+  static std::size_t most_grad_buffers(const StagePlan& plan, int stage, int micro_batches);
+
   // Milliseconds this stage waited for its neighbours in the last run.
   double bubble_ms() const { return bubble_ms_; }
 

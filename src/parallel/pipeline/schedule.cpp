@@ -7,27 +7,6 @@
 
 namespace ndmini {
 
-ScheduleKind schedule_kind(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::gpipe;
-  if (name == "1f1b") return ScheduleKind::one_f_one_b;
-  if (name == "interleaved_1f1b") return ScheduleKind::interleaved;
-  throw Error("parallel.schedule = \"" + name + "\" must be \"1f1b\", \"gpipe\" or \"interleaved_1f1b\"");
-}
-
-const char* schedule_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::none:
-      return "none";
-    case ScheduleKind::gpipe:
-      return "gpipe";
-    case ScheduleKind::one_f_one_b:
-      return "1f1b";
-    case ScheduleKind::interleaved:
-      return "interleaved_1f1b";
-  }
-  return "?";
-}
-
 // ---- stages ---------------------------------------------------------------
 
 StagePlan::StagePlan(int layers, int pp, int virtual_stages) : layers_(layers), pp_(pp), v_(virtual_stages) {
@@ -154,7 +133,7 @@ void check_schedule(ScheduleKind kind, int pp, int virtual_stages, int micro_bat
                                 to_string(virtual_stages) + "); every chunk needs a layer: lower pp or virtual_stages");
   if (pp == 1) return;
   if (kind == ScheduleKind::one_f_one_b || kind == ScheduleKind::interleaved)
-    require(micro_batches >= pp, "parallel.pp = " + to_string(pp) + " with schedule \"" + schedule_name(kind) +
+    require(micro_batches >= pp, "parallel.pp = " + to_string(pp) + " with schedule \"" + name_of(kind) +
                                      "\" needs at least pp micro-batches per step, but each pipeline gets " +
                                      to_string(micro_batches) +
                                      " (train.global_batch / (dp_replicate x dp_shard x train.micro_batch)); "

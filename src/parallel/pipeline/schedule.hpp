@@ -26,23 +26,12 @@
 #include <string>
 #include <vector>
 
+#include "config/config.hpp"
+#include "model/chunk.hpp"
+
 namespace ndmini {
 
-enum class ScheduleKind { none, gpipe, one_f_one_b, interleaved };
-
-// Parses a parallel.schedule value ("gpipe", "1f1b", "interleaved_1f1b").
-ScheduleKind schedule_kind(const std::string& name);
-const char* schedule_name(ScheduleKind kind);
-
-// The layers of one chunk and what else it runs.
-struct Chunk {
-  int index = 0;        // 0 .. S-1, in model order
-  int first_layer = 0;  // [first_layer, end_layer)
-  int end_layer = 0;
-  bool embedding = false;  // chunk 0: wte and wpe lookups
-  bool head = false;       // chunk S-1: ln_f, the tied LM head and the loss
-  int layers() const { return end_layer - first_layer; }
-};
+// ScheduleKind and its names: config/config.hpp (parsed with the deck).
 
 class StagePlan {
  public:

@@ -22,7 +22,6 @@
 
 #include "comm/communicator.hpp"
 #include "core/types.hpp"
-#include "parallel/param_store.hpp"
 
 namespace ndmini {
 
@@ -31,6 +30,16 @@ class TensorParallel {
   // tp: the tp group (null or size 1: no tensor parallelism; every call is
   // then the plain single-rank operation).
   TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab);
+
+  // The floats of the buffers a TensorParallel allocates (its constructor
+  // and the memory estimate use these): partial products and cross-entropy
+  // statistics with tp > 1, the sequence-parallel slices with SP.
+  struct Buffers {
+    std::size_t partial = 0, xent_max = 0, xent_stats = 0;   // tp > 1
+    std::size_t ln_local = 0, dres_full = 0, dln_local = 0;  // sequence parallelism
+    std::size_t total() const { return partial + xent_max + xent_stats + ln_local + dres_full + dln_local; }
+  };
+  static Buffers buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -58,7 +67,7 @@ class TensorParallel {
   ConstSlice2D gather_output_grad(ConstSlice2D dres);
   // dbias of a row-parallel layer from dy over all N rows (dy_full) or, with
   // SP, over this rank's rows (dres): the bias sits in the sequence-parallel
-  // region, so its gradient is partial until reduce_replicated_grads.
+  // region, so its gradient is partial until sum_replicated_grads.
   void row_parallel_bias_backward(Slice1D dbias, ConstSlice2D dy_full, ConstSlice2D dres);
 
   // Vocabulary-parallel embedding of this rank's residual rows: wte rows of
@@ -75,9 +84,9 @@ class TensorParallel {
   double cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targets, real grad_scale);
 
   // With SP each tp rank saw only its rows, so the gradients of tp-replicated
-  // tensors (LayerNorms, row-parallel biases, wpe) are partial: sums them
-  // over tp, in the shard buffers of `store`, once all reductions are done.
-  void reduce_replicated_grads(ParamStore& store);
+  // tensors (LayerNorms, row-parallel biases, wpe) are partial: sums n floats
+  // of them over tp (nothing to do without SP).
+  void sum_replicated_grads(real* grads, std::size_t n);
 
  private:
   Communicator* tp_ = nullptr;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "parallel/param_layout.hpp"
+#include "model/param_layout.hpp"
 
 #include <algorithm>
 

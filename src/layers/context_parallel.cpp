@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "parallel/context_parallel.hpp"
+#include "layers/context_parallel.hpp"
 
 #include <string>
 
@@ -46,21 +46,31 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
   if (local.seq_len != layout_.local_len())
     throw Error("ContextParallelAttention: local seq_len " + std::to_string(local.seq_len) +
                 " is not T/cp = " + std::to_string(seq_len_global) + "/" + std::to_string(layout_.cp));
-  const std::size_t part = shape_.part_size();
-  const int block_rows = layout_.chunk_len();
-  heads_ = View1D("cp_attention_heads", part);
-  delta_ = View1D("cp_attention_delta", shape_.rows_size());
-  dqkvh_ = View1D("cp_attention_dqkvh", 3 * part);
-  scratch_ = View1D("cp_attention_scratch",
-                    kernels::attention_block_scratch_size(block_rows, block_rows, shape_.batch * shape_.heads));
+  const Buffers b = buffer_sizes(shape_, layout_.cp);
+  heads_ = View1D("cp_attention_heads", b.heads);
+  delta_ = View1D("cp_attention_delta", b.delta);
+  dqkvh_ = View1D("cp_attention_dqkvh", b.dqkvh);
+  scratch_ = View1D("cp_attention_scratch", b.scratch);
   if (comm_) {
     for (int i = 0; i < 2; ++i) {
-      kv_[i] = View1D("cp_attention_kv", 2 * part);
-      dkv_[i] = View1D("cp_attention_dkv", 2 * part);
+      kv_[i] = View1D("cp_attention_kv", b.kv);
+      dkv_[i] = View1D("cp_attention_dkv", b.dkv);
     }
-    dkv_in_ = View1D("cp_attention_dkv_in", 2 * part);
+    dkv_in_ = View1D("cp_attention_dkv_in", b.dkv_in);
     ops_.reserve(4);
   }
+}
+
+ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const kernels::AttentionShape& local, int cp) {
+  Buffers b;
+  const std::size_t part = local.part_size();
+  const int block_rows = cp > 1 ? local.seq_len / 2 : local.seq_len;  // CpLayout::chunk_len()
+  b.heads = part;
+  b.delta = local.rows_size();
+  b.dqkvh = 3 * part;
+  b.scratch = kernels::attention_block_scratch_size(block_rows, block_rows, local.batch * local.heads);
+  if (cp > 1) b.kv = b.dkv = b.dkv_in = 2 * part;
+  return b;
 }
 
 kernels::HeadRows ContextParallelAttention::chunk_rows(real* base, int half, std::size_t head_stride, int width) const {

@@ -88,6 +88,17 @@ class ContextParallelAttention {
   static std::size_t qkvh_size(const kernels::AttentionShape& local) { return 3 * local.part_size(); }
   static std::size_t lse_size(const kernels::AttentionShape& local) { return local.rows_size(); }
 
+  // The floats of the scratch one ContextParallelAttention allocates (its
+  // constructor and the memory estimate use these): head-major O / dO, D,
+  // dq dk dv and the block kernel's tile always; the ring's K/V and dK/dV
+  // buffers when cp > 1.
+  struct Buffers {
+    std::size_t heads = 0, delta = 0, dqkvh = 0, scratch = 0;
+    std::size_t kv = 0, dkv = 0, dkv_in = 0;  // ring: each of kv and dkv twice (double buffers)
+    std::size_t total() const { return heads + delta + dqkvh + scratch + 2 * kv + 2 * dkv + dkv_in; }
+  };
+  static Buffers buffer_sizes(const kernels::AttentionShape& local, int cp);
+
   // qkv [B*T/cp, 3C] token-major (the c_attn output) -> out [B*T/cp, C]
   // token-major; writes saved's buffers. Collective over the cp group.
   void forward(Slice2D out, ConstSlice2D qkv, const Saved& saved);

@@ -1,10 +1,19 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "parallel/tensor_parallel.hpp"
+#include "layers/tensor_parallel.hpp"
+
+#include <string>
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ndmini {
+namespace {
+
+// A zeroed buffer of n floats; none when n is 0.
+View1D buffer(const std::string& label, std::size_t n) { return n > 0 ? View1D(label, n) : View1D(); }
+
+}  // namespace
+
 TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab)
     : rows_(rows), channels_(channels), vocab_(vocab) {
   if (tp != nullptr && tp->size() > 1) {
@@ -16,17 +25,29 @@ TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::si
   if (vocab % size_ != 0 || channels % size_ != 0 || (sp_ && rows % size_ != 0))
     throw InternalError("the model does not divide over tp (the layout check should have refused it)");
   local_rows_ = sp_ ? rows / size_ : rows;
-  const std::size_t N = rows_, C = channels_;
-  if (size_ > 1) {
-    partial_ = View1D("ndmini::tp_partial", N * C);
-    xent_max_ = View1D("ndmini::xent_max", N);
-    xent_stats_ = View1D("ndmini::xent_stats", 2 * N);
+  const Buffers b = buffer_sizes(size_, sp_, rows_, channels_);
+  partial_ = buffer("ndmini::tp_partial", b.partial);
+  xent_max_ = buffer("ndmini::xent_max", b.xent_max);
+  xent_stats_ = buffer("ndmini::xent_stats", b.xent_stats);
+  ln_local_ = buffer("ndmini::sp_ln_local", b.ln_local);
+  dres_full_ = buffer("ndmini::sp_dres_full", b.dres_full);
+  dln_local_ = buffer("ndmini::sp_dln_local", b.dln_local);
+}
+
+TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels) {
+  Buffers b;
+  const std::size_t N = rows, C = channels;
+  if (tp > 1) {
+    b.partial = N * C;
+    b.xent_max = N;
+    b.xent_stats = 2 * N;
   }
-  if (sp_) {
-    ln_local_ = View1D("ndmini::sp_ln_local", local_rows_ * C);
-    dres_full_ = View1D("ndmini::sp_dres_full", N * C);
-    dln_local_ = View1D("ndmini::sp_dln_local", local_rows_ * C);
+  if (tp > 1 && sequence_parallel) {
+    b.ln_local = N / tp * C;
+    b.dres_full = N * C;
+    b.dln_local = N / tp * C;
   }
+  return b;
 }
 
 void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
@@ -116,12 +137,8 @@ double TensorParallel::cross_entropy(Slice2D logits, Slice1D losses, ConstTokenV
                                              Slice1D(xent_stats_.data(), 2 * N), targets, vocab_start(), grad_scale);
 }
 
-void TensorParallel::reduce_replicated_grads(ParamStore& store) {
-  if (!sp_) return;
-  const ParamLayout& layout = store.layout();
-  for (const ParamStore::Piece& piece : store.pieces())
-    if (layout.params[piece.param].split == TpSplit::replicated)
-      tp_->all_reduce(store.shard_grads().data() + piece.shard_offset, piece.length);
+void TensorParallel::sum_replicated_grads(real* grads, std::size_t n) {
+  if (sp_) tp_->all_reduce(grads, n);
 }
 
 }  // namespace ndmini

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "comm/mpi_calls.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 
 #include "comm/ledger.hpp"
 #include "core/error.hpp"

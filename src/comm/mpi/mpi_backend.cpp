@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "comm/mpi/mpi_backend.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include "core/error.hpp"
+
+namespace ndmini::detail {
+
+static_assert(std::is_same_v<real, float>, "the MPI backend sends real as MPI_FLOAT");
+
+void mpi_check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(std::string(call) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+void MpiRequest::wait_backend() {
+  const std::lock_guard<std::mutex> lock(mpi_request_mutex());
+  mpi_check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
+bool MpiRequest::test_backend() {
+  const std::lock_guard<std::mutex> lock(mpi_request_mutex());
+  int flag = 0;
+  mpi_check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+  return flag != 0;
+}
+
+namespace {
+
+// MPI counts are int; a larger message would have to be split.
+int mpi_count(std::size_t count, const char* call) {
+  require(count <= static_cast<std::size_t>(INT_MAX),
+          std::string(call) + ": " + std::to_string(count) + " elements exceed MPI's int count");
+  return static_cast<int>(count);
+}
+
+// Several point-to-point requests completed together.
+class MpiRequests final : public CommRequest::Impl {
+ public:
+  std::vector<MPI_Request> requests;
+  bool moved_by_mpi() const override { return true; }
+  bool mpi_transfer_done() const override {
+    return std::all_of(requests.begin(), requests.end(), MpiRequest::transfer_done);
+  }
+
+ protected:
+  void wait_backend() override {
+    const std::lock_guard<std::mutex> lock(mpi_request_mutex());
+    mpi_check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+  bool test_backend() override {
+    const std::lock_guard<std::mutex> lock(mpi_request_mutex());
+    int flag = 0;
+    mpi_check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    return flag != 0;
+  }
+};
+
+// MPI_Allreduce and MPI_Bcast of more than kMaxPieceBytes are sent as
+// several calls of at most that size, issued together (non-blocking) or one
+// after the other (blocking). MPICH 4.0 on this project's machines takes ten
+// times longer per byte for one call above 32 MiB than below (its temporary
+// buffers then come from mmap and are faulted in afresh on every call); the
+// pieces keep every call below that, and cost nothing measurable at the
+// sizes where one call was fine.
+constexpr std::size_t kMaxPieceBytes = std::size_t{16} << 20;
+constexpr std::size_t kPieceCount = kMaxPieceBytes / sizeof(real);
+
+// Calls f(offset, count) for each piece of [0, count); once for count 0, so
+// every rank still takes part.
+template <class F>
+void for_pieces(std::size_t count, F&& f) {
+  std::size_t offset = 0;
+  do {
+    const std::size_t n = std::min(kPieceCount, count - offset);
+    f(offset, n);
+    offset += n;
+  } while (offset < count);
+}
+
+// MPI libraries allocate temporary buffers per collective (MPICH: one the
+// size of the message for an all-reduce), and glibc gives freed memory back
+// to the system once more than a few MiB are free at the top of the heap, or
+// right away for blocks above its mmap threshold. Every step then faults
+// the same buffers in afresh: 7000 page faults per step on one rank of
+// 2-rank data parallelism of small.toml (7 buckets of 7 MB in flight), at
+// about 3 us each in a virtual machine, and the other rank waits for it.
+// Keeping freed memory in the process removes them (0 faults per step after
+// the first); it also keeps FSDP's per-unit gathered buffers resident. The
+// cost is that the process's RSS stays at its high-water mark. glibc only;
+// left alone when the user tunes malloc through its environment variables.
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  static bool done = false;
+  if (done) return;
+  done = true;
+  for (const char* var : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"})
+    if (std::getenv(var) != nullptr) return;
+  constexpr int kLargestHeapBlock = 32 << 20;  // glibc's ceiling for the mmap threshold on 64-bit
+  mallopt(M_MMAP_THRESHOLD, kLargestHeapBlock);
+  mallopt(M_TRIM_THRESHOLD, -1);  // never trim the heap
+#endif
+}
+
+class MpiBackend final : public Communicator::BackendImpl {
+ public:
+  MpiBackend(MPI_Comm comm, int rank) : comm_(comm), rank_(rank) { keep_freed_memory(); }
+
+  void all_reduce(real* buf, std::size_t count, ReduceOp op) override {
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Allreduce"), MPI_FLOAT, mpi_op(op), comm_),
+                "MPI_Allreduce");
+    });
+  }
+  void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
+    int n = mpi_count(count_per_rank, "MPI_Allgather");
+    mpi_check(MPI_Allgather(gather_send(send, recv, count_per_rank), n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_),
+              "MPI_Allgather");
+  }
+  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
+    mpi_check(MPI_Reduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Reduce_scatter_block"), MPI_FLOAT,
+                                       MPI_SUM, comm_),
+              "MPI_Reduce_scatter_block");
+  }
+  void broadcast(real* buf, std::size_t count, int root) override {
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      mpi_check(MPI_Bcast(buf + at, mpi_count(n, "MPI_Bcast"), MPI_FLOAT, root, comm_), "MPI_Bcast");
+    });
+  }
+  void send(const real* buf, std::size_t count, int peer, int tag) override {
+    mpi_check(MPI_Send(buf, mpi_count(count, "MPI_Send"), MPI_FLOAT, peer, tag, comm_), "MPI_Send");
+  }
+  void recv(real* buf, std::size_t count, int peer, int tag) override {
+    mpi_check(MPI_Recv(buf, mpi_count(count, "MPI_Recv"), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+  }
+
+  std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
+    auto r = std::make_unique<MpiRequests>();
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      r->requests.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Iallreduce"), MPI_FLOAT, mpi_op(op), comm_,
+                               &r->requests.back()),
+                "MPI_Iallreduce");
+    });
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) override {
+    auto r = std::make_unique<MpiRequest>();
+    int n = mpi_count(count_per_rank, "MPI_Iallgather");
+    mpi_check(
+        MPI_Iallgather(gather_send(send, recv, count_per_rank), n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_, &r->request),
+        "MPI_Iallgather");
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
+                                                     std::size_t count_per_rank) override {
+    auto r = std::make_unique<MpiRequest>();
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), MPI_FLOAT,
+                                        MPI_SUM, comm_, &r->request),
+              "MPI_Ireduce_scatter_block");
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) override {
+    auto r = std::make_unique<MpiRequests>();
+    for_pieces(count, [&](std::size_t at, std::size_t n) {
+      r->requests.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Ibcast(buf + at, mpi_count(n, "MPI_Ibcast"), MPI_FLOAT, root, comm_, &r->requests.back()),
+                "MPI_Ibcast");
+    });
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {
+    auto r = std::make_unique<MpiRequests>();
+    r->requests.reserve(ops.size());
+    for (const P2POp& op : ops) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (op.kind == P2POp::Kind::send)
+        mpi_check(MPI_Isend(op.buf, mpi_count(op.count, "MPI_Isend"), MPI_FLOAT, op.peer, op.tag, comm_, &req),
+                  "MPI_Isend");
+      else
+        mpi_check(MPI_Irecv(op.buf, mpi_count(op.count, "MPI_Irecv"), MPI_FLOAT, op.peer, op.tag, comm_, &req),
+                  "MPI_Irecv");
+      r->requests.push_back(req);
+    }
+    return r;
+  }
+
+ private:
+  // In-place all-gather (this rank's block already sits in recv, as NCCL
+  // allows) must be spelled MPI_IN_PLACE: MPI forbids aliased buffers.
+  const void* gather_send(const real* send, const real* recv, std::size_t count_per_rank) const {
+    return send == recv + static_cast<std::size_t>(rank_) * count_per_rank ? MPI_IN_PLACE : send;
+  }
+
+  MPI_Comm comm_;
+  int rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator::BackendImpl> make_mpi_backend(MPI_Comm comm, int rank) {
+  return std::make_unique<MpiBackend>(comm, rank);
+}
+
+}  // namespace ndmini::detail

@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Which libraries run the matrix products on this machine, and with which
+// kernels: the figures MFU rests on. OpenBLAS picks its kernels by CPU model
+// at start-up, and a release older than the CPU falls back to an old generic
+// kernel (Debian 12's 0.3.21 runs Prescott's SSE3 code on some AVX-512 Xeons,
+// 4-5x slower) without a word; this says so, with the fix.
+#include <string>
+
+namespace ndmini::kernels {
+
+// The instruction-set extensions of this CPU that decide the GEMM kernels
+// (from /proc/cpuinfo; all false where it cannot be read).
+struct CpuFeatures {
+  bool avx2 = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false;
+};
+CpuFeatures cpu_features();
+
+// One line, e.g. "gemm: OpenBLAS 0.3.21 kernel Cooperlake, 1 thread | oneDNN
+// 2.6.3, ISA avx512_core_bf16 | fp32 through BLAS, bf16 through oneDNN" (cuBLAS in a CUDA
+// build). The BLAS part names the library only when it is OpenBLAS (others
+// expose no kernel name).
+std::string describe_gemm_libraries();
+
+// The warning, with the fix, when OpenBLAS runs a kernel below what the CPU
+// can do (no AVX2 kernel on an AVX2 CPU, no AVX-512 kernel on an AVX-512
+// CPU); empty when all is well or the BLAS is not OpenBLAS. Pure function of
+// its inputs, so it is testable for any CPU.
+std::string blas_kernel_warning(const std::string& openblas_core, const CpuFeatures& cpu);
+
+// OpenBLAS's kernel name on this machine (openblas_get_corename()); empty
+// when the BLAS linked is not OpenBLAS.
+std::string openblas_core();
+
+// What a run's banner and `ndmini check` print: describe_gemm_libraries(),
+// then the warning if there is one ("warning: ..."), each line ending in '\n'.
+std::string gemm_machine_lines();
+
+}  // namespace ndmini::kernels

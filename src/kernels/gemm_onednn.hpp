@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// Matrix products on the CPU through oneDNN's matmul primitive, for ndmini's
+// GEMM wrapper (kernels/kernels.hpp) in a build with oneDNN
+// (NDMINI_HAVE_ONEDNN). Like the cuBLAS layer it knows neither Kokkos nor
+// ndmini's views, only host pointers.
+//
+// Operands are ROW-major as ndmini stores every matrix; op = 'T' is read
+// through swapped strides (no copy). Inputs are fp32 or bf16 (both operands
+// the same), accumulation is fp32 (oneDNN's matmul accumulates bf16 products
+// in fp32), C is fp32 or bf16. Where the CPU has AMX or AVX512-BF16, oneDNN
+// dispatches bf16 products to them itself.
+//
+// Primitives: one per distinct problem (shape, strides, types, alpha, beta,
+// batch), created on first use and kept for the process (oneDNN's JIT code
+// generation costs milliseconds; a training step repeats the same few shapes).
+//
+// Threads: oneDNN's own runtime (OpenMP in Debian's and Spack's builds)
+// decides; OMP_NUM_THREADS bounds it.
+#include <string>
+
+namespace ndmini::kernels::onednn {
+
+enum class Type { f32, bf16 };
+
+// One operand of a batch: matrix i starts `stride` elements after matrix i - 1.
+struct Operand {
+  const void* data = nullptr;
+  int ld = 0;            // elements between consecutive rows (row-major)
+  long long stride = 0;  // elements between consecutive matrices of a batch
+};
+
+struct Output {
+  void* data = nullptr;
+  int ld = 0;
+  long long stride = 0;
+};
+
+// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, op = 'N' or 'T';
+// C_i is row-major [m, n], k the inner size; A and B of type `in`, C of type
+// `out`. Synchronous. Returns oneDNN's name of the implementation it ran (e.g.
+// "brg:avx512_core_bf16"; valid until the next call). Throws ndmini::Error when oneDNN has no
+// implementation for the problem on this CPU (bf16 needs at least AVX-512).
+const std::string& gemm(char transa, char transb, int m, int n, int k, float alpha, Type in, Operand a, Operand b,
+                        float beta, Type out, Output c, int count);
+
+// oneDNN's version, the instruction set it dispatches to on this CPU and,
+// with its OpenMP runtime, its threads: "oneDNN 2.6.3, ISA avx512_core_bf16,
+// 1 thread (OpenMP)".
+std::string describe();
+
+}  // namespace ndmini::kernels::onednn

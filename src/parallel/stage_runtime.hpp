@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The model on one rank, split: StageRuntime runs the chunks of one pipeline
+// stage (GptModel, model/gpt.hpp, computes them) and owns how they are split
+// over the ranks: the parameter store (FSDP shards or replicas), FSDP as a
+// scope around every unit's compute (parallel/param_store.hpp), the
+// activation record of every (chunk, micro-batch) in flight, and the
+// gradient finalisation across FSDP, data parallelism, tensor parallelism
+// and the tied embedding of the pipeline's two ends.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/types.hpp"
+#include "model/gpt.hpp"
+#include "parallel/param_store.hpp"
+#include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/tied_embedding.hpp"
+
+namespace ndmini {
+
+// The groups this rank's model is split over (from ParallelContext) and the
+// chunks its pipeline stage runs (from the run's StagePlan); all null and no
+// chunks: one rank holding the whole model.
+struct ModelParallel {
+  Communicator* tp = nullptr;
+  bool sequence_parallel = false;
+  Communicator* cp = nullptr;
+  DataParallelGroups data;                 // FSDP and data-parallel groups
+  Communicator* tied_embedding = nullptr;  // first and last pipeline stage (pp > 1)
+  std::vector<Chunk> chunks;               // empty: one chunk of every layer, the embedding and the head
+};
+
+// Bytes per rank, from the sizes the runtime and the model allocate:
+// parameters, gradients and AdamW state; the records of (chunk,
+// micro-batch) the stage holds (in_flight of them, of
+// activation_bytes_per_micro_batch on average); and scratch (the layers'
+// buffers, the head's, what FSDP holds at most over split.fsdp()).
+// `in_flight`: the most records the schedule keeps at once on the stage.
+struct MemoryEstimate {
+  std::int64_t state_bytes = 0;
+  std::int64_t activation_bytes_per_micro_batch = 0;
+  std::int64_t in_flight = 0;
+  std::int64_t scratch_bytes = 0;
+  std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
+};
+// `actions`: the stage's schedule for one step, or its first micro-batches
+// when the step has very many (the records of each chunk, FSDP's gathered
+// units and open gradients follow it).
+MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
+                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
+                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward);
+
+class StageRuntime {
+ public:
+  StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par = {},
+               Recompute recompute = Recompute::none);
+  ~StageRuntime();
+  StageRuntime(const StageRuntime&) = delete;
+  StageRuntime& operator=(const StageRuntime&) = delete;
+
+  const ModelConfig& config() const { return model_.config(); }
+  const std::vector<Chunk>& chunks() const { return model_.chunks(); }
+  ParamStore& store() { return *store_; }
+  const ParamStore& store() const { return *store_; }
+  const std::vector<ParamInfo>& params() const { return store_->layout().params; }
+  // This rank's persistent parameters and gradients: the whole flat buffer
+  // when unsharded (indexed by ParamInfo::offset), else its FSDP shard.
+  View1D param_buffer() const { return store_->shard_params(); }
+  View1D grad_buffer() const { return store_->shard_grads(); }
+  // Which tokens of each sequence this rank holds (context parallelism).
+  const CpLayout& cp_layout() const { return model_.cp_layout(); }
+
+  // Deterministic init (gpt_init_param): every layout builds the same global model.
+  void init(std::uint64_t seed);
+
+  // ---- one micro-batch through one chunk (the pipeline's actions) ----
+  // Rows: tokens and targets hold micro_batch x seq_len / cp tokens (this cp
+  // rank's chunks of each sequence, sequence-major); activations between
+  // chunks hold activation_elements() floats (the residual rows this rank
+  // holds: a sequence-parallel slice with SP).
+  std::size_t activation_elements() const { return model_.activation_elements(); }
+  // Where the previous stage's output goes before forward() of a chunk that
+  // is not the first (the record of (chunk, micro_batch) is created here).
+  real* input_buffer(int chunk, int micro_batch);
+  // The forward of `micro_batch` through `chunk`. The first chunk embeds
+  // `tokens`; the head chunk computes the loss of `targets` and at once its
+  // own backward (its gradients are ADDED, scaled by loss_scale), and
+  // returns the sum of the micro-batch's per-token losses (0 elsewhere).
+  // `last_micro_batch`: no further micro-batch runs through this chunk in
+  // this step (data parallelism may start reducing).
+  double forward(int chunk, int micro_batch, ConstTokenView tokens, ConstTokenView targets, real loss_scale,
+                 bool last_micro_batch);
+  // The output of a forward (not the head chunk): what the next stage receives.
+  const real* output(int chunk, int micro_batch);
+  // Where the next stage's gradient of that output goes before backward().
+  real* output_grad_buffer(int chunk, int micro_batch);
+  // The backward of `micro_batch` through `chunk`: gradients ADDED; the
+  // gradient of the chunk's input written to `input_grad` (not the first
+  // chunk; activation_elements() floats). The micro-batch's record is freed.
+  void backward(int chunk, int micro_batch, real* input_grad, bool last_micro_batch);
+  // Evaluation (forward only, loss_scale 0): frees the record of a forward
+  // that has no backward; after the last, end_evaluation() drops every unit
+  // FSDP still holds gathered (reshard_after_forward = false keeps them).
+  // Gradients are never touched.
+  void discard(int chunk, int micro_batch) { free_record(chunk, micro_batch); }
+  void end_evaluation();
+  // After the step's last backward: completes every gradient reduction
+  // (FSDP, data parallel, sequence-parallel partial sums, the tied wte).
+  void finish_grads();
+  // Whether this stage's copy of the tied wte equals the other pipeline
+  // end's, bit for bit. Collective over the tied pair; true on other ranks.
+  bool tied_wte_identical();
+
+  // ---- one rank holding the whole model (tests, evaluation) ----
+  // Forward and backward of one micro-batch; returns the loss sum.
+  double forward_backward(ConstTokenView tokens, ConstTokenView targets, real loss_scale, bool last_micro_batch = true);
+  // Forward only: the sum of per-token losses.
+  double forward_loss(ConstTokenView tokens, ConstTokenView targets);
+
+  // The most bytes of activations held at once so far (records in flight).
+  std::size_t peak_activation_bytes() const { return peak_activation_bytes_; }
+  // With recompute = block: milliseconds spent re-running block forwards
+  // since the last call (fenced, so the figure is the kernels' own time).
+  double take_recompute_ms() { return std::exchange(recompute_ms_, 0.0); }
+
+  // Bytes of one record of `chunk` (the sizes record() allocates).
+  static std::size_t record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
+  // The most bytes FSDP holds at once (gathered units, full gradients, the
+  // reduce-scatters in flight) when a stage of `chunks`, its units sharded
+  // over `shards` ranks, runs `actions`: the unit scopes of forward() and
+  // backward() replayed without compute. 0 without FSDP.
+  static std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+                                     const std::vector<PipelineAction>& actions, bool reshard_after_forward);
+
+ private:
+  // What one micro-batch keeps between the forward and the backward of one chunk.
+  struct Record {
+    View1D input;                          // the chunk's input: embedding output or received activations
+    View1D grad;                           // d(output): received, or computed by the head's loss
+    TokenView tokens;                      // first chunk: the embedding backward needs them
+    std::vector<BlockActivations> layers;  // per block (only the outputs with recomputation)
+    std::size_t bytes = 0;
+  };
+  int local_chunk(int chunk) const;
+  Record& record(int chunk, int micro_batch);       // found or made (a forward's start)
+  Record& find_record(int chunk, int micro_batch);  // must exist (after its forward)
+  void free_record(int chunk, int micro_batch);
+  // The head: final LayerNorm, tied LM head, loss; with loss_scale != 0 also
+  // its backward, writing d(x) into dx. Returns the loss sum.
+  double head(ConstSlice2D x, ConstTokenView targets, real loss_scale, const ChunkUnits& u, Slice2D dx,
+              bool last_micro_batch, bool owns_wte);
+
+  GptModel model_;
+  Recompute recompute_ = Recompute::none;
+  std::unique_ptr<ParamStore> store_;
+  TiedEmbedding tied_;                             // the two copies of wte (pp > 1)
+  int wte_unit_ = -1;                              // this stage's wte unit, if it holds one
+  std::map<std::pair<int, int>, Record> records_;  // (local chunk, micro-batch) in flight
+  std::vector<std::vector<Record>> spare_;         // freed records per local chunk, reused
+  BlockActivations recomputed_;                    // recompute = block: one block's activations
+  std::size_t activation_bytes_ = 0, peak_activation_bytes_ = 0;
+  double recompute_ms_ = 0;
+};
+
+}  // namespace ndmini

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The layouts of the equivalence suite (test_equivalence.cpp), shared with
+// the memory test (test_memory.cpp) so both cover the same list.
+#include <string>
+#include <vector>
+
+namespace ndmini::equivalence {
+
+struct Layout {
+  int ranks;
+  std::vector<std::string> degrees;  // --set values of the layout
+  std::vector<std::string> model;    // --set values of the model, for the reference too
+};
+
+inline std::string label(const Layout& l) {
+  std::string s;
+  for (const auto* list : {&l.model, &l.degrees})
+    for (const auto& d : *list) s += (s.empty() ? "" : " ") + d.substr(d.find('.') + 1);
+  return s;
+}
+
+inline std::vector<std::string> joined(const Layout& l) {
+  std::vector<std::string> all = l.model;
+  all.insert(all.end(), l.degrees.begin(), l.degrees.end());
+  return all;
+}
+
+// The layouts of the equivalence suite over 1, 2, 4 and 8 ranks (tiny: 4
+// heads, so tp <= 4; seq_len 64, so cp <= 4 with SP at tp = 2). Pipelines
+// take more layers where they need them (a layer per chunk); recompute =
+// block runs beside each pipeline and context layout.
+inline const std::vector<Layout>& layouts() {
+  const std::string rc = "train.recompute=block";
+  const std::vector<std::string> four = {"model.layers=4"}, eight = {"model.layers=8"};
+  static const std::vector<Layout> all = {
+      {1, {"parallel.tp=1"}, {}},
+      {1, {rc}, {}},
+      {2, {"parallel.dp_replicate=2"}, {}},
+      {2, {"parallel.dp_shard=2"}, {}},
+      {2, {"parallel.tp=2"}, {}},
+      {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      // Two sequences per micro-batch: the sequence-parallel chunks of N/tp rows cross sequences.
+      {2, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=2"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=gpipe"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=gpipe", rc}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=1f1b", "train.micro_batch=2"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=1f1b", rc}, {}},
+      {2, {"parallel.cp=2"}, {}},
+      {2, {"parallel.cp=2", rc}, {}},
+      {4, {"parallel.dp_replicate=2", "parallel.dp_shard=2"}, {}},
+      {4, {"parallel.dp_shard=4", "parallel.reshard_after_forward=false"}, {}},
+      {4, {"parallel.dp_replicate=2", "parallel.tp=2"}, {}},
+      {4, {"parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      {4, {"parallel.tp=4"}, {}},
+      {4, {"parallel.pp=4", "parallel.schedule=1f1b"}, four},
+      {4, {"parallel.pp=4", "parallel.schedule=1f1b", rc}, four},
+      {4, {"parallel.pp=4", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2"}, eight},
+      {4, {"parallel.pp=4", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2", rc}, eight},
+      {4, {"parallel.pp=2", "parallel.dp_replicate=2"}, {}},
+      {4,
+       {"parallel.pp=2", "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2", "parallel.dp_shard=2"},
+       four},
+      {4, {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      {4, {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", rc}, {}},
+      {4, {"parallel.cp=4"}, {}},
+      {4, {"parallel.cp=4", rc}, {}},
+      {4, {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      {4, {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true", rc}, {}},
+      {8, {"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.dp_shard=2", "parallel.tp=4", "parallel.sequence_parallel=true"}, {}},
+      {8, {"parallel.dp_replicate=8"}, {}},
+      {8, {"parallel.pp=2", "parallel.dp_shard=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.pp=2", "parallel.dp_shard=2", "parallel.tp=2", rc}, {}},
+      {8, {"parallel.cp=2", "parallel.dp_replicate=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.cp=2", "parallel.dp_replicate=2", "parallel.tp=2", rc}, {}},
+      {8, {"parallel.pp=2", "parallel.cp=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.pp=2", "parallel.cp=2", "parallel.tp=2", rc}, {}},
+      {8, {"parallel.pp=2", "parallel.dp_replicate=2", "parallel.cp=2"}, {}},
+      {8, {"parallel.pp=2", "parallel.dp_replicate=2", "parallel.cp=2", rc}, {}},
+  };
+  return all;
+}
+
+}  // namespace ndmini::equivalence

@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The GEMM entry points beyond fp32 BLAS: bf16 products (oneDNN, or the fp32
+// emulation without it) and fp32 through oneDNN, against double-precision
+// references on odd shapes, every transpose, alpha/beta and strided batches;
+// and what the banner says about the GEMM libraries.
+//
+// Bound: fp32 accumulation of k products errs by at most k u sum|a b|
+// (u = 2^-24, each step rounded once; bf16 x bf16 products are exact in fp32),
+// so an element may be off by (k + 2) u (|alpha| sum_p |a_ip b_pj| + |beta c_ij|);
+// a bf16 C adds one rounding, 2^-8 of the value. A negative control shows the
+// bound is tight: against the reference on the UNROUNDED inputs, the same
+// product is off by far more than it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "core/types.hpp"
+#include "kernels/gemm_library.hpp"
+#include "kernels/kernels.hpp"
+#ifdef NDMINI_HAVE_ONEDNN
+#include "kernels/gemm_onednn.hpp"
+#endif
+
+using namespace ndmini;
+namespace kn = ndmini::kernels;
+
+namespace {
+
+constexpr double kU32 = 1.0 / 16777216.0;  // fp32 unit roundoff 2^-24
+constexpr double kU16 = 1.0 / 256.0;       // bf16 unit roundoff 2^-8
+
+struct Case {
+  const char *ta, *tb;
+  int m, n, k, count;
+  float alpha, beta;
+};
+
+// Odd sizes, every transpose pair, accumulation (beta = 1) as the backward
+// passes use, a scale as attention's QK^T uses, and batches as its heads.
+const Case kCases[] = {
+    {"N", "T", 37, 29, 64, 1, 1.0f, 0.0f},  {"T", "N", 33, 17, 45, 1, 1.0f, 1.0f},
+    {"N", "N", 19, 23, 31, 1, 1.0f, 0.5f},  {"T", "T", 7, 11, 13, 1, -0.75f, 0.0f},
+    {"N", "T", 16, 16, 8, 5, 0.125f, 0.0f}, {"T", "N", 9, 8, 16, 3, 1.0f, 1.0f},
+    {"N", "N", 12, 8, 16, 4, 1.0f, 1.0f},
+};
+
+// One operand of a batch on the host: `count` row-major [rows, cols]
+// matrices, matrix i at i * stride (stride > rows * cols: a gap, so a wrong
+// batch stride reads the gap's garbage).
+struct Batch {
+  int rows, cols, count;
+  std::size_t stride;
+  std::vector<float> v;
+  Batch(int r, int c, int n, std::uint64_t seed, float gap_value)
+      : rows(r), cols(c), count(n), stride(static_cast<std::size_t>(r) * c + 5), v(stride * n, gap_value) {
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < r * c; ++i) {
+        const double u = static_cast<double>(rng::bits(seed, b * stride + i) >> 40) / 16777216.0;
+        v[b * stride + i] = static_cast<float>(2 * u - 1);
+      }
+  }
+  float at(int b, int i, int j, bool trans) const {
+    return trans ? v[b * stride + j * cols + i] : v[b * stride + i * cols + j];
+  }
+};
+
+std::vector<float> rounded(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<float>(bf16(x[i]));
+  return r;
+}
+
+template <class T>
+Kokkos::View<T*, MemSpace> device_copy(const std::vector<float>& x) {
+  Kokkos::View<T*, MemSpace> d("operand", x.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < x.size(); ++i) h(i) = T(x[i]);
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+template <class T>
+std::vector<float> host_copy(const Kokkos::View<T*, MemSpace>& d) {
+  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), d);
+  std::vector<float> x(d.extent(0));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(h(i));
+  return x;
+}
+
+bool is_t(const char* t) { return t[0] == 'T'; }
+
+// Largest |got - ref| / bound over the elements of every matrix of c, where
+// ref = alpha op(A) op(B) + beta C0 in double on the given operand values.
+double worst_ratio(const Case& c, const Batch& a, const Batch& b, const std::vector<float>& a_vals,
+                   const std::vector<float>& b_vals, const Batch& c0, const std::vector<float>& c0_vals,
+                   const std::vector<float>& got, bool bf16_out) {
+  double worst = 0;
+  for (int bt = 0; bt < c.count; ++bt)
+    for (int i = 0; i < c.m; ++i)
+      for (int j = 0; j < c.n; ++j) {
+        double sum = 0, abs_sum = 0;
+        for (int p = 0; p < c.k; ++p) {
+          const std::size_t ia = is_t(c.ta) ? p * a.cols + i : i * a.cols + p;
+          const std::size_t ib = is_t(c.tb) ? j * b.cols + p : p * b.cols + j;
+          const double prod = static_cast<double>(a_vals[bt * a.stride + ia]) * b_vals[bt * b.stride + ib];
+          sum += prod;
+          abs_sum += std::fabs(prod);
+        }
+        const std::size_t ic = bt * c0.stride + i * c.n + j;
+        const double ref = c.alpha * sum + c.beta * static_cast<double>(c0_vals[ic]);
+        double bound = (c.k + 2) * kU32 * (std::fabs(c.alpha) * abs_sum + std::fabs(c.beta * c0_vals[ic]));
+        if (bf16_out) bound = kU16 * std::fabs(ref) + (1 + kU16) * bound;
+        worst = std::max(worst, std::fabs(got[ic] - ref) / std::max(bound, 1e-30));
+      }
+  return worst;
+}
+
+template <class CType>
+void check_bf16_products() {
+  constexpr bool bf16_out = std::is_same_v<CType, bf16>;
+  int seed = 10;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(std::string(c.ta) + c.tb + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
+                 std::to_string(c.k) + " batch " + std::to_string(c.count) + " beta " + std::to_string(c.beta));
+    const Batch a(is_t(c.ta) ? c.k : c.m, is_t(c.ta) ? c.m : c.k, c.count, seed++, 1e30f);
+    const Batch b(is_t(c.tb) ? c.n : c.k, is_t(c.tb) ? c.k : c.n, c.count, seed++, 1e30f);
+    const Batch c0(c.m, c.n, c.count, seed++, 42.0f);
+    const std::vector<float> ar = rounded(a.v), br = rounded(b.v);
+    const std::vector<float> c0v = bf16_out ? rounded(c0.v) : c0.v;
+    auto da = device_copy<bf16>(a.v);  // rounded to bf16 on the way in
+    auto db = device_copy<bf16>(b.v);
+    auto dc = device_copy<CType>(c0.v);
+    const ConstBf16Slice2D sa(da.data(), a.rows, a.cols), sb(db.data(), b.rows, b.cols);
+    const Kokkos::View<CType**, Kokkos::LayoutRight, MemSpace, Unmanaged> sc(dc.data(), c.m, c.n);
+    if (c.count == 1)
+      kn::gemm_bf16(c.ta, c.tb, c.alpha, sa, sb, c.beta, sc);
+    else
+      kn::gemm_bf16_strided_batched(c.ta, c.tb, c.alpha, sa, a.stride, sb, b.stride, c.beta, sc, c0.stride, c.count);
+    Kokkos::fence();
+    const std::vector<float> got = host_copy(dc);
+    const double ratio = worst_ratio(c, a, b, ar, br, c0, c0v, got, bf16_out);
+    EXPECT_LE(ratio, 1.0) << "worst error / bound";
+    // The gaps between batch matrices are left alone.
+    for (int bt = 0; bt < c.count; ++bt)
+      for (std::size_t g = c0.stride * bt + c.m * c.n; g < c0.stride * (bt + 1); ++g) ASSERT_EQ(got[g], 42.0f);
+    if (!bf16_out) {
+      // Negative control: the bound sees whether the inputs were rounded to bf16.
+      const double unrounded = worst_ratio(c, a, b, a.v, b.v, c0, c0v, got, false);
+      EXPECT_GT(unrounded, 10.0) << "the bound cannot tell bf16 inputs from fp32 ones";
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Gemm, Bf16ProductsWithFp32OutputMatchDoubleReference) { check_bf16_products<float>(); }
+
+TEST(Gemm, Bf16ProductsWithBf16OutputMatchDoubleReference) { check_bf16_products<bf16>(); }
+
+TEST(Gemm, Bf16ShapesAreChecked) {
+  Kokkos::View<bf16*, MemSpace> x("x", 64);
+  View2D c("c", 4, 4);
+  const ConstBf16Slice2D a(x.data(), 4, 3), b(x.data(), 4, 4);  // inner sizes 3 and 4 disagree
+  EXPECT_THROW(kn::gemm_bf16("N", "N", 1.0f, a, b, 0.0f, c), InternalError);
+}
+
+// fp32 through each host route against the double reference, with the same
+// bound: oneDNN's fp32 matmul is a drop-in for BLAS, whichever the shape picks.
+TEST(Gemm, Fp32RoutesMatchDoubleReference) {
+#ifndef NDMINI_HAVE_ONEDNN
+  GTEST_SKIP() << "built without oneDNN: BLAS is the only host route";
+#else
+  if constexpr (kDeviceMemory) GTEST_SKIP() << "a CUDA build multiplies with cuBLAS";
+  int seed = 100;
+  for (kn::HostGemmRoute route : {kn::HostGemmRoute::blas, kn::HostGemmRoute::onednn, kn::HostGemmRoute::by_shape}) {
+    kn::set_host_gemm_route(route);
+    for (const Case& c : kCases) {
+      SCOPED_TRACE("route " + std::to_string(static_cast<int>(route)) + " " + c.ta + c.tb + " m " +
+                   std::to_string(c.m) + " batch " + std::to_string(c.count));
+      const Batch a(is_t(c.ta) ? c.k : c.m, is_t(c.ta) ? c.m : c.k, c.count, seed++, 1e30f);
+      const Batch b(is_t(c.tb) ? c.n : c.k, is_t(c.tb) ? c.k : c.n, c.count, seed++, 1e30f);
+      const Batch c0(c.m, c.n, c.count, seed++, 42.0f);
+      auto da = device_copy<float>(a.v), db = device_copy<float>(b.v), dc = device_copy<float>(c0.v);
+      const ConstSlice2D sa(da.data(), a.rows, a.cols), sb(db.data(), b.rows, b.cols);
+      const Slice2D sc(dc.data(), c.m, c.n);
+      if (c.count == 1)
+        kn::gemm(c.ta, c.tb, c.alpha, sa, sb, c.beta, sc);
+      else
+        kn::gemm_strided_batched(c.ta, c.tb, c.alpha, sa, a.stride, sb, b.stride, c.beta, sc, c0.stride, c.count);
+      const std::vector<float> got = host_copy(dc);
+      EXPECT_LE(worst_ratio(c, a, b, a.v, b.v, c0, c0.v, got, false), 1.0) << "worst error / bound";
+    }
+  }
+  kn::set_host_gemm_route(kn::HostGemmRoute::by_shape);
+#endif
+}
+
+TEST(GemmLibrary, WarnsWhenOpenBlasRunsAnOldKernel) {
+  kn::CpuFeatures avx512_bf16{true, true, true, false}, avx512{true, true, false, false},
+      avx2{true, false, false, false};
+  // The case the banner exists for: Debian's OpenBLAS on a newer Xeon.
+  const std::string w = kn::blas_kernel_warning("Prescott", avx512_bf16);
+  EXPECT_NE(w.find("Prescott"), std::string::npos) << w;
+  EXPECT_NE(w.find("OPENBLAS_CORETYPE=Cooperlake"), std::string::npos) << w;
+  EXPECT_NE(kn::blas_kernel_warning("Nehalem", avx512).find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos);
+  EXPECT_NE(kn::blas_kernel_warning("Core2", avx2).find("OPENBLAS_CORETYPE=Haswell"), std::string::npos);
+  // AVX2 kernels on an AVX-512 CPU leave half the vector width idle.
+  EXPECT_NE(kn::blas_kernel_warning("Haswell", avx512).find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos);
+  // Matching kernels, a CPU without AVX2, or a BLAS that is not OpenBLAS: silence.
+  EXPECT_EQ(kn::blas_kernel_warning("Cooperlake", avx512_bf16), "");
+  EXPECT_EQ(kn::blas_kernel_warning("SkylakeX", avx512), "");
+  EXPECT_EQ(kn::blas_kernel_warning("Haswell", avx2), "");
+  EXPECT_EQ(kn::blas_kernel_warning("Zen", avx2), "");
+  EXPECT_EQ(kn::blas_kernel_warning("Prescott", kn::CpuFeatures{}), "");
+  EXPECT_EQ(kn::blas_kernel_warning("", avx512_bf16), "");
+}
+
+TEST(GemmLibrary, NamesTheLibrariesAndKernels) {
+  const std::string d = kn::describe_gemm_libraries();
+  std::printf("%s", kn::gemm_machine_lines().c_str());
+  EXPECT_EQ(d.rfind("gemm: ", 0), 0u) << d;
+  if constexpr (!kDeviceMemory) {
+    if (!kn::openblas_core().empty()) EXPECT_NE(d.find("kernel " + kn::openblas_core()), std::string::npos) << d;
+#ifdef NDMINI_HAVE_ONEDNN
+    // oneDNN's own dispatch: AMX where the CPU has it, else AVX512-BF16.
+    const kn::CpuFeatures cpu = kn::cpu_features();
+    if (cpu.amx_bf16)
+      EXPECT_NE(d.find("ISA avx512_core_amx"), std::string::npos) << d;
+    else if (cpu.avx512_bf16)
+      EXPECT_NE(d.find("ISA avx512_core_bf16"), std::string::npos) << d;
+#endif
+  }
+}

@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The memory estimate against what a run really allocates.
+//
+// Kokkos Tools' allocation callbacks see every View allocated in the memory
+// space the estimate describes (MemSpace); the live bytes of this rank and
+// their peak are tracked over a short training run of each layout of the
+// equivalence suite (a few steps of the tiny deck, with the validation loss,
+// so evaluation runs too). The estimate of the rank's pipeline stage must
+// cover that peak, and be within 10% of it: an estimate that misses a buffer
+// fails the first check, one that counts buffers that never coexist the second.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "config/config.hpp"
+#include "equivalence_layouts.hpp"
+#include "mesh/mesh.hpp"
+#include "parallel/context.hpp"
+#include "parallel/stage_runtime.hpp"
+#include "train/layout.hpp"
+#include "train/trainer.hpp"
+
+using namespace ndmini;
+using namespace ndmini::equivalence;
+
+namespace {
+
+// Live bytes of MemSpace allocations made since reset(), their peak, and
+// what was live at the peak by label (printed when a check fails).
+class AllocationTracker {
+ public:
+  static AllocationTracker& get() {
+    static AllocationTracker t;
+    return t;
+  }
+  void install() {
+    Kokkos::Tools::Experimental::set_allocate_data_callback(&on_allocate);
+    Kokkos::Tools::Experimental::set_deallocate_data_callback(&on_deallocate);
+  }
+  void uninstall() {
+    Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+    Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
+  }
+  void reset() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    live_allocations_.clear();
+    live_by_label_.clear();
+    peak_by_label_.clear();
+    live_ = peak_ = allocations_ = 0;
+  }
+  std::uint64_t peak() const { return peak_; }
+  std::uint64_t allocations() const { return allocations_; }
+  std::string peak_breakdown() const {
+    std::string out;
+    for (const auto& [label, bytes] : peak_by_label_)
+      if (bytes > 0) out += "\n  " + label + ": " + std::to_string(bytes) + " bytes";
+    return out;
+  }
+
+ private:
+  // ndmini's Views in MemSpace; not Kokkos' own (a backend's reduction scratch).
+  static bool tracked(const Kokkos::Tools::SpaceHandle& space, const char* label) {
+    return std::strcmp(space.name, MemSpace::name()) == 0 && std::strncmp(label, "Kokkos::", 8) != 0;
+  }
+  static void on_allocate(Kokkos::Tools::SpaceHandle space, const char* label, const void* ptr, std::uint64_t size) {
+    if (!tracked(space, label)) return;
+    AllocationTracker& t = get();
+    const std::lock_guard<std::mutex> lock(t.mutex_);
+    t.live_allocations_[ptr] = {label, size};
+    t.live_by_label_[label] += size;
+    t.live_ += size;
+    ++t.allocations_;
+    if (t.live_ > t.peak_) {
+      t.peak_ = t.live_;
+      t.peak_by_label_ = t.live_by_label_;
+    }
+  }
+  static void on_deallocate(Kokkos::Tools::SpaceHandle space, const char* label, const void* ptr, std::uint64_t) {
+    if (!tracked(space, label)) return;
+    AllocationTracker& t = get();
+    const std::lock_guard<std::mutex> lock(t.mutex_);
+    const auto it = t.live_allocations_.find(ptr);
+    if (it == t.live_allocations_.end()) return;  // allocated before reset(): not this run's
+    t.live_ -= it->second.second;
+    t.live_by_label_[it->second.first] -= it->second.second;
+    t.live_allocations_.erase(it);
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<const void*, std::pair<std::string, std::uint64_t>> live_allocations_;
+  std::map<std::string, std::uint64_t> live_by_label_, peak_by_label_;
+  std::uint64_t live_ = 0, peak_ = 0, allocations_ = 0;
+};
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// The tiny deck as the equivalence suite runs it, for 3 steps with the
+// validation loss at steps 0 and 2 (no GEMM calibration: its matrices are no training buffer).
+Config deck(const Layout& layout) {
+  std::vector<std::string> all = {"train.steps=3",      "train.micro_batch=1",  "train.log_every=100",
+                                  "train.eval_every=2", "train.eval_batches=1", "perf.peak_gflops=30"};
+  const std::vector<std::string> more = joined(layout);
+  all.insert(all.end(), more.begin(), more.end());
+  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+}
+
+}  // namespace
+
+TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
+  AllocationTracker& tracker = AllocationTracker::get();
+  int tested = 0;
+  for (const Layout& layout : layouts()) {
+    if (layout.ranks != world_size()) continue;
+    ++tested;
+    const Config cfg = deck(layout);
+    const RunLayout run_layout = resolve_layout(cfg, world_size());
+    int stage = 0;
+    {
+      const ParallelContext ctx(run_layout.dims, MPI_COMM_WORLD);
+      stage = ctx.coord(Axis::pp);
+    }
+    const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run_layout)[stage];
+
+    TrainOptions opts;
+    opts.quiet = true;
+    MPI_Barrier(MPI_COMM_WORLD);
+    tracker.reset();
+    tracker.install();
+    const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
+    tracker.uninstall();
+    ASSERT_EQ(result.losses.size(), 3u) << label(layout);
+    EXPECT_GT(tracker.allocations(), 0u) << "the allocation callbacks saw nothing";
+
+    const double peak = static_cast<double>(tracker.peak()), est = static_cast<double>(estimate.total());
+    const double ratio = est / peak;
+    // The worst rank's figures, printed once.
+    double worst[2] = {ratio, -ratio};
+    MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (world_rank() == 0)
+      std::printf("[memory] %d ranks, %-72s estimate / peak: rank 0 %.1f / %.1f KiB, over ranks %.3f .. %.3f\n",
+                  layout.ranks, label(layout).c_str(), est / 1024, peak / 1024, -worst[1], worst[0]);
+    const std::string what = label(layout) + ", stage " + std::to_string(stage) + ": estimate " +
+                             std::to_string(estimate.state_bytes) + " state + " + std::to_string(estimate.in_flight) +
+                             " x " + std::to_string(estimate.activation_bytes_per_micro_batch) + " records + " +
+                             std::to_string(estimate.scratch_bytes) +
+                             " scratch; live at the peak:" + tracker.peak_breakdown();
+    EXPECT_GE(est, peak) << "the estimate misses allocations: " << what;
+    EXPECT_LE(est, 1.1 * peak) << "the estimate is over 10% above the peak: " << what;
+  }
+  EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
+}
+
+TEST(Memory, TrackerCountsEveryByteOfAView) {
+  // The measuring side on its own: a View of a known size is its peak, and
+  // once freed the next one counts from zero again.
+  AllocationTracker& tracker = AllocationTracker::get();
+  tracker.reset();
+  tracker.install();
+  {
+    const View1D a("ndmini::test_a", 1000);
+    const View1D b("ndmini::test_b", 500);
+  }
+  const std::uint64_t both = tracker.peak();
+  { const View1D c("ndmini::test_c", 200); }
+  tracker.uninstall();
+  EXPECT_EQ(both, 1500 * sizeof(real));
+  EXPECT_EQ(tracker.peak(), 1500 * sizeof(real));
+  EXPECT_EQ(tracker.allocations(), 3u);
+}
