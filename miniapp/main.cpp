@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
   // Set last, so the subcommands' help does not repeat it.
   app.footer(
       "--kokkos-* options (the thread count, the device, tools) are passed to Kokkos; --kokkos-help lists them.\n"
-      "'ndmini SUBCOMMAND --help' shows a subcommand's options; README.md lists the deck's keys.");
+      "'ndmini SUBCOMMAND --help' shows a subcommand's options; docs/deck.md lists the deck's keys.");
 
   // Kokkos has read its --kokkos-* arguments.
   std::vector<const char*> args;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/regular_file.hpp"
@@ -22,6 +23,8 @@ struct Key {
   std::string name;
   std::string type;  // "integer", "float", "string", "boolean"
   std::function<void(Config&, const toml::node&)> store;
+  // The field's value in `c` as TOML text (docs/deck.md shows the defaults).
+  std::function<std::string(const Config&)> show;
   // Integers must fit the field they land in (no silent wrap-around).
   std::int64_t min_int = std::numeric_limits<int>::min();
   std::int64_t max_int = std::numeric_limits<int>::max();
@@ -30,6 +33,26 @@ struct Key {
   std::function<std::string(const std::string&)> broken_rule;
   std::string dotted() const { return section + "." + name; }
 };
+
+std::string toml_text(int v) { return std::to_string(v); }
+std::string toml_text(std::uint64_t v) { return std::to_string(v); }
+std::string toml_text(double v) { return shortest_float(v); }
+std::string toml_text(const std::string& v) { return "\"" + v + "\""; }
+std::string toml_text(bool v) { return v ? "true" : "false"; }
+// An enum by its name in its table, as a deck writes it; an absent one as "".
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+std::string toml_text(E v) {
+  return toml_text(std::string(name_of(v)));
+}
+template <class E>
+std::string toml_text(const std::optional<E>& v) {
+  return v ? toml_text(*v) : toml_text(std::string());
+}
+
+template <class T, class F>
+std::function<std::string(const Config&)> shower(T Config::*sec, F T::*field) {
+  return [sec, field](const Config& c) { return toml_text(c.*sec.*field); };
+}
 
 // "\"a\", \"b\" or \"c\"": the values a deck may give, from the name table.
 template <class E, std::size_t N>
@@ -53,33 +76,40 @@ std::optional<E> parse_in(const EnumName<E> (&table)[N], const std::string& name
 template <class T>
 Key int_key(const char* section, const char* name, T Config::*sec, int(T::*field)) {
   return {section, name, "integer",
-          [sec, field](Config& c, const toml::node& n) { c.*sec.*field = static_cast<int>(*n.value<std::int64_t>()); }};
+          [sec, field](Config& c, const toml::node& n) { c.*sec.*field = static_cast<int>(*n.value<std::int64_t>()); },
+          shower(sec, field)};
 }
 template <class T>
 Key u64_key(const char* section, const char* name, T Config::*sec, std::uint64_t(T::*field)) {
-  Key k{section, name, "integer", [sec, field](Config& c, const toml::node& n) {
+  Key k{section, name, "integer",
+        [sec, field](Config& c, const toml::node& n) {
           c.*sec.*field = static_cast<std::uint64_t>(*n.value<std::int64_t>());
-        }};
+        },
+        shower(sec, field)};
   k.min_int = 0;
   k.max_int = std::numeric_limits<std::int64_t>::max();
   return k;
 }
 template <class T>
 Key float_key(const char* section, const char* name, T Config::*sec, double(T::*field)) {
-  return {section, name, "float", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<double>(); }};
+  return {section, name, "float", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<double>(); },
+          shower(sec, field)};
 }
 template <class T>
 Key string_key(const char* section, const char* name, T Config::*sec, std::string(T::*field)) {
   return {section, name, "string",
-          [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<std::string>(); }};
+          [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<std::string>(); },
+          shower(sec, field)};
 }
 // An enum given by name; `note` follows the list of names in the message.
 template <class T, class E, std::size_t N>
 Key enum_key(const char* section, const char* name, T Config::*sec, E(T::*field), const EnumName<E> (&table)[N],
              const std::string& note = "") {
-  Key k{section, name, "string", [sec, field, &table](Config& c, const toml::node& n) {
+  Key k{section, name, "string",
+        [sec, field, &table](Config& c, const toml::node& n) {
           c.*sec.*field = *parse_in(table, *n.value<std::string>());
-        }};
+        },
+        shower(sec, field)};
   k.broken_rule = [&table, note](const std::string& v) {
     return parse_in(table, v) ? std::string() : "must be " + choices_text(table) + note;
   };
@@ -89,10 +119,12 @@ Key enum_key(const char* section, const char* name, T Config::*sec, E(T::*field)
 template <class T, class E, std::size_t N>
 Key optional_enum_key(const char* section, const char* name, T Config::*sec, std::optional<E>(T::*field),
                       const EnumName<E> (&table)[N], const std::string& note = "") {
-  Key k{section, name, "string", [sec, field, &table](Config& c, const toml::node& n) {
+  Key k{section, name, "string",
+        [sec, field, &table](Config& c, const toml::node& n) {
           const std::string v = *n.value<std::string>();
           c.*sec.*field = v.empty() ? std::nullopt : parse_in(table, v);
-        }};
+        },
+        shower(sec, field)};
   k.broken_rule = [&table, note](const std::string& v) {
     return v.empty() || parse_in(table, v) ? std::string() : "must be " + choices_text(table) + note;
   };
@@ -100,7 +132,8 @@ Key optional_enum_key(const char* section, const char* name, T Config::*sec, std
 }
 template <class T>
 Key bool_key(const char* section, const char* name, T Config::*sec, bool(T::*field)) {
-  return {section, name, "boolean", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<bool>(); }};
+  return {section, name, "boolean", [sec, field](Config& c, const toml::node& n) { c.*sec.*field = *n.value<bool>(); },
+          shower(sec, field)};
 }
 
 const std::vector<Key>& schema() {
@@ -155,6 +188,9 @@ const std::vector<Key>& schema() {
   };
   return keys;
 }
+
+// The model's shape has no default: a deck must give it.
+bool required(const Key& key) { return key.section == "model"; }
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -434,7 +470,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   for (const auto& key : schema()) {
     const toml::node* node = deck.at_path(key.dotted()).node();
     if (node == nullptr) {
-      require(key.section != "model", origin + ": missing required key " + key.dotted() + " (the model's shape)");
+      require(!required(key), origin + ": missing required key " + key.dotted() + " (the model's shape)");
       continue;
     }
     if (!type_matches(key, *node))
@@ -456,6 +492,13 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   validate(cfg, origin);
   cfg.toml = deck_text(deck);
   return cfg;
+}
+
+std::vector<DeckKey> deck_keys() {
+  const Config defaults;
+  std::vector<DeckKey> keys;
+  for (const auto& k : schema()) keys.push_back({k.section, k.name, k.type, required(k) ? "" : k.show(defaults)});
+  return keys;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -178,6 +178,19 @@ std::string shortest_float(double v);
 // parses and stores (resolved) in each checkpoint's `config` attribute.
 inline constexpr std::uint64_t kDeckMaxBytes = std::uint64_t{1} << 20;
 
+// One key of the deck as the parser knows it (docs/deck.md is generated from
+// these): its type ("integer", "float", "string", "boolean") and its default
+// as TOML text, empty for a required key.
+struct DeckKey {
+  std::string section;
+  std::string name;
+  std::string type;
+  std::string default_value;
+};
+
+// Every key a deck may set, in the parser's order.
+std::vector<DeckKey> deck_keys();
+
 // Reads and parses a deck file: a regular file of at most kDeckMaxBytes.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 

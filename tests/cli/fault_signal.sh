@@ -16,7 +16,7 @@
 #   resuming from it gives the uninterrupted run bit for bit. (Sent to
 #   MPICH's mpiexec, the status can read 0: it drops the exit statuses of
 #   ranks it forwarded a signal to, and a rank that exits at once cannot
-#   call MPI_Abort; README "Pre-emption and requeue".)
+#   call MPI_Abort; docs/cluster.md, "Pre-emption and requeue".)
 source "$(dirname "$0")/lib.sh"
 np=$1
 trials=$2

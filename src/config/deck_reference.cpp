@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "config/deck_reference.hpp"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/error.hpp"
+
+namespace ndmini {
+namespace {
+
+// What each section is for, printed above its table.
+const std::map<std::string, std::string>& section_intros() {
+  static const std::map<std::string, std::string> intros = {
+      {"model", "The GPT-2 shape (L, C, H, V, T); every key is required. [model.md](model.md) defines the model."},
+      {"data",
+       "What the model reads. Every batch is a pure function of (seed, step, source): [model.md](model.md#data) "
+       "gives the order."},
+      {"train", "The optimizer steps, the batch and the learning-rate schedule."},
+      {"parallel",
+       "The mesh degrees and the pipeline schedule; [parallelism.md](parallelism.md) describes each axis and "
+       "the rules a layout must keep."},
+      {"checkpoint", "Saving and resuming; [checkpoints.md](checkpoints.md) describes the folder and its protocol."},
+      {"comm", "Collectives: the hang deadline and MPI's progress; see [debugging.md](debugging.md)."},
+      {"perf", "The peak used for MFU and the memory a rank may use."},
+      {"fault",
+       "Fault injection, to prove the failures are handled ([checkpoints.md](checkpoints.md#fault-injection)); "
+       "a fault that could never fire is refused."},
+  };
+  return intros;
+}
+
+// The meaning of every key, by its dotted name.
+const std::map<std::string, std::string>& meanings() {
+  static const std::map<std::string, std::string> text = {
+      {"model.layers", "L: transformer blocks"},
+      {"model.channels", "C: the width; a multiple of `model.heads`"},
+      {"model.heads", "H: attention heads; must divide C"},
+      {"model.vocab", "V: the vocabulary (256 for `data.source = \"text\"`; pad GPT-2's to 50304 for tp)"},
+      {"model.seq_len", "T: tokens per sequence"},
+      {"data.source", "`\"synthetic\"`, `\"text\"` (a file as bytes, V = 256) or `\"tokens\"` (an llm.c `.bin` file)"},
+      {"data.path", "the file for `text` and `tokens`"},
+      {"data.allow_source_change",
+       "a resume is refused when the data differs from what the checkpoint was trained on (kind, size, digest of "
+       "the first MiB); true continues on the new data on purpose (a moved but identical file needs no switch)"},
+      {"data.val_path",
+       "held-out data for the validation loss (`train.eval_every`): a separate file of the same kind as "
+       "`data.path` (`text` and `tokens` only)"},
+      {"data.val_fraction",
+       "in [0, 1): hold out the last fraction of `data.path`'s tokens for the validation loss; training never "
+       "reads them (so a resume refuses a change of it). `text` and `tokens` only; set this or `data.val_path`, "
+       "not both. The synthetic source needs neither: it holds out walks of its own (the same graph, coins from "
+       "another seed stream)"},
+      {"train.steps", "optimizer steps"},
+      {"train.global_batch", "sequences of `seq_len` tokens per optimizer step"},
+      {"train.micro_batch",
+       "sequences per forward/backward on one data-parallel rank; `global_batch / micro_batch` micro-batches "
+       "are accumulated"},
+      {"train.seed", "seeds the init and the synthetic data"},
+      {"train.lr", "peak learning rate, in (0, 10)"},
+      {"train.min_lr", "final learning rate, in [0, `train.lr`]"},
+      {"train.warmup_steps",
+       "linear warm-up, then cosine decay to `min_lr` at the last step (above `train.steps`: a note, the run "
+       "ends in warm-up)"},
+      {"train.weight_decay", "AdamW decay, on 2-D tensors only; in [0, 1]"},
+      {"train.grad_clip", "global-norm clipping; 0 disables"},
+      {"train.log_every", "progress line and metrics record every N steps (and the last)"},
+      {"train.recompute",
+       "`\"none\"` or `\"block\"`: keep only each block's output in the forward, recompute the block in its "
+       "backward"},
+      {"train.precision", "`\"fp32\"`, the only precision built; `\"bf16\"` is refused with \"not built yet\""},
+      {"train.eval_every",
+       "validation loss every N steps and at the last step; 0: never. Computed before the step, with the "
+       "parameters that step's `loss` is computed with, forward only (no gradient, no update: training is bitwise "
+       "the same with it or without it), under every layout; a file source needs `data.val_path` or "
+       "`data.val_fraction`"},
+      {"train.eval_batches",
+       "global batches of held-out data per validation loss (the same batches every time: batch j is the "
+       "held-out source's batch of step j)"},
+      {"parallel.dp_replicate", "data-parallel replicas; -1: what is left of the world (one -1 at most)"},
+      {"parallel.dp_shard", "FSDP shards; -1: what is left of the world"},
+      {"parallel.tp", "tensor-parallel degree; must divide the heads and the vocabulary; -1: what is left"},
+      {"parallel.cp", "context-parallel degree; `seq_len` must divide into 2 cp chunks; -1: what is left"},
+      {"parallel.pp", "pipeline stages; -1: what is left of the world"},
+      {"parallel.sequence_parallel", "with tp: shard the LayerNorm/residual regions along the tokens"},
+      {"parallel.reshard_after_forward",
+       "FSDP: free a block's gathered parameters after its forward, gather again for backward"},
+      {"parallel.schedule", "pipeline schedule: `\"1f1b\"`, `\"gpipe\"` or `\"interleaved_1f1b\"` (with pp > 1)"},
+      {"parallel.virtual_stages", "pipeline chunks per pp rank, for `\"interleaved_1f1b\"`"},
+      {"checkpoint.dir", "where checkpoints go"},
+      {"checkpoint.every", "save after every N steps; 0: never"},
+      {"checkpoint.keep", "newest checkpoints kept"},
+      {"checkpoint.at_start", "also save step 0 before training"},
+      {"checkpoint.on_signal",
+       "on SIGTERM, SIGINT or SIGUSR1, a run that saves checkpoints (`every` > 0 or `at_start`) saves the state "
+       "it stops at ([cluster.md](cluster.md#pre-emption-and-requeue))"},
+      {"comm.timeout_s",
+       "a collective waited for longer than this is a hang: the job reports and exits with status 12; 0: no "
+       "deadline, else 0.1 to 604800 (one week)"},
+      {"comm.progress_poll_us",
+       "while a non-blocking MPI transfer is in flight, a thread runs MPI's progress engine every this many "
+       "microseconds, so gradient reductions and FSDP gathers move during compute (needs `MPI_THREAD_MULTIPLE`, "
+       "which ndmini asks MPI for in any case; without it a note says so and MPI progresses inside its own calls); "
+       "0: no progress thread"},
+      {"perf.peak_gflops", "peak GFLOP/s per rank for MFU; 0: measure with a GEMM calibration at start-up"},
+      {"perf.memory_per_rank_gib",
+       "memory one rank may use, GiB; a deck whose estimate exceeds it is refused before anything is allocated; "
+       "0: the node's available memory / its ranks"},
+      {"fault.kind",
+       "`\"none\"`, `\"kill\"` (SIGKILL), `\"nan\"` (a NaN gradient), `\"enospc\"` (a full disk in a save) or "
+       "`\"skip_collective\"` (a rank skips a collective; the hang detection names it)"},
+      {"fault.rank", "the world rank it hits"},
+      {"fault.step",
+       "`kill`, `nan`, `skip_collective`: the training step (from 0; `nan` at `train.steps` hits the check of the "
+       "final state); `enospc`, or `kill` with a phase: the step of the checkpoint being saved"},
+      {"fault.phase",
+       "for saves: `\"create\"`, `\"write\"`, `\"close\"`, `\"rename\"` or `\"latest\"`; required by `enospc`"},
+  };
+  return text;
+}
+
+std::string cell(const std::string& default_value) {
+  if (default_value.empty()) return "required";
+  return "`" + default_value + "`";
+}
+
+}  // namespace
+
+std::string deck_reference_markdown() {
+  const std::vector<DeckKey> keys = deck_keys();
+  const auto& text = meanings();
+  // Both ways, so the page can neither miss a key nor keep a removed one.
+  for (const auto& k : keys)
+    require(text.count(k.section + "." + k.name) == 1,
+            "deck key " + k.section + "." + k.name + " has no meaning in src/config/deck_reference.cpp; add one");
+  for (const auto& [dotted, meaning] : text)
+    require(std::any_of(keys.begin(), keys.end(), [&](const DeckKey& k) { return k.section + "." + k.name == dotted; }),
+            "src/config/deck_reference.cpp describes " + dotted + ", which is no deck key; remove it");
+
+  std::ostringstream out;
+  out << "<!-- SPDX-License-Identifier: BSD-3-Clause -->\n"
+         "<!-- Generated from the deck parser's schema (src/config/config.cpp) and the meanings in\n"
+         "     src/config/deck_reference.cpp; do not edit. Regenerate:\n"
+         "     cmake --build build --target ndmini_deck_doc && build/miniapp/ndmini_deck_doc > docs/deck.md -->\n"
+         "# The deck\n\n"
+         "A deck is a TOML file of the sections below. Every key is optional except the model's; an unknown key\n"
+         "is refused with the nearest valid one (`ndmini: error: tiny.toml: unknown key train.setps; did you mean\n"
+         "train.steps?`). `--set section.key=value` overrides any key from the command line (the value is read\n"
+         "as TOML, or as a bare string: `--set data.source=text`). `ndmini check DECK` prints the resolved deck.\n"
+         "The decks that come with ndmini are listed in [running.md](running.md#decks-in-inputs).\n";
+  std::string section;
+  for (const auto& k : keys) {
+    if (k.section != section) {
+      section = k.section;
+      const auto intro = section_intros().find(section);
+      require(intro != section_intros().end(),
+              "deck section [" + section + "] has no introduction in src/config/deck_reference.cpp; add one");
+      out << "\n## [" << section << "]\n\n" << intro->second << "\n\n";
+      out << "| key | type | default | meaning |\n|---|---|---|---|\n";
+    }
+    out << "| `" << k.section << "." << k.name << "` | " << k.type << " | " << cell(k.default_value) << " | "
+        << text.at(k.section + "." + k.name) << " |\n";
+  }
+  return out.str();
+}
+
+}  // namespace ndmini
