@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The data sources read in the order the README fixes: for a file of N tokens,
+// The data sources read in the order docs/model.md ("Data") fixes: for a file of N tokens,
 // sequence b of the global batch of B sequences at step s starts at token
 // ((s * B + b) * T) mod (N - T - 1); targets are the inputs shifted by one.
 #include <gtest/gtest.h>
@@ -28,7 +28,7 @@ Config deck(const std::string& source, const std::string& path, int vocab) {
 
 std::string scratch(const std::string& name) { return "ndmini_test_data_" + std::to_string(::getpid()) + "_" + name; }
 
-// Checks every sequence of a few steps against the README offsets in `stream`.
+// Checks every sequence of a few steps against the offsets of docs/model.md in `stream`.
 void expect_design_order(const DataSource& data, const std::vector<token_t>& stream, int B, int T) {
   const std::size_t span = stream.size() - T - 1;
   for (std::int64_t step = 0; step < 7; ++step)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Training data (README, "The deck"): the global batch of step s is a pure
+// Training data (docs/model.md, "Data"): the global batch of step s is a pure
 // function of (seed, s, data source), so every layout, and every resumed run,
 // trains on the same tokens in the same order.
 #include <cstdint>
