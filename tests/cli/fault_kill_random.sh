@@ -42,7 +42,16 @@ for ((trial = 1; trial <= trials; trial++)); do
     fi
     rc=0
     wait $job || rc=$?
-    if [ $killed -eq 1 ] && [ $rc -eq 0 ]; then fail "trial $trial: SIGKILL sent but the job exited 0"; fi
+    # Too late: a kill after the run's last step and save, as the ranks leave
+    # MPI, finds the job complete; MPICH's mpiexec may then exit 0 (nothing was lost).
+    if [ $killed -eq 1 ] && [ $rc -eq 0 ] && grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" &&
+      [ "$(cat "$dir/latest" 2>/dev/null)" = $STEPS ]; then
+      echo "trial $trial: the kill at $delay s came after the run's end (exit 0, all saved); drawing again"
+      killed=0
+      span=$delay
+      continue
+    fi
+    if [ $killed -eq 1 ] && [ $rc -eq 0 ]; then cat "$dir.0.txt"; fail "trial $trial: SIGKILL sent but the job exited 0"; fi
     [ $killed -eq 1 ] || { echo "trial $trial: the job ended before the kill at $delay s; drawing again"; span=$delay; }
   done
   # Resume until complete (from scratch when no checkpoint was committed yet).
