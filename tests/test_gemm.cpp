@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/bf16.hpp"
@@ -232,6 +233,17 @@ TEST(GemmLibrary, NamesTheLibrariesAndKernels) {
       EXPECT_NE(d.find("ISA avx512_core_amx"), std::string::npos) << d;
     else if (cpu.avx512_bf16)
       EXPECT_NE(d.find("ISA avx512_core_bf16"), std::string::npos) << d;
+    // No oversubscription: oneDNN's OpenMP products use the rank's host
+    // threads (1 in a Serial build), not every core of the node, whatever
+    // OMP_NUM_THREADS says.
+    if (d.find("(OpenMP)") != std::string::npos) {
+      const int threads = Kokkos::DefaultHostExecutionSpace().concurrency();
+      const std::string want = ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") + " (OpenMP)";
+      EXPECT_NE(d.find(want), std::string::npos) << d << " (expected '" << want << "')";
+#ifdef KOKKOS_ENABLE_SERIAL
+      if (std::is_same_v<Kokkos::DefaultHostExecutionSpace, Kokkos::Serial>) EXPECT_EQ(threads, 1) << d;
+#endif
+    }
 #endif
   }
 }

@@ -42,12 +42,21 @@ Batch scripts ask Slurm for SIGUSR1 --signal-grace seconds before the time
 limit (ndmini saves a checkpoint at the next step boundary and stops); submit
 the point's job.sbatch again and the run resumes from its checkpoint's latest
 (repeats that finished are not run again).
+
+OpenBLAS's kernel (--blas-coretype, default auto): an OpenBLAS older than the
+CPU model runs a generic kernel several times slower, and `ndmini check` warns
+with the fix (export OPENBLAS_CORETYPE=NAME). With auto, where ndmini warns on
+the machine the points run on and OPENBLAS_CORETYPE is unset, the points run
+with the suggested kernel and the provenance says so; batch scripts decide on
+the compute node, before srun. keep leaves OpenBLAS to pick; NAME exports
+OPENBLAS_CORETYPE=NAME. A value already in the environment is never changed.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,6 +70,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_WARMUP = 2
 DEFAULT_TIME = "00:30:00"
 DEFAULT_SIGNAL_GRACE = 120
+# ndmini's warning when OpenBLAS runs a kernel below the CPU's names the fix
+# as "Fix: export OPENBLAS_CORETYPE=NAME" (kernels/gemm_library.cpp).
+CORETYPE_FIX = re.compile(r"Fix: export OPENBLAS_CORETYPE=([A-Za-z0-9_]+)")
 
 
 def parse_args(argv):
@@ -112,7 +124,50 @@ def parse_args(argv):
     g.add_argument("--signal-grace", type=int, default=DEFAULT_SIGNAL_GRACE, metavar="SECONDS",
                    help=f"#SBATCH --signal=USR1@SECONDS: ndmini saves a checkpoint and stops that long before the "
                         f"time limit (default {DEFAULT_SIGNAL_GRACE}; 0: no signal)")
+    p.add_argument("--blas-coretype", type=blas_coretype_option, default="auto", metavar="auto|keep|NAME",
+                   help="OpenBLAS's kernel: auto (default) exports the OPENBLAS_CORETYPE ndmini's check suggests "
+                        "when OpenBLAS runs a kernel below this CPU's; keep leaves it to OpenBLAS; NAME (e.g. "
+                        "SkylakeX) exports that one. A value already in the environment is kept")
     return p.parse_args(argv)
+
+
+def blas_coretype_option(value):
+    """--blas-coretype: auto, keep, or an OpenBLAS core name (letters, digits, _)."""
+    if value in ("auto", "keep") or re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", value):
+        return value
+    raise argparse.ArgumentTypeError(f"'{value}': give auto, keep, or an OpenBLAS core name such as SkylakeX")
+
+
+def blas_coretype_decision(choice, check_output, env):
+    """(OPENBLAS_CORETYPE to export or None, why): --blas-coretype's choice, the
+    output of `ndmini check` on the machine, and the environment the runs inherit."""
+    if "OPENBLAS_CORETYPE" in env:
+        return None, f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} from the environment, kept"
+    if choice == "keep":
+        return None, "--blas-coretype keep: OpenBLAS picks its kernel itself"
+    if choice != "auto":
+        return choice, f"OPENBLAS_CORETYPE={choice} set by the harness (--blas-coretype {choice})"
+    fix = CORETYPE_FIX.search(check_output or "")
+    if fix:
+        return fix.group(1), (f"OPENBLAS_CORETYPE={fix.group(1)} set by the harness: ndmini check warns that "
+                              f"OpenBLAS runs a kernel below this CPU's")
+    return None, "OpenBLAS's own kernel choice (ndmini check gave no warning about it)"
+
+
+def machine_check_output(exe, deck, points):
+    """`ndmini check`'s output on this machine for the first point it may run
+    (its gemm lines and any warning), '' where it cannot run."""
+    for p in points:
+        if not p.get("precheck_error"):
+            cmd = [exe, "check", deck, "--world", str(p["ranks"])]
+            for o in p["overrides"]:
+                cmd += ["--set", o]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                return ""
+            return out.stdout + out.stderr
+    return ""
 
 
 def plan_points(args):
@@ -335,6 +390,13 @@ def run_points(study, args):
     env.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core per rank, as the MFU peak assumes
     info = st.build_info(study["exe"], ["mpiexec", "-n", "1"] if launcher == "mpiexec" else ["srun", "-n", "1"])
     study["provenance"]["build_info"] = info
+    coretype, why = blas_coretype_decision(args.blas_coretype, machine_check_output(
+        study["exe"], study["deck"], study["points"]) if args.blas_coretype == "auto" else "", env)
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
+        print(f"scaling.py: {why}; every point runs with it", file=sys.stderr, flush=True)
+    study["provenance"]["openblas_coretype"] = env.get("OPENBLAS_CORETYPE", "")
+    study["provenance"]["openblas_coretype_note"] = why
     hosts = os.environ.get("SLURM_JOB_NODELIST", "") if launcher == "srun" else st.socket.gethostname()
     # Repeats go round the points (run 1 of every point, then run 2, ...), so a
     # machine that drifts over minutes shifts every point alike, not one.
@@ -406,6 +468,7 @@ def sbatch_script(study, p, args):
     lines += ["set -uo pipefail",
               f"point={q([p['dir']])}",
               "export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}",
+              *blas_coretype_lines(study, p, args),
               f"for rep in {' '.join(str(k) for k in range(1, study['repeats'] + 1))}; do",
               '  run="$point/rep$rep"',
               '  [[ "$(cat "$run/exit_code" 2>/dev/null)" == 0 ]] && continue  # finished in an earlier job',
@@ -435,6 +498,28 @@ def sbatch_script(study, p, args):
               "done",
               ""]
     return "\n".join(lines)
+
+
+def blas_coretype_lines(study, p, args):
+    """The batch script's OPENBLAS_CORETYPE, decided on the compute node (see
+    blas_coretype_decision): a value in the job's environment is kept."""
+    if args.blas_coretype == "keep":
+        return ["# --blas-coretype keep: OPENBLAS_CORETYPE as the job's environment has it"]
+    if args.blas_coretype != "auto":
+        return [f"export OPENBLAS_CORETYPE=${{OPENBLAS_CORETYPE-{args.blas_coretype}}}"]
+    check = st.quote(["srun", "--ntasks=1", "--nodes=1", study["exe"], "check", study["deck"], "--world",
+                      str(p["ranks"])] + [x for o in p["overrides"] for x in ("--set", o)])
+    return ["# ndmini check warns, with the fix, when OpenBLAS runs a kernel below this node's CPU (an OpenBLAS",
+            "# older than the CPU model): unless the job sets OPENBLAS_CORETYPE, take the kernel it suggests.",
+            'if [[ -z "${OPENBLAS_CORETYPE+set}" ]]; then',
+            f"  coretype=$({check} 2>&1 | sed -n 's/.*Fix: export OPENBLAS_CORETYPE=\\([A-Za-z0-9_]*\\).*/\\1/p' "
+            "| head -n 1)",
+            '  if [[ -n "$coretype" ]]; then',
+            '    export OPENBLAS_CORETYPE="$coretype"',
+            '    echo "OPENBLAS_CORETYPE=$coretype set: ndmini check warns that OpenBLAS runs a kernel below this '
+            'CPU\'s" >&2',
+            "  fi",
+            "fi"]
 
 
 def emit_sbatch(study, study_dir, args):

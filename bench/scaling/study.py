@@ -541,6 +541,8 @@ def markdown(study, rows):
               f"{' '.join(study['overrides']) or 'none'}",
               f"- launcher {study.get('launcher', '')}, hosts {first.get('hosts', '')}, date {p.get('date_utc', '')}"
               + (f", Slurm job {first['slurm_job_id']}" if first.get("slurm_job_id") else "")]
+    if p.get("openblas_coretype_note"):
+        lines.append(f"- OpenBLAS kernel: {p['openblas_coretype_note']}")
     missing = []
     if ok and all(math.isnan(r.get("exposed_comm_min_ms", float("nan"))) for r in ok):
         missing.append("the least-blocked rank's exposed comm (no per-axis exposed_min_ms: the comm times are the "

@@ -21,6 +21,7 @@
 #include <KokkosBlas3_gemm.hpp>
 #endif
 #ifdef NDMINI_HAVE_ONEDNN
+#include "kernels/gemm_library.hpp"
 #include "kernels/gemm_onednn.hpp"
 #endif
 
@@ -97,6 +98,7 @@ void product(const char* transa, const char* transb, real alpha, ConstSlice2D a,
 #ifdef NDMINI_HAVE_ONEDNN
   const std::size_t k = transposed(transa) ? a.extent(0) : a.extent(1);
   if (use_onednn_fp32(transa, transb, c.extent(0), c.extent(1), k, count)) {
+    use_rank_threads();
     onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)),
                  static_cast<int>(k), alpha, onednn::Type::f32, operand(a.data(), a.stride(0), stride_a),
                  operand(b.data(), b.stride(0), stride_b), beta, onednn::Type::f32,
@@ -164,6 +166,7 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
   constexpr bool bf16_out = std::is_same_v<typename CView::non_const_value_type, bf16>;
 #ifdef NDMINI_HAVE_ONEDNN  // never with cuBLAS: the build links oneDNN for host memory only
   const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
+  use_rank_threads();
   onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)), k, alpha,
                onednn::Type::bf16, operand(a.data(), a.stride(0), stride_a), operand(b.data(), b.stride(0), stride_b),
                beta, bf16_out ? onednn::Type::bf16 : onednn::Type::f32,

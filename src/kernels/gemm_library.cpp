@@ -59,6 +59,13 @@ std::string blas_kernel_warning(const std::string& core, const CpuFeatures& cpu)
          fix + " before the run (in the batch script, or srun --export=ALL,OPENBLAS_CORETYPE=" + fix + ")";
 }
 
+void use_rank_threads() {
+#ifdef NDMINI_HAVE_ONEDNN
+  static const bool once = (onednn::use_threads(Kokkos::DefaultHostExecutionSpace().concurrency()), true);
+  (void)once;
+#endif
+}
+
 std::string describe_gemm_libraries() {
   std::string s = "gemm: ";
 #if defined(KOKKOS_ENABLE_CUDA) && defined(NDMINI_HAVE_CUBLAS)
@@ -76,6 +83,7 @@ std::string describe_gemm_libraries() {
     s += "BLAS (not OpenBLAS: no kernel name)";
   }
 #ifdef NDMINI_HAVE_ONEDNN
+  use_rank_threads();
   s += " | " + onednn::describe() + " | fp32 through BLAS, bf16 through oneDNN";
 #else
   s += " | no oneDNN: fp32 products through BLAS, bf16 emulated";

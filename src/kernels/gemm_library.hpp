@@ -32,6 +32,12 @@ std::string blas_kernel_warning(const std::string& openblas_core, const CpuFeatu
 // when the BLAS linked is not OpenBLAS.
 std::string openblas_core();
 
+// oneDNN's products on the rank's own host threads (Kokkos' host
+// concurrency: 1 in a Serial build), not every core of the node; idempotent,
+// called before oneDNN's first product and by describe_gemm_libraries().
+// Nothing to do without oneDNN.
+void use_rank_threads();
+
 // What a run's banner and `ndmini check` print: describe_gemm_libraries(),
 // then the warning if there is one ("warning: ..."), each line ending in '\n'.
 std::string gemm_machine_lines();

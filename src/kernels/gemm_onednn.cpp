@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "kernels/gemm_onednn.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -18,6 +19,7 @@
 // The OpenMP runtime oneDNN was built with (loaded with it): how many threads
 // its products will use. Weak, so ndmini needs no OpenMP flags of its own.
 extern "C" int omp_get_max_threads(void) __attribute__((weak));
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
 #endif
 
 namespace ndmini::kernels::onednn {
@@ -70,12 +72,25 @@ constexpr std::size_t kMaxPrimitives = 512;
 
 std::string type_name(Type t) { return t == Type::bf16 ? "bf16" : "f32"; }
 
+std::atomic<int> g_threads{0};  // use_threads(); 0: oneDNN's runtime decides
+
+// OpenMP's thread count is a per-thread setting: applied on the thread that
+// issues the product, before the primitive is made (oneDNN sizes its
+// blocking by it) and before it runs.
+void apply_threads() {
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+  const int n = g_threads.load(std::memory_order_relaxed);
+  if (n > 0 && omp_set_num_threads) omp_set_num_threads(n);
+#endif
+}
+
 }  // namespace
 
 const std::string& gemm(char transa, char transb, int m, int n, int k, float alpha, Type in, Operand a, Operand b,
                         float beta, Type out, Output c, int count) {
   Engine& e = cpu();
   std::lock_guard<std::mutex> lock(e.mutex);
+  apply_threads();
   const Key key{transa, transb, m, n, k, alpha, in, a.ld, a.stride, b.ld, b.stride, beta, out, c.ld, c.stride, count};
   auto it = e.cache.find(key);
   if (it == e.cache.end()) {
@@ -135,6 +150,7 @@ std::string describe() {
     if (value == isa) name = label;
   std::string threads;
 #if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+  apply_threads();  // what the products will use, read back from OpenMP
   if (omp_get_max_threads) {
     const int n = omp_get_max_threads();
     threads = ", " + std::to_string(n) + (n == 1 ? " thread" : " threads") + " (OpenMP)";
@@ -142,6 +158,11 @@ std::string describe() {
 #endif
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
          ", ISA " + name + threads;
+}
+
+void use_threads(int threads) {
+  g_threads.store(threads, std::memory_order_relaxed);
+  apply_threads();
 }
 
 }  // namespace ndmini::kernels::onednn

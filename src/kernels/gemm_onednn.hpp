@@ -16,7 +16,8 @@
 // generation costs milliseconds; a training step repeats the same few shapes).
 //
 // Threads: oneDNN's own runtime (OpenMP in Debian's and Spack's builds)
-// decides; OMP_NUM_THREADS bounds it.
+// would take every core of the node (OMP_NUM_THREADS unset), so several ranks
+// on a node oversubscribe it; use_threads() gives it the rank's threads.
 #include <string>
 
 namespace ndmini::kernels::onednn {
@@ -48,5 +49,10 @@ const std::string& gemm(char transa, char transb, int m, int n, int k, float alp
 // with its OpenMP runtime, its threads: "oneDNN 2.6.3, ISA avx512_core_bf16,
 // 1 thread (OpenMP)".
 std::string describe();
+
+// The threads every later product uses (the rank's host threads; the caller
+// knows them): with the OpenMP runtime, omp_set_num_threads before each
+// product, whichever host thread issues it. No effect with other runtimes.
+void use_threads(int threads);
 
 }  // namespace ndmini::kernels::onednn

@@ -16,6 +16,11 @@
   test_harness.py slurm-run  the emitted scripts run for real with stand-ins for
                              srun and scontrol (srun -> mpiexec), a run stopped with a
                              checkpoint resumed by the next job, then collect.sh
+  test_harness.py blas       --blas-coretype (auto|keep|NAME; a bad value refused,
+                             nothing written): the local decision on fake `ndmini
+                             check` outputs and environments, the batch scripts'
+                             snippet run with a stand-in srun, and a 1-rank study
+                             whose run gets the kernel asked for (recorded)
   test_harness.py examples-help, examples-readme
                              every scaling.py example of --help / bench/README.md:
                              planned as written through --emit-sbatch (every point
@@ -583,8 +588,102 @@ def batch():
         shutil.rmtree(work, ignore_errors=True)
 
 
+WARNING = ("warning: OpenBLAS runs its Prescott kernel on a CPU with AVX-512: fp32 products ... run well below this "
+           "CPU's speed (...). Fix: export OPENBLAS_CORETYPE=Cooperlake before the run (in the batch script, or srun "
+           "--export=ALL,OPENBLAS_CORETYPE=Cooperlake)\n")
+GEMM_LINE = "gemm: OpenBLAS 0.3.21 kernel Prescott, 1 thread | oneDNN 2.6.3, ISA avx512_core_bf16, 1 thread (OpenMP)\n"
+
+
+def snippet_coretype(script, srun_output, preset):
+    """OPENBLAS_CORETYPE after a batch script's lines up to its run loop, with a stand-in srun that prints
+    srun_output (as `ndmini check` would) and the variable preset (None: unset) in that shell only."""
+    with open(script) as f:
+        head = f.read().split("for rep in", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    env["FAKE_CHECK"] = srun_output
+    if preset is not None:
+        env["OPENBLAS_CORETYPE"] = preset
+    stub = 'srun() { printf "%s" "$FAKE_CHECK"; }\n'
+    out = subprocess.run(["bash", "-c", stub + head + '\necho "coretype=${OPENBLAS_CORETYPE-<unset>}"'],
+                         capture_output=True, text=True, env=env)
+    check(out.returncode == 0, f"the batch script's head failed: {out.stderr}")
+    return out.stdout.strip().splitlines()[-1].split("=", 1)[1]
+
+
+def blas():
+    sys.path.insert(0, HARNESS)
+    import scaling
+    decide = scaling.blas_coretype_decision
+    # The local decision: ndmini's suggestion where it warns and the variable is unset, never over a value
+    # already there, nothing without a warning or with keep, the name given otherwise.
+    check(decide("auto", GEMM_LINE + WARNING, {})[0] == "Cooperlake", "auto must take the suggested kernel")
+    check("ndmini check warns" in decide("auto", GEMM_LINE + WARNING, {})[1], "the reason must say why")
+    check(decide("auto", GEMM_LINE, {})[0] is None, "no warning: nothing to set")
+    check(decide("auto", "", {})[0] is None, "no check output: nothing to set")
+    value, why = decide("auto", GEMM_LINE + WARNING, {"OPENBLAS_CORETYPE": "Haswell"})
+    check(value is None and "OPENBLAS_CORETYPE=Haswell from the environment, kept" in why, f"kept? {why}")
+    check(decide("SkylakeX", GEMM_LINE + WARNING, {"OPENBLAS_CORETYPE": ""})[0] is None, "an empty value is kept")
+    check(decide("keep", GEMM_LINE + WARNING, {})[0] is None, "keep must set nothing")
+    check(decide("SkylakeX", GEMM_LINE, {})[0] == "SkylakeX", "a name must be set as given")
+
+    work = tempfile.mkdtemp(prefix="ndmini-blas-")
+    try:
+        common = ["--ranks", "2", "--layout", "dp", "--no-check"]
+        # A bad value is refused before anything is written.
+        for bad in ("a;b", "", "Sky lake"):
+            out = emit(os.path.join(work, "bad"), "/opt/ndmini/bin/ndmini", common + ["--blas-coretype", bad],
+                       expect=2)
+            check("argument --blas-coretype" in out.stderr and "give auto, keep, or an OpenBLAS core name" in
+                  out.stderr, f"unclear refusal of {bad!r}: {out.stderr}")
+            check(not os.path.exists(os.path.join(work, "bad")), "a refused option must write nothing")
+        # The batch script decides on the compute node: ndmini check's suggestion when it warns and the
+        # job has no OPENBLAS_CORETYPE, before srun; keep and NAME as locally.
+        scripts = {}
+        for choice in ("auto", "keep", "SkylakeX"):
+            d = os.path.join(work, choice)
+            emit(d, "/opt/ndmini/bin/ndmini", common + ["--blas-coretype", choice])
+            scripts[choice] = os.path.join(d, "points", "n0002_dp_replicate2", "job.sbatch")
+        with open(scripts["auto"]) as f:
+            text = f.read()
+        check('if [[ -z "${OPENBLAS_CORETYPE+set}" ]]; then' in text and
+              "srun --ntasks=1 --nodes=1 /opt/ndmini/bin/ndmini check " in text and
+              text.index("OPENBLAS_CORETYPE+set") < text.index("for rep in"),
+              "auto: the batch script must run ndmini check before the runs when OPENBLAS_CORETYPE is unset")
+        check(snippet_coretype(scripts["auto"], GEMM_LINE + WARNING, None) == "Cooperlake",
+              "auto: a warning on the node must export its OPENBLAS_CORETYPE")
+        check(snippet_coretype(scripts["auto"], GEMM_LINE, None) == "<unset>", "auto: no warning, nothing set")
+        check(snippet_coretype(scripts["auto"], GEMM_LINE + WARNING, "Haswell") == "Haswell",
+              "auto: the job's own OPENBLAS_CORETYPE must be kept")
+        check(snippet_coretype(scripts["keep"], GEMM_LINE + WARNING, None) == "<unset>", "keep must set nothing")
+        check(snippet_coretype(scripts["SkylakeX"], GEMM_LINE, None) == "SkylakeX", "NAME must be exported")
+        check(snippet_coretype(scripts["SkylakeX"], GEMM_LINE, "Haswell") == "Haswell", "NAME must not override")
+
+        # A local run gets the kernel asked for (ndmini's banner names OpenBLAS's kernel), and the study
+        # records it; a value already in the environment (CI's, if any) is kept and recorded instead.
+        study_dir = os.path.join(work, "local")
+        out = run([sys.executable, SCALING, TINY, "--mode", "weak", "--ranks", "1", "--layout", "dp", "--steps", "3",
+                   "--warmup", "1", "--exe", NDMINI, "--launcher", "mpiexec", "--blas-coretype", "Haswell",
+                   "--out", study_dir])
+        want = os.environ.get("OPENBLAS_CORETYPE", "Haswell")
+        with open(os.path.join(study_dir, "study.json")) as f:
+            prov = json.load(f)["provenance"]
+        check(prov["openblas_coretype"] == want, f"provenance: {prov.get('openblas_coretype')}, expected {want}")
+        with open(os.path.join(study_dir, "results.md")) as f:
+            check(f"- OpenBLAS kernel: OPENBLAS_CORETYPE={want}" in f.read(), "results.md must name the kernel")
+        if "OPENBLAS_CORETYPE" not in os.environ:
+            check("scaling.py: OPENBLAS_CORETYPE=Haswell set by the harness" in out.stderr, "the one line is missing")
+            with open(os.path.join(study_dir, "points", "n0001_single", "rep1", "stdout.log")) as f:
+                banner = f.read()
+            if "gemm: OpenBLAS" in banner:
+                check("kernel Haswell" in banner, "the run did not get OPENBLAS_CORETYPE=Haswell")
+        print("ok: --blas-coretype parsed and refused; decisions on fake check outputs; the batch script's "
+              "snippet; a local run with the kernel asked for, recorded")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    cases = {"smoke": smoke, "batch": batch, "sbatch": sbatch, "slurm-run": slurm_run,
+    cases = {"smoke": smoke, "batch": batch, "sbatch": sbatch, "slurm-run": slurm_run, "blas": blas,
              "examples-help": examples_help, "examples-readme": examples_readme}
     if len(sys.argv) != 2 or sys.argv[1] not in cases:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(cases)}")
