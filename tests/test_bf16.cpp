@@ -115,6 +115,17 @@ TEST(Bf16, ToFloatIsExactForEveryPattern) {
   }
 }
 
+// float -> bf16 -> float in a parallel_for over ExecSpace. A function of its
+// own: nvcc refuses a device lambda inside a test body (a private member).
+void convert_in_kernel(const Kokkos::View<float*, MemSpace>& in, const Kokkos::View<bf16*, MemSpace>& out,
+                       const Kokkos::View<float*, MemSpace>& back) {
+  Kokkos::parallel_for(
+      "test::bf16_convert", Kokkos::RangePolicy<ExecSpace>(0, in.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
+        out(i) = bf16(in(i));
+        back(i) = static_cast<float>(out(i));
+      });
+}
+
 TEST(Bf16, ConvertsInsideKokkosKernels) {
   // The same vectors through views of bf16 in ExecSpace's memory, converted in
   // a parallel_for: the type works wherever the kernels run (host or device).
@@ -126,11 +137,7 @@ TEST(Bf16, ConvertsInsideKokkosKernels) {
   auto h_in = Kokkos::create_mirror_view(in);
   for (std::size_t i = 0; i < n; ++i) h_in(i) = from_bits(all[i].in);
   Kokkos::deep_copy(in, h_in);
-  Kokkos::parallel_for(
-      "test::bf16_convert", Kokkos::RangePolicy<ExecSpace>(0, n), KOKKOS_LAMBDA(const std::size_t i) {
-        out(i) = bf16(in(i));
-        back(i) = static_cast<float>(out(i));
-      });
+  convert_in_kernel(in, out, back);
   auto h_out = Kokkos::create_mirror_view_and_copy(HostSpace(), out);
   auto h_back = Kokkos::create_mirror_view_and_copy(HostSpace(), back);
   for (std::size_t i = 0; i < n; ++i) {

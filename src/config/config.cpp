@@ -30,7 +30,7 @@ struct Key {
   std::int64_t max_int = std::numeric_limits<int>::max();
   // Strings that name an enum value: the rule a value not in its table
   // breaks ("must be \"none\" or \"block\""), empty when the value is valid.
-  std::function<std::string(const std::string&)> broken_rule;
+  std::function<std::string(const std::string&)> broken_rule = nullptr;
   std::string dotted() const { return section + "." + name; }
 };
 
