@@ -65,9 +65,6 @@ struct Batch {
         v[b * stride + i] = static_cast<float>(2 * u - 1);
       }
   }
-  float at(int b, int i, int j, bool trans) const {
-    return trans ? v[b * stride + j * cols + i] : v[b * stride + i * cols + j];
-  }
 };
 
 std::vector<float> rounded(const std::vector<float>& x) {
