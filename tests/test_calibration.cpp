@@ -21,8 +21,8 @@ using namespace ndmini;
 
 namespace {
 
-void expect_best_of_runs(GemmPrecision precision) {
-  SCOPED_TRACE(precision_name(precision));
+void expect_best_of_runs(Precision precision) {
+  SCOPED_TRACE(name_of(precision));
   const GemmCalibration cal = calibrate_gemm(precision, 5);
   ASSERT_EQ(cal.run_flops.size(), 5u) << "one rate per timed run, the warm-up excluded";
   for (double r : cal.run_flops) {
@@ -34,14 +34,14 @@ void expect_best_of_runs(GemmPrecision precision) {
 
 }  // namespace
 
-TEST(Calibration, PeakIsTheBestOfItsRunsFp32) { expect_best_of_runs(GemmPrecision::fp32); }
+TEST(Calibration, PeakIsTheBestOfItsRunsFp32) { expect_best_of_runs(Precision::fp32); }
 
-TEST(Calibration, PeakIsTheBestOfItsRunsBf16) { expect_best_of_runs(GemmPrecision::bf16); }
+TEST(Calibration, PeakIsTheBestOfItsRunsBf16) { expect_best_of_runs(Precision::bf16); }
 
 TEST(Calibration, PeakGivenInTheDeckSkipsCalibration) {
   PerfConfig perf;
   perf.peak_gflops = 123.5;
-  for (GemmPrecision p : {GemmPrecision::fp32, GemmPrecision::bf16}) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
     const PeakFlops peak = peak_flops(perf, MPI_COMM_WORLD, p);
     EXPECT_DOUBLE_EQ(peak.flops_per_rank, 123.5e9);
     EXPECT_NE(peak.source.find("perf.peak_gflops"), std::string::npos) << peak.source;
@@ -50,7 +50,7 @@ TEST(Calibration, PeakGivenInTheDeckSkipsCalibration) {
 }
 
 TEST(Calibration, MeasuredPeakIsTheFastestRank) {
-  const PeakFlops peak = peak_flops(PerfConfig{}, MPI_COMM_WORLD, GemmPrecision::fp32);
+  const PeakFlops peak = peak_flops(PerfConfig{}, MPI_COMM_WORLD, Precision::fp32);
   ASSERT_FALSE(peak.run_flops.empty());
   // At least this rank's best (MPI_MAX over ranks), and no run of this rank above it.
   for (double r : peak.run_flops) EXPECT_LE(r, peak.flops_per_rank);

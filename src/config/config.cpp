@@ -362,12 +362,6 @@ void validate(const Config& c, const std::string& origin) {
               "must be in [0, 1]");
   check_range(t.grad_clip >= 0, origin, "train.grad_clip", s(t.grad_clip), "must be >= 0 (0 disables clipping)");
   check_range(t.log_every >= 1, origin, "train.log_every", s(t.log_every), "must be at least 1");
-  // bf16 is a planned value, not a silent fp32: refused by name until built.
-  require(t.precision != Precision::bf16,
-          origin +
-              ": train.precision = \"bf16\" is not built yet: ndmini trains in fp32 only "
-              "(bf16 mixed precision is planned for the GPU build); use train.precision = "
-              "\"fp32\"");
   const auto& d = c.data;
   check_range(d.source == "synthetic" || d.source == "text" || d.source == "tokens", origin, "data.source",
               "\"" + d.source + "\"", "must be \"synthetic\", \"text\" or \"tokens\"");

@@ -96,7 +96,7 @@ struct TrainConfig {
   double grad_clip = 1.0;  // 0 disables clipping
   int log_every = 1;
   Recompute recompute = Recompute::none;
-  Precision precision = Precision::fp32;  // bf16 (GPU mixed precision) is refused until it is built
+  Precision precision = Precision::fp32;  // bf16: mixed precision (docs/model.md, "Precision")
   int eval_every = 0;                     // validation loss every N steps (and at the last); 0: never
   int eval_batches = 1;                   // global batches of held-out data per validation loss
 };

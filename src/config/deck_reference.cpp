@@ -71,7 +71,8 @@ const std::map<std::string, std::string>& meanings() {
       {"train.recompute",
        "`\"none\"` or `\"block\"`: keep only each block's output in the forward, recompute the block in its "
        "backward"},
-      {"train.precision", "`\"fp32\"`, the only precision built; `\"bf16\"` is refused with \"not built yet\""},
+      {"train.precision",
+       "`\"fp32\"`, or `\"bf16\"`: mixed precision (fp32 masters, bf16 operands of every matrix product)"},
       {"train.eval_every",
        "validation loss every N steps and at the last step; 0: never. Computed before the step, with the "
        "parameters that step's `loss` is computed with, forward only (no gradient, no update: training is bitwise "

@@ -19,7 +19,9 @@ using HostSpace = Kokkos::HostSpace;
 // needs a CUDA-aware MPI or a copy through host memory.
 inline constexpr bool kDeviceMemory = !Kokkos::SpaceAccessibility<HostSpace, MemSpace>::accessible;
 
-// Master weights, gradients, optimizer state and activations are fp32.
+// Master weights, gradients, optimizer state and activations are fp32; with
+// train.precision = "bf16" the matrix products' operands (a working copy of
+// the weights, the activations kept as their inputs) are bf16.
 using real = float;
 
 // Row-major everywhere: a [rows, cols] matrix is contiguous along cols, like
@@ -37,6 +39,9 @@ using ConstSlice1D = Kokkos::View<const real*, Kokkos::LayoutRight, MemSpace, Un
 using ConstSlice2D = Kokkos::View<const real**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 
 // bf16 operands of mixed-precision matrix products (core/bf16.hpp).
+using Bf16View1D = Kokkos::View<bf16*, Kokkos::LayoutRight, MemSpace>;
+using Bf16Slice1D = Kokkos::View<bf16*, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+using ConstBf16Slice1D = Kokkos::View<const bf16*, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 using Bf16Slice2D = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 using ConstBf16Slice2D = Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 
@@ -52,7 +57,14 @@ using HostView1D = Kokkos::View<real*, Kokkos::LayoutRight, HostSpace>;
 inline View1D uninitialized(const std::string& label, std::size_t n) {
   return View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
 }
+inline Bf16View1D uninitialized_bf16(const std::string& label, std::size_t n) {
+  return Bf16View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
+}
+
 // A flat buffer seen as a row-major [rows, cols] matrix.
 inline Slice2D as_matrix(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
+inline Bf16Slice2D as_matrix(const Bf16View1D& v, std::size_t rows, std::size_t cols) {
+  return Bf16Slice2D(v.data(), rows, cols);
+}
 
 }  // namespace ndmini

@@ -230,13 +230,15 @@ void gemm_strided_batched(const char* transa, const char* transb, real alpha, Co
   if (count > 0) product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
 }
 
-void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
+namespace {
+
+// Seeds y with residual + bias, so that GEMM adds x W^T on top (the beta it
+// returns: 1, or 0 with neither): no separate pass over the output for either.
+real seed_linear_output(Slice2D y, ConstSlice1D bias, ConstSlice2D residual) {
   const std::size_t out = y.extent(1);
   const bool has_bias = bias.extent(0) > 0, has_residual = residual.extent(0) > 0;
   real beta = 0;
   if (has_bias || has_residual) {
-    // Seed y with residual + bias, then let GEMM add x W^T on top (beta = 1):
-    // no separate pass over the output for either.
     real* yp = y.data();
     const real* rp = residual.data();
     const real* bp = bias.data();
@@ -263,7 +265,13 @@ void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D
     }
     beta = 1;
   }
-  gemm("N", "T", real(1), x, weight, beta, y);
+  return beta;
+}
+
+}  // namespace
+
+void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
+  gemm("N", "T", real(1), x, weight, seed_linear_output(y, bias, residual), y);
 }
 
 void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
@@ -271,6 +279,20 @@ void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy
   gemm("T", "N", real(1), dy, x, real(1), dweight);
   if (dbias.extent(0) > 0) bias_backward(dbias, dy);
   if (dx.extent(0) > 0) gemm("N", "N", real(1), dy, weight, dx_beta, dx);
+}
+
+void linear_forward(Slice2D y, ConstBf16Slice2D x, ConstBf16Slice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
+  gemm_bf16("N", "T", real(1), x, weight, seed_linear_output(y, bias, residual), y);
+}
+
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, Bf16Slice2D dy_bf16,
+                     ConstBf16Slice2D x, ConstBf16Slice2D weight, real dx_beta) {
+  if (dy_bf16.extent(0) != dy.extent(0) || dy_bf16.extent(1) != dy.extent(1) || dy.stride(0) != dy.extent(1))
+    throw InternalError("linear_backward: dy_bf16 must hold a contiguous dy");
+  round_to_bf16(Bf16Slice1D(dy_bf16.data(), dy.size()), ConstSlice1D(dy.data(), dy.size()));
+  gemm_bf16("T", "N", real(1), dy_bf16, x, real(1), dweight);
+  if (dbias.extent(0) > 0) bias_backward(dbias, dy);  // from fp32 dy: a column sum, not a product
+  if (dx.extent(0) > 0) gemm_bf16("N", "N", real(1), dy_bf16, weight, dx_beta, dx);
 }
 
 void bias_backward(Slice1D dbias, ConstSlice2D dy) {

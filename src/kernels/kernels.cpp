@@ -321,4 +321,26 @@ void init_normal(Slice1D x, std::uint64_t key, std::uint64_t index_offset, real 
 
 void fill(Slice1D x, real value) { Kokkos::deep_copy(x, value); }
 
+void round_to_bf16(Bf16Slice1D out, ConstSlice1D in) {
+  bf16* o = out.data();
+  const real* x = in.data();
+  Kokkos::parallel_for(
+      "ndmini::round_to_bf16", Range(0, in.extent(0)), KOKKOS_LAMBDA(const std::size_t i) { o[i] = bf16(x[i]); });
+}
+
+void widen_bf16(Slice1D out, ConstBf16Slice1D in) {
+  real* o = out.data();
+  const bf16* x = in.data();
+  Kokkos::parallel_for(
+      "ndmini::widen_bf16", Range(0, in.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) { o[i] = static_cast<real>(x[i]); });
+}
+
+void round_through_bf16(Slice1D x) {
+  real* p = x.data();
+  Kokkos::parallel_for(
+      "ndmini::round_through_bf16", Range(0, x.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) { p[i] = static_cast<real>(bf16(p[i])); });
+}
+
 }  // namespace ndmini::kernels

@@ -20,6 +20,13 @@ void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D
 // dW += dy^T x, db += column sums of dy, dx = dx_beta * dx + dy W (dx may be empty).
 void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
                      real dx_beta = 0);
+// The same layers under bf16 mixed precision: x and W are bf16, y, dx and
+// the gradients fp32 (fp32 accumulation). dy is fp32; the backward rounds it
+// to bf16 once, into dy_bf16 (as large as dy), for both of its products.
+void linear_forward(Slice2D y, ConstBf16Slice2D x, ConstBf16Slice2D weight, ConstSlice1D bias,
+                    ConstSlice2D residual = {});
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, Bf16Slice2D dy_bf16,
+                     ConstBf16Slice2D x, ConstBf16Slice2D weight, real dx_beta = 0);
 // C = alpha * op(A) op(B) + beta * C, op = "N" or "T". Asynchronous on
 // ExecSpace (in order with the kernels around it).
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);
@@ -130,5 +137,13 @@ double sum_squares(ConstSlice1D x);
 // counter-based RNG at (key, global index offset + i), or a constant.
 void init_normal(Slice1D x, std::uint64_t key, std::uint64_t index_offset, real stddev);
 void fill(Slice1D x, real value);
+
+// ---- precision conversions ------------------------------------------------
+// out = bf16(in), rounded to nearest even (core/bf16.hpp).
+void round_to_bf16(Bf16Slice1D out, ConstSlice1D in);
+// out = float(in): exact.
+void widen_bf16(Slice1D out, ConstBf16Slice1D in);
+// x = float(bf16(x)) in place: the value a bf16 copy of x holds.
+void round_through_bf16(Slice1D x);
 
 }  // namespace ndmini::kernels

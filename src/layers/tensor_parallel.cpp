@@ -62,6 +62,16 @@ void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, C
 
 void TensorParallel::row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias,
                                           ConstSlice2D residual) {
+  row_parallel(y, in, weight, bias, residual);
+}
+
+void TensorParallel::row_parallel_forward(Slice2D y, ConstBf16Slice2D in, ConstBf16Slice2D weight, ConstSlice1D bias,
+                                          ConstSlice2D residual) {
+  row_parallel(y, in, weight, bias, residual);
+}
+
+template <class Input, class Weight>
+void TensorParallel::row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual) {
   if (size_ == 1) {
     kernels::linear_forward(y, in, weight, bias, residual);
   } else if (!sp_) {

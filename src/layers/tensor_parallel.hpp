@@ -58,6 +58,9 @@ class TensorParallel {
   // row-parallel layer: the partial products summed over tp (all-reduce; a
   // reduce-scatter with SP). Without tp a plain linear layer.
   void row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual);
+  // The same with bf16 input and weight (mixed precision); y and the sums stay fp32.
+  void row_parallel_forward(Slice2D y, ConstBf16Slice2D in, ConstBf16Slice2D weight, ConstSlice1D bias,
+                            ConstSlice2D residual);
   // Backward of entering: `partial` [N, C] holds this rank's part of the
   // gradient of the LayerNorm output (the input of column-parallel layers);
   // returns the sum over tp, this rank's local rows of it.
@@ -89,6 +92,9 @@ class TensorParallel {
   void sum_replicated_grads(real* grads, std::size_t n);
 
  private:
+  template <class Input, class Weight>
+  void row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual);
+
   Communicator* tp_ = nullptr;
   int size_ = 1, rank_ = 0;
   bool sp_ = false;

@@ -5,6 +5,7 @@
 // parallelism splits the work (the LayerNorms entering a region, the
 // row-parallel projections leaving it) the block calls TensorParallel; the
 // attention itself is ContextParallelAttention (a ring over cp when cp > 1).
+#include <algorithm>
 #include <array>
 #include <cstddef>
 
@@ -30,8 +31,22 @@ struct BlockTensors {
   Slice1D mlp_proj_b;
 };
 
+// Under bf16 mixed precision: the bf16 working copy of a block's four
+// weight matrices, the operands of its products.
+struct BlockMatricesBf16 {
+  ConstBf16Slice2D attn_w, attn_proj_w, fc_w, mlp_proj_w;
+};
+
+// A block's weights as its compute reads them: `w` (fp32; under bf16 the
+// masters rounded to bf16) and, under bf16, `bf16` the same matrices in bf16.
+struct BlockWeights {
+  BlockTensors w;
+  BlockMatricesBf16 bf16;
+};
+
 // One tensor of a block: its name, global shape, tensor-parallel split and
-// the member of BlockTensors that views it (a 1-D or a 2-D one).
+// the member of BlockTensors that views it (a 1-D or a 2-D one; a matrix
+// also has its member in BlockMatricesBf16).
 struct BlockTensorSpec {
   const char* suffix;  // after "h/<layer>/"
   int rows_c, cols_c;  // shape in multiples of C (cols 0: a 1-D tensor)
@@ -39,6 +54,7 @@ struct BlockTensorSpec {
   int sections;  // q/k/v sections of a rows split
   Slice1D BlockTensors::*vector;
   Slice2D BlockTensors::*matrix;
+  ConstBf16Slice2D BlockMatricesBf16::*bf16_matrix;
 };
 // The tensors of a block in unit (and checkpoint) order: the one place that
 // order is written; the parameter layout, the global tensor list and
@@ -52,6 +68,8 @@ class BlockLayout {
   // From the parameters of one block unit `unit` of `layout`.
   BlockLayout(const ParamLayout& layout, int unit);
   BlockTensors view(real* unit_base) const;
+  // The matrices of a bf16 copy of the unit (same offsets).
+  BlockMatricesBf16 view_bf16(const bf16* unit_base) const;
 
  private:
   struct Place {
@@ -61,7 +79,9 @@ class BlockLayout {
   std::array<Place, kBlockTensors.size()> places_{};
 };
 
-// What one block keeps from its forward for its backward.
+// What one block keeps from its forward for its backward. Under bf16 mixed
+// precision the four inputs of matrix products (ln1, atty, ln2, fch_gelu)
+// are kept in bf16 (the *_bf16 members) and their fp32 members stay empty.
 struct BlockActivations {
   View1D ln1, ln1_mean, ln1_rstd;  // ln1 all N rows (gathered with SP), stats of the residual rows
   View1D qkvh, lse;                // what the attention keeps: head-major q, k, v and the log-sum-exp
@@ -70,34 +90,40 @@ struct BlockActivations {
   View1D ln2, ln2_mean, ln2_rstd;
   View1D fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
   View1D res3;           // the block's output, residual rows
+  Bf16View1D ln1_bf16, atty_bf16, ln2_bf16, fch_gelu_bf16;
 };
 
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of
 // them residual rows here, C channels split over tp; `attention` is this
-// rank's part of the attention. TransformerBlock allocates exactly these
-// (in floats); the memory estimate adds them up.
+// rank's part of the attention; `bf16`: mixed precision. TransformerBlock
+// allocates exactly these; the memory estimate adds them up.
 struct BlockSizes {
   std::size_t channels, rows, local_rows;
   int tp;
   kernels::AttentionShape attention;
+  bool bf16 = false;
   std::size_t full() const { return rows * channels; }                  // [N, C]: LayerNorm outputs, dln
   std::size_t residual() const { return local_rows * channels; }        // [Nr, C]: res2, res3
   std::size_t stats() const { return local_rows; }                      // LayerNorm mean or rstd
   std::size_t attention_out() const { return rows * (channels / tp); }  // [N, C/tp]: atty, datty
   std::size_t qkv() const { return rows * (3 * channels / tp); }        // [N, 3C/tp]: qkv, dqkv
   std::size_t hidden() const { return rows * (4 * channels / tp); }     // [N, 4C/tp]: fch, fch_gelu, dfc
-  // Floats of one block's activations (BlockActivations): all of them, or
+  // Bytes of one block's activations (BlockActivations): all of them, or
   // only the output res3 (output_only, with recomputation).
-  std::size_t activation_floats(bool output_only) const;
-  // Floats of the scratch one TransformerBlock holds (shared by all blocks).
-  std::size_t scratch_floats() const { return 2 * qkv() + full() + hidden() + attention_out(); }
+  std::size_t activation_bytes(bool output_only) const;
+  // Bytes of the scratch one TransformerBlock holds (shared by all blocks):
+  // under bf16 also the fp32 attention output for its backward and the
+  // bf16 rounding of a product's output gradient.
+  std::size_t scratch_bytes() const;
+  std::size_t largest_output() const { return std::max({full(), qkv(), hidden()}); }
 };
 
 class TransformerBlock {
  public:
   // Shared by every block of a stage; owns the scratch buffers one forward
   // or backward needs (valid across blocks and micro-batches).
-  TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention);
+  // bf16: mixed precision (BlockWeights carry bf16 matrices).
+  TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention, bool bf16);
   const BlockSizes& sizes() const { return sizes_; }
 
   // Activations of one block for one micro-batch: all of them, or (output_only,
@@ -105,17 +131,27 @@ class TransformerBlock {
   BlockActivations allocate(bool output_only) const;
 
   // x: the block input, residual rows [Nr, C]. Fills `a` (a.res3 = output).
-  void forward(const BlockTensors& w, ConstSlice2D x, BlockActivations& a);
+  void forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit (residual rows). Parameter
   // gradients are ADDED into g.
-  void backward(const BlockTensors& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
+  void backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
 
  private:
+  // The forward and backward of one block under bf16 mixed precision.
+  void forward_bf16(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
+  void backward_bf16(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
+                     Slice2D dres);
+  // Rounds an fp32 result of `rows` x `cols` into the bf16 activation `out`.
+  ConstBf16Slice2D keep_bf16(const Bf16View1D& out, const View1D& in, std::size_t rows, std::size_t cols) const;
+  Bf16Slice2D dy_bf16(std::size_t cols) const { return as_matrix(dy_bf16_, sizes_.rows, cols); }
+
   TensorParallel& tp_;
   ContextParallelAttention& attention_;
   BlockSizes sizes_;
   std::size_t C_, Cl_, F_, Q_;  // channels; per tp rank: attention width, MLP width, q+k+v width
   View1D qkv_, dln_, dfc_, dqkv_, datty_;
+  View1D atty_;         // bf16: the attention output widened back for the attention's backward
+  Bf16View1D dy_bf16_;  // bf16: a product's output gradient rounded for its two products
 };
 
 }  // namespace ndmini

@@ -22,20 +22,21 @@ kernels::AttentionShape attention_shape(const ModelConfig& m, int micro_batch, i
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp,
-                   bool sequence_parallel, Communicator* cp)
+                   bool sequence_parallel, Communicator* cp, Precision precision)
     : cfg_(m),
+      precision_(precision),
       chunks_(std::move(chunks)),
       units_(gpt_chunk_units(chunks_)),
       tp_(tp, sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(cp), m.channels, m.vocab),
       attention_(cp, attention_shape(m, micro_batch, size_of(tp), size_of(cp)), m.seq_len),
-      block_(m.channels, tp_, attention_) {
+      block_(m.channels, tp_, attention_, precision == Precision::bf16) {
   const ParamLayout layout = param_layout(1);
   for (const ParamInfo& p : layout.params)
     if (p.name == "ln_f/bias") lnf_bias_offset_ = p.offset - layout.unit_offset[p.unit];
   block_layout_ = BlockLayout(layout, units_.front().blocks.front());
 
-  const Buffers sizes =
-      buffer_sizes(m, micro_batch, chunks_.back().head, tp_.size(), tp_.sequence_parallel(), attention_.layout().cp);
+  const Buffers sizes = buffer_sizes(m, micro_batch, chunks_.back().head, tp_.size(), tp_.sequence_parallel(),
+                                     attention_.layout().cp, precision);
   // Absolute position of every residual row: rows are sequence-major, each
   // sequence holding this cp rank's tokens; with SP this tp rank's slice.
   const CpLayout& cpl = attention_.layout();
@@ -53,21 +54,26 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
     logits_ = uninitialized("ndmini::logits", sizes.logits);
     losses_ = uninitialized("ndmini::losses", sizes.losses);
     dln_ = uninitialized("ndmini::head_dln", sizes.head_dln);
+    if (precision == Precision::bf16) {
+      lnf_bf16_ = uninitialized_bf16("ndmini::lnf_bf16", sizes.lnf_bf16);
+      dlogits_bf16_ = uninitialized_bf16("ndmini::dlogits_bf16", sizes.dlogits_bf16);
+    }
   }
 }
 
 GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp,
-                                         bool sequence_parallel, int cp) {
+                                         bool sequence_parallel, int cp, Precision precision) {
   const bool sp = sequence_parallel && tp > 1;
-  const BlockSizes block = block_sizes_of(m, micro_batch, tp, sequence_parallel, cp);
+  const BlockSizes block = block_sizes_of(m, micro_batch, tp, sequence_parallel, cp, precision);
   const std::size_t N = block.rows, Nr = block.local_rows, C = block.channels;
   const kernels::AttentionShape att = block.attention;
   Buffers b;
   // The layers' scratch, and the GEMM's row of ones for bias gradients
   // (kernels/gemm.cpp), as long as the most rows: N.
   b.layers_bytes = (TensorParallel::buffer_sizes(tp, sp, N, m.channels).total() +
-                    ContextParallelAttention::buffer_sizes(att, cp).total() + block.scratch_floats() + N) *
-                   sizeof(real);
+                    ContextParallelAttention::buffer_sizes(att, cp).total() + N) *
+                       sizeof(real) +
+                   block.scratch_bytes();
   b.positions = Nr;
   if (has_head) {
     b.lnf = N * C;
@@ -75,14 +81,20 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
     b.logits = N * (m.vocab / tp);
     b.losses = N;
     b.head_dln = N * C;
+    if (precision == Precision::bf16) {
+      b.lnf_bf16 = N * C;
+      b.dlogits_bf16 = b.logits;
+    }
   }
   return b;
 }
 
-BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp) {
+BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp,
+                                    Precision precision) {
   const std::size_t N = static_cast<std::size_t>(micro_batch) * m.seq_len / cp;
   const bool sp = sequence_parallel && tp > 1;
-  return {static_cast<std::size_t>(m.channels), N, sp ? N / tp : N, tp, attention_shape(m, micro_batch, tp, cp)};
+  return {static_cast<std::size_t>(m.channels), N, sp ? N / tp : N, tp, attention_shape(m, micro_batch, tp, cp),
+          precision == Precision::bf16};
 }
 
 ParamLayout GptModel::param_layout(int shards) const {
@@ -91,6 +103,9 @@ ParamLayout GptModel::param_layout(int shards) const {
 
 Slice2D GptModel::wte(real* unit_base) const {
   return Slice2D(unit_base, tp_.local_vocab(), cfg_.channels);  // wte is alone in its unit
+}
+ConstBf16Slice2D GptModel::wte(const bf16* unit_base) const {
+  return ConstBf16Slice2D(unit_base, tp_.local_vocab(), cfg_.channels);
 }
 
 void gpt_init_param(const ModelConfig& m, const ParamInfo& p, int tp_rank, std::size_t local_begin, Slice1D data,
@@ -132,31 +147,62 @@ void GptModel::embedding_backward(real* dwte, real* dwpe, ConstSlice2D dres, Con
   tp_.embedding_backward(wte(dwte), Slice2D(dwpe, cfg_.seq_len, cfg_.channels), dres, tokens, positions_);
 }
 
-void GptModel::block_forward(real* params, ConstSlice2D x, BlockActivations& a) {
-  block_.forward(block_layout_.view(params), x, a);
+namespace {
+
+// A unit's bf16 operands must be given exactly when the model runs in bf16.
+void check_weights(const UnitWeights& w, Precision precision) {
+  if ((w.bf16_values != nullptr) != (precision == Precision::bf16))
+    throw InternalError("a unit's bf16 working copy must be given exactly under bf16 mixed precision");
 }
 
-void GptModel::block_backward(real* params, real* grads, ConstSlice2D x, const BlockActivations& a, Slice2D dres) {
-  block_.backward(block_layout_.view(params), block_layout_.view(grads), x, a, dres);
+}  // namespace
+
+BlockWeights GptModel::block_weights(UnitWeights params) const {
+  check_weights(params, precision_);
+  BlockWeights w{block_layout_.view(params.values), {}};
+  if (params.bf16_values != nullptr) w.bf16 = block_layout_.view_bf16(params.bf16_values);
+  return w;
 }
 
-double GptModel::head_forward(real* ln_f, real* wte_params, ConstSlice2D x, ConstTokenView targets, real grad_scale) {
+void GptModel::block_forward(UnitWeights params, ConstSlice2D x, BlockActivations& a) {
+  block_.forward(block_weights(params), x, a);
+}
+
+void GptModel::block_backward(UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
+                              Slice2D dres) {
+  block_.backward(block_weights(params), block_layout_.view(grads), x, a, dres);
+}
+
+double GptModel::head_forward(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,
+                              real grad_scale) {
+  check_weights(wte_params, precision_);
   const std::size_t N = tp_.rows(), C = cfg_.channels;
   tp_.layernorm_enter(as_matrix(lnf_, N, C), lnf_mean_, lnf_rstd_, x, Slice1D(ln_f, C),
                       Slice1D(ln_f + lnf_bias_offset_, C));
   // The LM head is tied to the token embedding: logits = lnf wte^T (this rank's vocabulary).
   const Slice2D logits = as_matrix(logits_, N, tp_.local_vocab());
-  kernels::linear_forward(logits, as_matrix(lnf_, N, C), wte(wte_params), Slice1D());
+  if (precision_ == Precision::bf16) {
+    kernels::round_to_bf16(Bf16Slice1D(lnf_bf16_.data(), N * C), ConstSlice1D(lnf_.data(), N * C));
+    kernels::linear_forward(logits, as_matrix(lnf_bf16_, N, C), wte(wte_params.bf16_values), Slice1D());
+  } else {
+    kernels::linear_forward(logits, as_matrix(lnf_, N, C), wte(wte_params.values), Slice1D());
+  }
   // With grad_scale != 0 logits now hold dlogits: the head's backward runs at
   // once, so the logits are never kept per micro-batch.
   return tp_.cross_entropy(logits, losses_, targets, grad_scale);
 }
 
-void GptModel::head_backward(real* ln_f, real* wte_params, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx) {
+void GptModel::head_backward(real* ln_f, UnitWeights wte_params, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx) {
+  check_weights(wte_params, precision_);
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows(), C = cfg_.channels;
   const Slice2D dlogits = as_matrix(logits_, N, tp_.local_vocab());
-  kernels::linear_backward(as_matrix(dln_, N, C), wte(dwte), Slice1D(), dlogits, as_matrix(lnf_, N, C),
-                           wte(wte_params));
+  if (precision_ == Precision::bf16)
+    kernels::linear_backward(as_matrix(dln_, N, C), wte(dwte), Slice1D(), dlogits,
+                             as_matrix(dlogits_bf16_, N, tp_.local_vocab()), as_matrix(lnf_bf16_, N, C),
+                             wte(wte_params.bf16_values));
+  else
+    kernels::linear_backward(as_matrix(dln_, N, C), wte(dwte), Slice1D(), dlogits, as_matrix(lnf_, N, C),
+                             wte(wte_params.values));
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C));
   kernels::fill(Slice1D(dx.data(), Nr * C), 0);
   kernels::layernorm_backward(dx, Slice1D(dln_f, C), Slice1D(dln_f + lnf_bias_offset_, C), gin, x, Slice1D(ln_f, C),

@@ -76,12 +76,15 @@ class GptModel {
  public:
   // The chunks `chunks` of the model, for micro-batches of `micro_batch`
   // sequences; tp and cp: the groups its layers split over (null: none).
+  // `precision`: bf16 runs the matrix products on bf16 operands (UnitWeights
+  // then carry bf16 values) and keeps their inputs in bf16.
   GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp = nullptr,
-           bool sequence_parallel = false, Communicator* cp = nullptr);
+           bool sequence_parallel = false, Communicator* cp = nullptr, Precision precision = Precision::fp32);
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  Precision precision() const { return precision_; }
   const std::vector<Chunk>& chunks() const { return chunks_; }
   const std::vector<ChunkUnits>& units() const { return units_; }
   // The parameter layout of these chunks on this tp rank, units padded to `shards`.
@@ -95,7 +98,8 @@ class GptModel {
   // Floats of the activations between chunks: Nr x C.
   std::size_t activation_elements() const { return tp_.local_rows() * cfg_.channels; }
   // The sizes of one block's buffers on a rank of this split (what block_sizes() returns).
-  static BlockSizes block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp);
+  static BlockSizes block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp,
+                                   Precision precision = Precision::fp32);
   static std::size_t activation_elements_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel,
                                             int cp) {
     return block_sizes_of(m, micro_batch, tp, sequence_parallel, cp).residual();
@@ -111,15 +115,15 @@ class GptModel {
   void embedding_forward(Slice2D out, ConstTokenView tokens, real* wte, real* wpe);
   void embedding_backward(real* dwte, real* dwpe, ConstSlice2D dres, ConstTokenView tokens);
   // x: the block input [Nr, C]; fills a (a.res3 = output).
-  void block_forward(real* params, ConstSlice2D x, BlockActivations& a);
+  void block_forward(UnitWeights params, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit.
-  void block_backward(real* params, real* grads, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
+  void block_backward(UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
   // The head: final LayerNorm, tied LM head, loss of `targets`; returns the
   // sum of the per-token losses. With grad_scale != 0 it keeps d(logits)
   // for head_backward, which must follow before the next head_forward.
-  double head_forward(real* ln_f, real* wte, ConstSlice2D x, ConstTokenView targets, real grad_scale);
+  double head_forward(real* ln_f, UnitWeights wte, ConstSlice2D x, ConstTokenView targets, real grad_scale);
   // Writes d(x) into dx [Nr, C].
-  void head_backward(real* ln_f, real* wte, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx);
+  void head_backward(real* ln_f, UnitWeights wte, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx);
 
   // With SP, sums the partial gradients of tp-replicated tensors over tp.
   void sum_replicated_grads(real* grads, std::size_t n) { tp_.sum_replicated_grads(grads, n); }
@@ -131,18 +135,23 @@ class GptModel {
     std::size_t layers_bytes = 0;  // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
     std::size_t positions = 0;     // tokens
     std::size_t lnf = 0, lnf_stats = 0, logits = 0, losses = 0, head_dln = 0;  // head stage only
+    std::size_t lnf_bf16 = 0, dlogits_bf16 = 0;  // head stage under bf16: the LM head's operands
     std::size_t bytes() const {
       return layers_bytes + positions * sizeof(token_t) +
-             (lnf + 2 * lnf_stats + logits + losses + head_dln) * sizeof(real);
+             (lnf + 2 * lnf_stats + logits + losses + head_dln) * sizeof(real) +
+             (lnf_bf16 + dlogits_bf16) * sizeof(bf16);
     }
   };
   static Buffers buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp, bool sequence_parallel,
-                              int cp);
+                              int cp, Precision precision = Precision::fp32);
 
  private:
   Slice2D wte(real* unit_base) const;
+  ConstBf16Slice2D wte(const bf16* unit_base) const;
+  BlockWeights block_weights(UnitWeights params) const;
 
   ModelConfig cfg_;
+  Precision precision_;
   std::vector<Chunk> chunks_;
   std::vector<ChunkUnits> units_;
   TensorParallel tp_;
@@ -152,6 +161,7 @@ class GptModel {
   std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it)
   TokenView positions_;              // absolute position of each residual row
   View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
+  Bf16View1D lnf_bf16_, dlogits_bf16_;  // bf16 only
 };
 
 }  // namespace ndmini

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/types.hpp"
+
 namespace ndmini {
 
 // How tensor parallelism splits a parameter over the tp group.
@@ -15,6 +17,15 @@ enum class TpSplit {
   replicated,  // every tp rank holds all of it (LayerNorms, wpe, row-parallel biases)
   rows,        // dim 0 split: column-parallel weights and biases, the vocabulary of wte
   cols,        // dim 1 split: row-parallel weights
+};
+
+// One unit's parameters as the model's compute reads them: fp32 `values`
+// (the masters; under bf16 mixed precision the masters rounded to bf16)
+// and, under bf16, the same values as bf16 (the operands of matrix products;
+// null in fp32). Both indexed like the parameter layout from the unit's start.
+struct UnitWeights {
+  real* values = nullptr;
+  const bf16* bf16_values = nullptr;
 };
 
 struct ParamInfo {

@@ -5,11 +5,12 @@
 #include <exception>
 
 #include "core/error.hpp"
+#include "kernels/kernels.hpp"
 
 namespace ndmini {
 
-ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
-    : layout_(std::move(layout)), groups_(groups) {
+ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups, Precision precision)
+    : layout_(std::move(layout)), groups_(groups), precision_(precision) {
   int shard_rank = 0;
   if (groups_.fsdp != nullptr && groups_.fsdp->size() > 1) {
     shards_ = groups_.fsdp->size();
@@ -41,7 +42,49 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups)
   if (shards_ > 1) fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_);
   if (groups_.dp_replicate != nullptr && groups_.dp_replicate->size() > 1)
     dp_ = std::make_unique<DataParallel>(*groups_.dp_replicate);
+  if (precision_ == Precision::bf16) {
+    working_.resize(n_units);
+    if (!fsdp_) {  // one allocation each, like the masters
+      working_storage_ = uninitialized("ndmini::working_params", total);
+      working_bf16_ = uninitialized_bf16("ndmini::working_params_bf16", total);
+      for (int u = 0; u < n_units; ++u) {
+        working_[u].rounded = working_storage_.data() + shard_offset_[u];
+        working_[u].bf16 =
+            Bf16View1D(working_bf16_, std::make_pair(shard_offset_[u], shard_offset_[u] + layout_.unit_size[u]));
+      }
+    }
+  }
 }
+
+std::size_t ParamStore::working_bytes_per_element(Precision precision, bool sharded) {
+  if (precision != Precision::bf16) return 0;
+  return (sharded ? 0 : sizeof(real)) + sizeof(bf16);
+}
+
+ParamStore::WorkingCopy& ParamStore::working(int u) {
+  WorkingCopy& w = working_[u];
+  if (w.version == version_) return w;
+  const std::size_t n = layout_.unit_size[u];
+  if (fsdp_) {
+    // The gathered buffer is this rank's transient copy: round it in place.
+    w.rounded = fsdp_->params(u);
+    w.bf16 = uninitialized_bf16("ndmini::working_params_bf16", n);
+    kernels::round_to_bf16(Bf16Slice1D(w.bf16.data(), n), ConstSlice1D(w.rounded, n));
+    kernels::widen_bf16(Slice1D(w.rounded, n), ConstBf16Slice1D(w.bf16.data(), n));
+  } else {
+    kernels::round_to_bf16(Bf16Slice1D(w.bf16.data(), n), ConstSlice1D(shard_params_.data() + shard_offset_[u], n));
+    kernels::widen_bf16(Slice1D(w.rounded, n), ConstBf16Slice1D(w.bf16.data(), n));
+  }
+  w.version = version_;
+  return w;
+}
+
+real* ParamStore::params(int u) {
+  if (precision_ == Precision::bf16) return working(u).rounded;
+  return fsdp_ ? fsdp_->params(u) : shard_params_.data() + shard_offset_[u];
+}
+
+const bf16* ParamStore::params_bf16(int u) { return precision_ == Precision::bf16 ? working(u).bf16.data() : nullptr; }
 
 std::size_t ParamStore::shard_elements(const ParamLayout& layout, int shards) {
   return layout.total / shards;  // every unit is padded to split evenly
@@ -56,7 +99,9 @@ void ParamStore::gather(int u) {
 }
 
 void ParamStore::release(int u) {
-  if (fsdp_) fsdp_->release(u);
+  if (!fsdp_) return;
+  fsdp_->release(u);
+  if (precision_ == Precision::bf16) working_[u] = WorkingCopy();  // made again from the next gather
 }
 
 void ParamStore::begin_grads(int u) {
@@ -90,7 +135,8 @@ bool ParamStore::counts_in_norm(const Piece& piece) const {
 bool ParamStore::is_replica(const Piece& piece) const { return replica_ || !counts_in_norm(piece); }
 
 std::size_t ParamStore::persistent_bytes() const {
-  return (shard_params_.extent(0) + shard_grads_.extent(0)) * sizeof(real);
+  return (shard_params_.extent(0) + shard_grads_.extent(0)) * sizeof(real) + working_storage_.span() * sizeof(real) +
+         working_bf16_.span() * sizeof(bf16);
 }
 
 UnitParams::UnitParams(ParamStore& store, int unit, int prefetch, bool release)

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "config/config.hpp"
 #include "core/types.hpp"
 #include "model/param_layout.hpp"
 #include "parallel/data_parallel.hpp"
@@ -28,7 +29,9 @@ struct DataParallelGroups {
 
 class ParamStore {
  public:
-  ParamStore(ParamLayout layout, const DataParallelGroups& groups);
+  // precision bf16: the model computes with a working copy of the masters
+  // rounded to bf16 (params(), params_bf16()); the masters stay fp32.
+  ParamStore(ParamLayout layout, const DataParallelGroups& groups, Precision precision = Precision::fp32);
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
@@ -41,9 +44,18 @@ class ParamStore {
   bool sharded() const { return fsdp_ != nullptr; }
 
   // Full (tp-local) parameters and gradients of unit u, indexed like the
-  // flat layout from layout().unit_offset[u].
-  real* params(int u) { return fsdp_ ? fsdp_->params(u) : shard_params_.data() + shard_offset_[u]; }
+  // flat layout from layout().unit_offset[u]. Under bf16 params() are the
+  // working copy: the masters rounded to bf16, held as fp32.
+  real* params(int u);
   real* grads(int u) { return fsdp_ ? fsdp_->grads(u) : shard_grads_.data() + shard_offset_[u]; }
+  // Under bf16 the same working copy as bf16 (the matrix products'
+  // operands); null in fp32.
+  const bf16* params_bf16(int u);
+  // The masters changed (an update, a load, an init): the working copy is
+  // refreshed, unit by unit, when next used. Without FSDP it is kept between
+  // steps; with FSDP it is made from each gather and dropped with the unit.
+  void params_changed() { ++version_; }
+  Precision precision() const { return precision_; }
 
   // FSDP life cycle; all are no-ops without FSDP.
   void prefetch(int u);  // start the all-gather of unit u (ignores u outside [0, units()))
@@ -84,14 +96,32 @@ class ParamStore {
   // of wte). Checkpoints write owners only.
   bool is_replica(const Piece& piece) const;
 
-  // Bytes this rank holds persistently (parameters and gradients), and the
-  // most it held transiently for gathered units.
+  // Bytes this rank holds persistently (parameters and gradients, and
+  // without FSDP the bf16 working copy), and the most it held transiently
+  // for gathered units.
   std::size_t persistent_bytes() const;
+  // Bytes of the working copy per parameter element: 0 in fp32, else the
+  // rounded fp32 value (none with FSDP: the gathered buffer is rounded in
+  // place) and the bf16 one.
+  static std::size_t working_bytes_per_element(Precision precision, bool sharded);
   std::size_t peak_transient_bytes() const { return fsdp_ ? fsdp_->peak_transient_bytes() : 0; }
 
  private:
+  struct WorkingCopy {
+    real* rounded = nullptr;  // the values, rounded; in `storage` or (FSDP) the gathered buffer
+    View1D storage;
+    Bf16View1D bf16;
+    std::uint64_t version = 0;  // of the masters it was made from; 0: none
+  };
+  WorkingCopy& working(int u);
+
   ParamLayout layout_;
   DataParallelGroups groups_;
+  Precision precision_;
+  std::vector<WorkingCopy> working_;
+  View1D working_storage_;  // without FSDP: every unit's rounded values, then their bf16
+  Bf16View1D working_bf16_;
+  std::uint64_t version_ = 1;
   int shards_ = 1;
   bool replica_ = false;  // a dp_replicate rank other than 0
   std::vector<std::size_t> shard_offset_;
@@ -117,6 +147,7 @@ class UnitParams {
   UnitParams(const UnitParams&) = delete;
   UnitParams& operator=(const UnitParams&) = delete;
   real* data() const { return store_.params(unit_); }
+  UnitWeights weights() const { return {store_.params(unit_), store_.params_bf16(unit_)}; }
 
  private:
   ParamStore& store_;

@@ -27,28 +27,34 @@ std::vector<Chunk> chunks_or_whole_model(const std::vector<Chunk>& chunks, int l
 // Fsdp's allocations, replayed without data: the bytes it holds and their peak.
 class FsdpReplay {
  public:
-  FsdpReplay(const ParamLayout& layout, int shards)
-      : units_(layout.unit_size), shards_(shards), gathered_(units_.size(), false), open_(units_.size(), false) {}
+  // gathered_bytes: per element of a gathered unit (fp32, and its bf16
+  // working copy under bf16, counted from the gather on: an upper bound).
+  FsdpReplay(const ParamLayout& layout, int shards, std::size_t gathered_bytes)
+      : units_(layout.unit_size),
+        shards_(shards),
+        gathered_bytes_(gathered_bytes),
+        gathered_(units_.size(), false),
+        open_(units_.size(), false) {}
   void gather(int u) {  // and prefetch
     if (u < 0 || u >= static_cast<int>(units_.size()) || gathered_[u]) return;
     gathered_[u] = true;
-    grow(units_[u]);
+    grow(units_[u] * gathered_bytes_);
   }
   void release(int u) {
     if (!gathered_[u]) return;
     gathered_[u] = false;
-    held_ -= units_[u];
+    held_ -= units_[u] * gathered_bytes_;
   }
   void begin_grads(int u) {
     if (open_[u]) return;
     open_[u] = true;
-    grow(units_[u]);
+    grow(units_[u] * sizeof(real));
   }
   void end_grads(int u) {
     open_[u] = false;
     const std::size_t part = units_[u] / shards_;
-    grow(part);
-    reductions_.push_back(units_[u] + part);
+    grow(part * sizeof(real));
+    reductions_.push_back((units_[u] + part) * sizeof(real));
     while (reductions_.size() > Fsdp::kReductionsInFlight) {
       held_ -= reductions_.front();
       reductions_.pop_front();
@@ -97,15 +103,15 @@ class FsdpReplay {
       if (c.head) release(u.wte);
     }
   }
-  std::size_t peak_bytes() const { return peak_ * sizeof(real); }
+  std::size_t peak_bytes() const { return peak_; }
 
  private:
-  void grow(std::size_t floats) { peak_ = std::max(peak_, held_ += floats); }
+  void grow(std::size_t bytes) { peak_ = std::max(peak_, held_ += bytes); }
 
   std::vector<std::size_t> units_;  // floats of each unit
-  std::size_t shards_;
+  std::size_t shards_, gathered_bytes_;
   std::vector<bool> gathered_, open_;
-  std::deque<std::size_t> reductions_;  // full gradients + shard part of each reduce-scatter in flight
+  std::deque<std::size_t> reductions_;  // bytes of full gradients + shard part of each reduce-scatter in flight
   std::size_t held_ = 0, peak_ = 0;
 };
 
@@ -138,9 +144,10 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
 }  // namespace
 
 std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
-                                          const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
+                                          const std::vector<PipelineAction>& actions, bool reshard_after_forward,
+                                          Precision precision) {
   if (shards <= 1) return 0;
-  FsdpReplay fsdp(layout, shards);
+  FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::working_bytes_per_element(precision, true));
   const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
   for (const PipelineAction& a : actions) {
     std::size_t k = 0;
@@ -156,7 +163,8 @@ std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::
 
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
-                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
+                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward,
+                                   Precision precision) {
   const int fsdp = split.fsdp();
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
@@ -175,8 +183,10 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp);
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
   const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
-  e.state_bytes = saturated_bytes(4.0 * shard * sizeof(real));
-  const BlockSizes block = GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp);
+  e.state_bytes = saturated_bytes(4.0 * shard * sizeof(real) +
+                                  1.0 * shard * ParamStore::working_bytes_per_element(precision, fsdp > 1));
+  const BlockSizes block =
+      GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp, precision);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
   // each chunk, the most of its micro-batches the schedule has in flight at once.
   double records = 0, record_bytes = 0, largest = 0;
@@ -196,23 +206,26 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   e.activation_bytes_per_micro_batch = saturated_bytes(std::ceil(record_bytes / std::max(records, 1.0)));
   // Scratch: the model's own buffers, a recomputed block, what FSDP holds at most.
   double scratch = static_cast<double>(
-      GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, split.sequence_parallel, split.cp).bytes());
-  if (recompute == Recompute::block) scratch += block.activation_floats(false) * sizeof(real);
+      GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, split.sequence_parallel, split.cp, precision)
+          .bytes());
+  if (recompute == Recompute::block) scratch += block.activation_bytes(false);
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
   scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(
       layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
-      reshard_after_forward));
+      reshard_after_forward, precision));
   e.scratch_bytes = saturated_bytes(scratch);
   return e;
 }
 
-StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute)
-    : model_(m, micro_batch, chunks_or_whole_model(par.chunks, m.layers), par.tp, par.sequence_parallel, par.cp),
+StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute,
+                           Precision precision)
+    : model_(m, micro_batch, chunks_or_whole_model(par.chunks, m.layers), par.tp, par.sequence_parallel, par.cp,
+             precision),
       recompute_(recompute),
       tied_(par.tied_embedding) {
   // The store learns the FSDP group size here: every unit is padded to split evenly over it.
-  store_ = std::make_unique<ParamStore>(model_.param_layout(size_of(par.data.fsdp)), par.data);
+  store_ = std::make_unique<ParamStore>(model_.param_layout(size_of(par.data.fsdp)), par.data, precision);
   std::size_t units = 0;
   for (const ChunkUnits& u : model_.units()) {
     units += (u.wte >= 0) + (u.wpe >= 0) + (u.ln_f >= 0) + u.blocks.size();
@@ -236,7 +249,7 @@ int StageRuntime::local_chunk(int chunk) const {
 std::size_t StageRuntime::record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute) {
   const std::size_t n = block.local_rows * block.channels;  // the chunk's input and the gradient of its output
   return 2 * n * sizeof(real) + (chunk.embedding ? block.rows * sizeof(token_t) : 0) +
-         chunk.layers() * block.activation_floats(recompute == Recompute::block) * sizeof(real);
+         chunk.layers() * block.activation_bytes(recompute == Recompute::block);
 }
 
 StageRuntime::Record& StageRuntime::record(int chunk, int micro_batch) {
@@ -285,6 +298,7 @@ void StageRuntime::init(std::uint64_t seed) {
     gpt_init_param(config(), params()[piece.param], tp_rank, piece.local_begin,
                    Slice1D(base + piece.shard_offset, piece.length), seed);
   Kokkos::deep_copy(store_->shard_grads(), real(0));
+  store_->params_changed();
 }
 
 real* StageRuntime::input_buffer(int chunk, int micro_batch) { return record(chunk, micro_batch).input.data(); }
@@ -296,11 +310,11 @@ double StageRuntime::head(ConstSlice2D x, ConstTokenView targets, real loss_scal
   // gradients open) until the embedding's backward.
   const UnitParams ln_f(s, u.ln_f);
   const UnitParams wte(s, u.wte, -1, !owns_wte);
-  const double loss = model_.head_forward(ln_f.data(), wte.data(), x, targets, loss_scale);
+  const double loss = model_.head_forward(ln_f.data(), wte.weights(), x, targets, loss_scale);
   if (loss_scale != 0) {
     const UnitGrads dwte(s, u.wte, last_micro_batch, !owns_wte);
     const UnitGrads dln_f(s, u.ln_f, last_micro_batch);
-    model_.head_backward(ln_f.data(), wte.data(), dln_f.data(), dwte.data(), x, dx);
+    model_.head_backward(ln_f.data(), wte.weights(), dln_f.data(), dwte.data(), x, dx);
   }
   return loss;
 }
@@ -332,9 +346,9 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
       // and is computed again in the backward.
       BlockActivations work = recomputed_;
       work.res3 = a.res3;
-      model_.block_forward(params.data(), as_matrix(*x, Nr, C), work);
+      model_.block_forward(params.weights(), as_matrix(*x, Nr, C), work);
     } else {
-      model_.block_forward(params.data(), as_matrix(*x, Nr, C), a);
+      model_.block_forward(params.weights(), as_matrix(*x, Nr, C), a);
     }
     x = &a.res3;
   }
@@ -373,13 +387,13 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
       const auto t0 = Clock::now();
       {
         const ProfileRegion again([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " recompute"; });
-        model_.block_forward(params.data(), as_matrix(x, Nr, C), work);
+        model_.block_forward(params.weights(), as_matrix(x, Nr, C), work);
         ExecSpace().fence();
       }
       recompute_ms_ += ms_since(t0);
-      model_.block_backward(params.data(), grads.data(), as_matrix(x, Nr, C), work, dres);
+      model_.block_backward(params.weights(), grads.data(), as_matrix(x, Nr, C), work, dres);
     } else {
-      model_.block_backward(params.data(), grads.data(), as_matrix(x, Nr, C), r.layers[i], dres);
+      model_.block_backward(params.weights(), grads.data(), as_matrix(x, Nr, C), r.layers[i], dres);
     }
   }
   if (c.embedding) {

@@ -52,12 +52,15 @@ struct MemoryEstimate {
 // units and open gradients follow it).
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
-                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward);
+                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward,
+                                   Precision precision = Precision::fp32);
 
 class StageRuntime {
  public:
+  // precision bf16: mixed precision (a bf16 working copy of the parameters,
+  // bf16 operands of every matrix product; ParamStore, GptModel).
   StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par = {},
-               Recompute recompute = Recompute::none);
+               Recompute recompute = Recompute::none, Precision precision = Precision::fp32);
   ~StageRuntime();
   StageRuntime(const StageRuntime&) = delete;
   StageRuntime& operator=(const StageRuntime&) = delete;
@@ -134,7 +137,8 @@ class StageRuntime {
   // over `shards` ranks, runs `actions`: the unit scopes of forward() and
   // backward() replayed without compute. 0 without FSDP.
   static std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
-                                     const std::vector<PipelineAction>& actions, bool reshard_after_forward);
+                                     const std::vector<PipelineAction>& actions, bool reshard_after_forward,
+                                     Precision precision = Precision::fp32);
 
  private:
   // What one micro-batch keeps between the forward and the backward of one chunk.

@@ -11,9 +11,7 @@
 
 namespace ndmini {
 
-const char* precision_name(GemmPrecision precision) { return precision == GemmPrecision::bf16 ? "bf16" : "fp32"; }
-
-GemmCalibration calibrate_gemm(GemmPrecision precision, int runs) {
+GemmCalibration calibrate_gemm(Precision precision, int runs) {
   // Square products the size of the larger model GEMMs: about 0.2 s in all
   // at 100 GFLOP/s in fp32.
   constexpr int kN = 1024;
@@ -22,7 +20,7 @@ GemmCalibration calibrate_gemm(GemmPrecision precision, int runs) {
   Kokkos::deep_copy(b, 0.25f);
   using Bf16View2D = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>;
   Bf16View2D ah, bh;
-  if (precision == GemmPrecision::bf16) {
+  if (precision == Precision::bf16) {
     ah = Bf16View2D("ndmini::calib_a_bf16", kN, kN);
     bh = Bf16View2D("ndmini::calib_b_bf16", kN, kN);
     Kokkos::deep_copy(ah, bf16(0.5f));
@@ -41,7 +39,7 @@ GemmCalibration calibrate_gemm(GemmPrecision precision, int runs) {
     Kokkos::fence();
     const auto t0 = Clock::now();
     // The model's GEMM path (cuBLAS on a GPU; on the host the route the shape picks).
-    if (precision == GemmPrecision::bf16)
+    if (precision == Precision::bf16)
       kernels::gemm_bf16(ta, tb, 1.0f, ah, bh, 0.0f, c);
     else
       kernels::gemm(ta, tb, 1.0f, a, b, 0.0f, c);
@@ -54,14 +52,14 @@ GemmCalibration calibrate_gemm(GemmPrecision precision, int runs) {
   return cal;
 }
 
-double calibrate_gemm_flops(GemmPrecision precision) { return calibrate_gemm(precision).best_flops; }
+double calibrate_gemm_flops(Precision precision) { return calibrate_gemm(precision).best_flops; }
 
-PeakFlops peak_flops(const PerfConfig& perf, MPI_Comm comm, GemmPrecision precision) {
+PeakFlops peak_flops(const PerfConfig& perf, MPI_Comm comm, Precision precision) {
   if (perf.peak_gflops > 0) return {perf.peak_gflops * 1e9, "given in the deck (perf.peak_gflops)", {}};
   GemmCalibration cal = calibrate_gemm(precision);
   double flops = cal.best_flops;
   mpi_all_reduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_MAX, comm, "the GEMM calibration");
-  const std::string what = precision == GemmPrecision::bf16 ? "bf16 GEMM" : "SGEMM";
+  const std::string what = precision == Precision::bf16 ? "bf16 GEMM" : "SGEMM";
   return {flops,
           "measured (1024^3 " + what + " calibration, NT/TN/NN, best of " + std::to_string(cal.run_flops.size()) +
               " runs, fastest rank)",

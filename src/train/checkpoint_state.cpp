@@ -60,8 +60,9 @@ void CheckpointState::from_device(const ParamStore& store, const AdamW& opt) {
   Kokkos::deep_copy(exp_avg_sq_, opt.exp_avg_sq);
 }
 
-void CheckpointState::to_device(const ParamStore& store, const AdamW& opt) {
+void CheckpointState::to_device(ParamStore& store, const AdamW& opt) {
   Kokkos::deep_copy(store.shard_params(), params_);
+  store.params_changed();
   Kokkos::deep_copy(opt.exp_avg, exp_avg_);
   Kokkos::deep_copy(opt.exp_avg_sq, exp_avg_sq_);
 }

@@ -21,7 +21,7 @@ class CheckpointState {
   CheckpointState(const ModelConfig& m, const ParamStore& store, const AdamW& opt);
   const std::vector<io::TensorSlab>& slabs() const { return slabs_; }
   void from_device(const ParamStore& store, const AdamW& opt);
-  void to_device(const ParamStore& store, const AdamW& opt);
+  void to_device(ParamStore& store, const AdamW& opt);
 
  private:
   View1D::HostMirror params_, exp_avg_, exp_avg_sq_;

@@ -60,7 +60,7 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
   for (int stage = 0; stage < d.pp; ++stage) {
     MemoryEstimate e = gpt_memory_estimate(cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage),
                                            l.schedule.max_in_flight(stage), l.recompute, replay.actions(stage),
-                                           cfg.parallel.reshard_after_forward);
+                                           cfg.parallel.reshard_after_forward, cfg.train.precision);
     // The pipeline's buffers for the input gradients it sends.
     if (d.pp > 1)
       e.scratch_bytes += static_cast<std::int64_t>(

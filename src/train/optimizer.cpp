@@ -52,6 +52,7 @@ void AdamW::step(ParamStore& store, const TrainConfig& t, double lr, double grad
     kernels::adamw_update(slice(store.shard_params()), slice(store.shard_grads()), slice(exp_avg), slice(exp_avg_sq),
                           st, store.layout().params[piece.param].decay);
   }
+  store.params_changed();  // under bf16 the working copy follows the new masters
 }
 
 }  // namespace ndmini

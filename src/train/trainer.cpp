@@ -153,7 +153,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
 // The figures the report needs from the start, and the banner.
 void Trainer::announce() {
   const auto& t = cfg_.train;
-  result_.peak = peak_flops(cfg_.perf, comm_);
+  result_.peak = peak_flops(cfg_.perf, comm_, t.precision);
   result_.state_bytes =
       static_cast<std::int64_t>(model_->store().persistent_bytes() + 2 * opt_->exp_avg.extent(0) * sizeof(real));
   result_.mem_bytes = estimate_memory(cfg_, layout_).total();
@@ -216,7 +216,7 @@ void Trainer::setup() {
   // missing file stops every rank with its message instead of a hang.
   agree_on_errors(comm_, [&] { sources_ = make_data_sources(cfg_); });
   model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
-                                          layout_.recompute);
+                                          layout_.recompute, cfg_.train.precision);
   model_->init(cfg_.train.seed);
   opt_ = std::make_unique<AdamW>(model_->store());
   ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_);
