@@ -8,6 +8,7 @@
 // so evaluation runs too). The estimate of the rank's pipeline stage must
 // cover that peak, and be within 10% of it: an estimate that misses a buffer
 // fails the first check, one that counts buffers that never coexist the second.
+// Every layout runs in fp32 and under bf16 mixed precision.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -116,9 +117,10 @@ int world_rank() {
 
 // The tiny deck as the equivalence suite runs it, for 3 steps with the
 // validation loss at steps 0 and 2 (no GEMM calibration: its matrices are no training buffer).
-Config deck(const Layout& layout) {
-  std::vector<std::string> all = {"train.steps=3",      "train.micro_batch=1",  "train.log_every=100",
-                                  "train.eval_every=2", "train.eval_batches=1", "perf.peak_gflops=30"};
+Config deck(const Layout& layout, const std::string& precision) {
+  std::vector<std::string> all = {
+      "train.steps=3",        "train.micro_batch=1", "train.log_every=100",         "train.eval_every=2",
+      "train.eval_batches=1", "perf.peak_gflops=30", "train.precision=" + precision};
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
   return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
@@ -130,42 +132,45 @@ TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
   AllocationTracker& tracker = AllocationTracker::get();
   int tested = 0;
   for (const Layout& layout : layouts()) {
-    if (layout.ranks != world_size()) continue;
-    ++tested;
-    const Config cfg = deck(layout);
-    const RunLayout run_layout = resolve_layout(cfg, world_size());
-    int stage = 0;
-    {
-      const ParallelContext ctx(run_layout.dims, MPI_COMM_WORLD);
-      stage = ctx.coord(Axis::pp);
+    for (const std::string precision : {"fp32", "bf16"}) {
+      if (layout.ranks != world_size()) continue;
+      ++tested;
+      const Config cfg = deck(layout, precision);
+      const RunLayout run_layout = resolve_layout(cfg, world_size());
+      int stage = 0;
+      {
+        const ParallelContext ctx(run_layout.dims, MPI_COMM_WORLD);
+        stage = ctx.coord(Axis::pp);
+      }
+      const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run_layout)[stage];
+
+      TrainOptions opts;
+      opts.quiet = true;
+      MPI_Barrier(MPI_COMM_WORLD);
+      tracker.reset();
+      tracker.install();
+      const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
+      tracker.uninstall();
+      ASSERT_EQ(result.losses.size(), 3u) << label(layout);
+      EXPECT_GT(tracker.allocations(), 0u) << "the allocation callbacks saw nothing";
+
+      const double peak = static_cast<double>(tracker.peak()), est = static_cast<double>(estimate.total());
+      const double ratio = est / peak;
+      // The worst rank's figures, printed once.
+      double worst[2] = {ratio, -ratio};
+      MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (world_rank() == 0)
+        std::printf("[memory] %d ranks, %s %-72s estimate / peak: rank 0 %.1f / %.1f KiB, over ranks %.3f .. %.3f\n",
+                    layout.ranks, precision.c_str(), label(layout).c_str(), est / 1024, peak / 1024, -worst[1],
+                    worst[0]);
+      const std::string what = label(layout) + " " + precision + ", stage " + std::to_string(stage) + ": estimate " +
+                               std::to_string(estimate.state_bytes) + " state + " + std::to_string(estimate.in_flight) +
+                               " x " + std::to_string(estimate.activation_bytes_per_micro_batch) + " records + " +
+                               std::to_string(estimate.scratch_bytes) +
+                               " scratch; live at the peak:" + tracker.peak_breakdown();
+      EXPECT_GE(est, peak) << "the estimate misses allocations: " << what;
+      EXPECT_LE(est, 1.1 * peak) << "the estimate is over 10% above the peak: " << what;
     }
-    const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run_layout)[stage];
-
-    TrainOptions opts;
-    opts.quiet = true;
-    MPI_Barrier(MPI_COMM_WORLD);
-    tracker.reset();
-    tracker.install();
-    const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
-    tracker.uninstall();
-    ASSERT_EQ(result.losses.size(), 3u) << label(layout);
-    EXPECT_GT(tracker.allocations(), 0u) << "the allocation callbacks saw nothing";
-
-    const double peak = static_cast<double>(tracker.peak()), est = static_cast<double>(estimate.total());
-    const double ratio = est / peak;
-    // The worst rank's figures, printed once.
-    double worst[2] = {ratio, -ratio};
-    MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (world_rank() == 0)
-      std::printf("[memory] %d ranks, %-72s estimate / peak: rank 0 %.1f / %.1f KiB, over ranks %.3f .. %.3f\n",
-                  layout.ranks, label(layout).c_str(), est / 1024, peak / 1024, -worst[1], worst[0]);
-    const std::string what = label(layout) + ", stage " + std::to_string(stage) + ": estimate " +
-                             std::to_string(estimate.state_bytes) + " state + " + std::to_string(estimate.in_flight) +
-                             " x " + std::to_string(estimate.activation_bytes_per_micro_batch) + " records + " +
-                             std::to_string(estimate.scratch_bytes) +
-                             " scratch; live at the peak:" + tracker.peak_breakdown();
-    EXPECT_GE(est, peak) << "the estimate misses allocations: " << what;
-    EXPECT_LE(est, 1.1 * peak) << "the estimate is over 10% above the peak: " << what;
   }
   EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
 }

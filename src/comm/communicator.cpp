@@ -340,6 +340,13 @@ CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t 
                              [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
+CommRequest Communicator::iall_gather(const bf16* send, bf16* recv, std::size_t count_per_rank) {
+  static_assert(sizeof(real) == 2 * sizeof(bf16), "two bf16 values fill one fp32 slot");
+  if (count_per_rank % 2 != 0)
+    throw InternalError("a bf16 all-gather moves an even count per rank, not " + std::to_string(count_per_rank));
+  return iall_gather(reinterpret_cast<const real*>(send), reinterpret_cast<real*>(recv), count_per_rank / 2);
+}
+
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
   if (skip("reduce_scatter")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,

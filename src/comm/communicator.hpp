@@ -152,6 +152,10 @@ class Communicator {
   // Communicator must outlive the request (it accounts into stats()).
   CommRequest iall_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
   CommRequest iall_gather(const real* send, real* recv, std::size_t count_per_rank);
+  // The same for bf16 values (FSDP's gather of a bf16 working copy): a gather
+  // only moves bits, so pairs of them travel as one fp32 slot; count_per_rank
+  // must be even. The ledger counts the real bytes (2 per value).
+  CommRequest iall_gather(const bf16* send, bf16* recv, std::size_t count_per_rank);
   CommRequest ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
 
   // Non-blocking point-to-point: every send and receive of `ops` is issued

@@ -144,28 +144,42 @@ constexpr real kGeluB = 0.044715f;
 KOKKOS_INLINE_FUNCTION real fast_tanh(real u) { return 1 - 2 / (compat::fast_exp(2 * u) + 1); }
 }  // namespace
 
-void gelu_forward(Slice2D out, ConstSlice2D x) {
+namespace {
+
+// Out is fp32 or bf16 (rounded once); the arithmetic is fp32.
+template <class Out>
+void gelu_forward_into(Out out, ConstSlice2D x) {
+  using T = typename Out::non_const_value_type;
   const real* xp = x.data();
-  real* yp = out.data();
+  T* yp = out.data();
   Kokkos::parallel_for(
       "ndmini::gelu_fwd", Range(0, x.extent(0) * x.extent(1)), KOKKOS_LAMBDA(const std::size_t i) {
         const real v = xp[i];
-        yp[i] = real(0.5) * v * (1 + fast_tanh(kGeluA * (v + kGeluB * v * v * v)));
+        yp[i] = T(real(0.5) * v * (1 + fast_tanh(kGeluA * (v + kGeluB * v * v * v))));
       });
 }
 
-void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout) {
-  const real* xp = x.data();
+// X is fp32 or bf16 (the kept pre-activation under mixed precision).
+template <class X>
+void gelu_backward_from(Slice2D dx, X x, ConstSlice2D dout) {
+  const auto* xp = x.data();
   const real* gp = dout.data();
   real* dp = dx.data();
   Kokkos::parallel_for(
       "ndmini::gelu_bwd", Range(0, x.extent(0) * x.extent(1)), KOKKOS_LAMBDA(const std::size_t i) {
-        const real v = xp[i];
+        const real v = static_cast<real>(xp[i]);
         const real th = fast_tanh(kGeluA * (v + kGeluB * v * v * v));
         const real dth = (1 - th * th) * kGeluA * (1 + 3 * kGeluB * v * v);
         dp[i] = gp[i] * (real(0.5) * (1 + th) + real(0.5) * v * dth);
       });
 }
+
+}  // namespace
+
+void gelu_forward(Slice2D out, ConstSlice2D x) { gelu_forward_into(out, x); }
+void gelu_forward(Bf16Slice2D out, ConstSlice2D x) { gelu_forward_into(out, x); }
+void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout) { gelu_backward_from(dx, x, dout); }
+void gelu_backward(Slice2D dx, ConstBf16Slice2D x, ConstSlice2D dout) { gelu_backward_from(dx, x, dout); }
 
 // ---- cross-entropy -------------------------------------------------------------
 

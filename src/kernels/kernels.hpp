@@ -95,8 +95,10 @@ void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D
 
 // ---- GELU, tanh approximation ---------------------------------------------
 void gelu_forward(Slice2D out, ConstSlice2D x);
+void gelu_forward(Bf16Slice2D out, ConstSlice2D x);  // mixed precision: out rounded to bf16
 // dx = dout * gelu'(x); dx may alias dout.
 void gelu_backward(Slice2D dx, ConstSlice2D x, ConstSlice2D dout);
+void gelu_backward(Slice2D dx, ConstBf16Slice2D x, ConstSlice2D dout);  // x kept in bf16
 
 // ---- softmax cross-entropy over the vocabulary ------------------------------
 // Fused forward and backward, in place: logits [N, V] become

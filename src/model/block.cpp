@@ -57,12 +57,12 @@ BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
 
 std::size_t BlockSizes::activation_bytes(bool output_only) const {
   if (output_only) return residual() * sizeof(real);
-  // What TransformerBlock::allocate takes, in its order; under bf16 the
-  // products' inputs (ln1, atty, ln2, fch_gelu) take 2 bytes each.
-  const std::size_t product_inputs = full() + attention_out() + full() + hidden();
+  // What TransformerBlock::allocate takes; under bf16 the products' inputs
+  // (ln1, atty, ln2, fch_gelu) and fch take 2 bytes each.
+  const std::size_t halved = full() + attention_out() + full() + hidden() + hidden();
   const std::size_t fp32 = residual() + 2 * stats() + ContextParallelAttention::qkvh_size(attention) +
-                           ContextParallelAttention::lse_size(attention) + residual() + 2 * stats() + hidden();
-  return fp32 * sizeof(real) + product_inputs * (bf16 ? sizeof(ndmini::bf16) : sizeof(real));
+                           ContextParallelAttention::lse_size(attention) + residual() + 2 * stats();
+  return fp32 * sizeof(real) + halved * (bf16 ? sizeof(ndmini::bf16) : sizeof(real));
 }
 
 std::size_t BlockSizes::scratch_bytes() const {
@@ -100,11 +100,13 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
     a.ln1_bf16 = uninitialized_bf16("ndmini::ln1_bf16", n.full());
     a.atty_bf16 = uninitialized_bf16("ndmini::atty_bf16", n.attention_out());
     a.ln2_bf16 = uninitialized_bf16("ndmini::ln2_bf16", n.full());
+    a.fch_bf16 = uninitialized_bf16("ndmini::fch_bf16", n.hidden());
     a.fch_gelu_bf16 = uninitialized_bf16("ndmini::fch_gelu_bf16", n.hidden());
   } else {
     a.ln1 = uninitialized("ndmini::ln1", n.full());
     a.atty = uninitialized("ndmini::atty", n.attention_out());
     a.ln2 = uninitialized("ndmini::ln2", n.full());
+    a.fch = uninitialized("ndmini::fch", n.hidden());
     a.fch_gelu = uninitialized("ndmini::fch_gelu", n.hidden());
   }
   a.ln1_mean = uninitialized("ndmini::ln1_mean", n.stats());
@@ -114,7 +116,6 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
   a.res2 = uninitialized("ndmini::res2", n.residual());
   a.ln2_mean = uninitialized("ndmini::ln2_mean", n.stats());
   a.ln2_rstd = uninitialized("ndmini::ln2_rstd", n.stats());
-  a.fch = uninitialized("ndmini::fch", n.hidden());
   return a;
 }
 
@@ -191,10 +192,11 @@ void TransformerBlock::forward_bf16(const BlockWeights& weights, ConstSlice2D x,
   tp_.row_parallel_forward(as_matrix(a.res2, Nr, C_), atty, m.attn_proj_w, w.attn_proj_b, x);
   tp_.layernorm_enter(as_matrix(dln_, N, C_), a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
   const ConstBf16Slice2D ln2 = keep_bf16(a.ln2_bf16, dln_, N, C_);
-  kernels::linear_forward(as_matrix(a.fch, N, F_), ln2, m.fc_w, w.fc_b);
-  kernels::gelu_forward(as_matrix(dfc_, N, F_), as_matrix(a.fch, N, F_));
-  const ConstBf16Slice2D gelu = keep_bf16(a.fch_gelu_bf16, dfc_, N, F_);
-  tp_.row_parallel_forward(as_matrix(a.res3, Nr, C_), gelu, m.mlp_proj_w, w.mlp_proj_b, as_matrix(a.res2, Nr, C_));
+  kernels::linear_forward(as_matrix(dfc_, N, F_), ln2, m.fc_w, w.fc_b);
+  kernels::gelu_forward(as_matrix(a.fch_gelu_bf16, N, F_), as_matrix(dfc_, N, F_));
+  keep_bf16(a.fch_bf16, dfc_, N, F_);
+  tp_.row_parallel_forward(as_matrix(a.res3, Nr, C_), as_matrix(a.fch_gelu_bf16, N, F_), m.mlp_proj_w, w.mlp_proj_b,
+                           as_matrix(a.res2, Nr, C_));
 }
 
 void TransformerBlock::backward_bf16(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
@@ -207,7 +209,7 @@ void TransformerBlock::backward_bf16(const BlockWeights& weights, const BlockTen
   kernels::linear_backward(as_matrix(dfc_, N, F_), g.mlp_proj_w, Slice1D(), dfull, dy_bf16(C_),
                            kept(a.fch_gelu_bf16, F_), m.mlp_proj_w);
   tp_.row_parallel_bias_backward(g.mlp_proj_b, dfull, dres);
-  kernels::gelu_backward(as_matrix(dfc_, N, F_), as_matrix(a.fch, N, F_), as_matrix(dfc_, N, F_));
+  kernels::gelu_backward(as_matrix(dfc_, N, F_), kept(a.fch_bf16, F_), as_matrix(dfc_, N, F_));
   kernels::linear_backward(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, as_matrix(dfc_, N, F_), dy_bf16(F_),
                            kept(a.ln2_bf16, C_), m.fc_w);
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));

@@ -81,7 +81,8 @@ class BlockLayout {
 
 // What one block keeps from its forward for its backward. Under bf16 mixed
 // precision the four inputs of matrix products (ln1, atty, ln2, fch_gelu)
-// are kept in bf16 (the *_bf16 members) and their fp32 members stay empty.
+// and the GELU's input fch are kept in bf16 (the *_bf16 members) and their
+// fp32 members stay empty.
 struct BlockActivations {
   View1D ln1, ln1_mean, ln1_rstd;  // ln1 all N rows (gathered with SP), stats of the residual rows
   View1D qkvh, lse;                // what the attention keeps: head-major q, k, v and the log-sum-exp
@@ -90,7 +91,7 @@ struct BlockActivations {
   View1D ln2, ln2_mean, ln2_rstd;
   View1D fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
   View1D res3;           // the block's output, residual rows
-  Bf16View1D ln1_bf16, atty_bf16, ln2_bf16, fch_gelu_bf16;
+  Bf16View1D ln1_bf16, atty_bf16, ln2_bf16, fch_bf16, fch_gelu_bf16;
 };
 
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "kernels/kernels.hpp"
 
 namespace ndmini {
 namespace {
@@ -18,27 +19,36 @@ void add_into(real* y, const real* x, std::size_t n) {
 }  // namespace
 
 Fsdp::Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
-           View1D shard_grads)
+           View1D shard_grads, Bf16View1D shard_bf16)
     : group_(group),
       layout_(layout),
       shard_offset_(std::move(shard_offset)),
       shard_params_(shard_params),
-      shard_grads_(shard_grads) {
+      shard_grads_(shard_grads),
+      shard_bf16_(shard_bf16) {
   const std::size_t n = layout_.unit_size.size();
   full_params_.resize(n);
   full_grads_.resize(n);
+  full_bf16_.resize(n);
+  widened_.resize(n, false);
   gathers_.resize(n);
 }
 
-void Fsdp::add_transient(std::size_t elements) {
-  transient_ += elements * sizeof(real);
+void Fsdp::add_transient(std::size_t bytes) {
+  transient_ += bytes;
   peak_transient_ = std::max(peak_transient_, transient_);
 }
 
 real* Fsdp::params(int u) {
-  if (full_params_[u].extent(0) == 0)
+  if (full_params_[u].extent(0) == 0 || (gathers_bf16() && !widened_[u]))
     throw InternalError("parameters of unit " + std::to_string(u) + " used before gather");
   return full_params_[u].data();
+}
+
+const bf16* Fsdp::params_bf16(int u) {
+  if (full_bf16_[u].extent(0) == 0 || !widened_[u])
+    throw InternalError("bf16 parameters of unit " + std::to_string(u) + " used before gather");
+  return full_bf16_[u].data();
 }
 
 real* Fsdp::grads(int u) {
@@ -51,34 +61,47 @@ void Fsdp::prefetch(int u) {
   if (u < 0 || u >= static_cast<int>(full_params_.size()) || full_params_[u].extent(0) > 0) return;
   const std::size_t size = layout_.unit_size[u];
   full_params_[u] = uninitialized("ndmini::gathered_params", size);
-  add_transient(size);
-  gathers_[u] =
-      group_.iall_gather(shard_params_.data() + shard_offset_[u], full_params_[u].data(), size / group_.size());
+  add_transient(size * sizeof(real));
+  if (gathers_bf16()) {
+    full_bf16_[u] = uninitialized_bf16("ndmini::gathered_params_bf16", size);
+    add_transient(size * sizeof(bf16));
+    gathers_[u] = group_.iall_gather(shard_bf16_.data() + shard_offset_[u], full_bf16_[u].data(), size / group_.size());
+  } else {
+    gathers_[u] =
+        group_.iall_gather(shard_params_.data() + shard_offset_[u], full_params_[u].data(), size / group_.size());
+  }
 }
 
 void Fsdp::gather(int u) {
   prefetch(u);
   if (gathers_[u].active()) gathers_[u].wait();
+  if (gathers_bf16() && !widened_[u]) {
+    const std::size_t size = layout_.unit_size[u];
+    kernels::widen_bf16(Slice1D(full_params_[u].data(), size), ConstBf16Slice1D(full_bf16_[u].data(), size));
+    widened_[u] = true;
+  }
 }
 
 void Fsdp::release(int u) {
   if (full_params_[u].extent(0) == 0) return;
   if (gathers_[u].active()) gathers_[u].wait();
-  transient_ -= full_params_[u].extent(0) * sizeof(real);
+  transient_ -= full_params_[u].extent(0) * sizeof(real) + full_bf16_[u].extent(0) * sizeof(bf16);
   full_params_[u] = View1D();
+  full_bf16_[u] = Bf16View1D();
+  widened_[u] = false;
 }
 
 void Fsdp::begin_grads(int u) {
   if (full_grads_[u].extent(0) > 0) return;  // still open (the tied wte spans the whole backward)
   full_grads_[u] = View1D("ndmini::full_grads", layout_.unit_size[u]);
-  add_transient(full_grads_[u].extent(0));
+  add_transient(full_grads_[u].extent(0) * sizeof(real));
 }
 
 void Fsdp::end_grads(int u) {
   const std::size_t part = layout_.unit_size[u] / group_.size();
   // Reduce-scatter instead of all-reduce: each rank only updates its shard.
   PendingReduction r{u, full_grads_[u], uninitialized("ndmini::grad_shard_part", part), CommRequest()};
-  add_transient(part);
+  add_transient(part * sizeof(real));
   r.request = group_.ireduce_scatter(r.full_grads.data(), r.shard_part.data(), part);
   full_grads_[u] = View1D();
   reductions_.push_back(std::move(r));

@@ -24,13 +24,17 @@ class Fsdp {
  public:
   // `group` shards the units of `layout`; shard_params/shard_grads are this
   // rank's shards (unit u's at shard_offset[u], unit_size[u] / n elements).
+  // With `shard_bf16` (bf16 mixed precision: the shard's masters rounded,
+  // kept current by the caller) the gathers move it instead, half the bytes,
+  // and params() are its values widened back to fp32.
   Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
-       View1D shard_grads);
+       View1D shard_grads, Bf16View1D shard_bf16 = {});
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
-  real* params(int u);  // full parameters of a gathered unit
-  real* grads(int u);   // full gradients between begin_grads and end_grads
+  real* params(int u);             // full parameters of a gathered unit
+  const bf16* params_bf16(int u);  // the same as bf16 (with shard_bf16 only)
+  real* grads(int u);              // full gradients between begin_grads and end_grads
   void prefetch(int u);
   void gather(int u);
   void release(int u);
@@ -52,13 +56,17 @@ class Fsdp {
     CommRequest request;            // last: destroyed (and so waited for) before the buffers
   };
   void complete(PendingReduction& r);
-  void add_transient(std::size_t elements);
+  void add_transient(std::size_t bytes);
+  bool gathers_bf16() const { return shard_bf16_.extent(0) > 0; }
 
   Communicator& group_;
   const ParamLayout& layout_;
   std::vector<std::size_t> shard_offset_;
   View1D shard_params_, shard_grads_;
+  Bf16View1D shard_bf16_;
   std::vector<View1D> full_params_, full_grads_;
+  std::vector<Bf16View1D> full_bf16_;
+  std::vector<bool> widened_;  // bf16: full_params_[u] holds the gathered values widened
   std::vector<CommRequest> gathers_;
   std::deque<PendingReduction> reductions_;
   std::size_t transient_ = 0, peak_transient_ = 0;

@@ -39,21 +39,15 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups, Pre
     const std::size_t lo = std::max(shard_begin, p_begin), hi = std::min(shard_end, p_end);
     if (lo < hi) pieces_.push_back({k, shard_offset_[p.unit] + (lo - shard_begin), lo - p_begin, hi - lo});
   }
-  if (shards_ > 1) fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_);
+  if (precision_ == Precision::bf16) {
+    working_bf16_ = uninitialized_bf16("ndmini::working_params_bf16", total);
+    if (shards_ == 1) working_rounded_ = uninitialized("ndmini::working_params", total);
+    working_version_.assign(shards_ > 1 ? 1 : n_units, 0);
+  }
+  if (shards_ > 1)
+    fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_, working_bf16_);
   if (groups_.dp_replicate != nullptr && groups_.dp_replicate->size() > 1)
     dp_ = std::make_unique<DataParallel>(*groups_.dp_replicate);
-  if (precision_ == Precision::bf16) {
-    working_.resize(n_units);
-    if (!fsdp_) {  // one allocation each, like the masters
-      working_storage_ = uninitialized("ndmini::working_params", total);
-      working_bf16_ = uninitialized_bf16("ndmini::working_params_bf16", total);
-      for (int u = 0; u < n_units; ++u) {
-        working_[u].rounded = working_storage_.data() + shard_offset_[u];
-        working_[u].bf16 =
-            Bf16View1D(working_bf16_, std::make_pair(shard_offset_[u], shard_offset_[u] + layout_.unit_size[u]));
-      }
-    }
-  }
 }
 
 std::size_t ParamStore::working_bytes_per_element(Precision precision, bool sharded) {
@@ -61,47 +55,53 @@ std::size_t ParamStore::working_bytes_per_element(Precision precision, bool shar
   return (sharded ? 0 : sizeof(real)) + sizeof(bf16);
 }
 
-ParamStore::WorkingCopy& ParamStore::working(int u) {
-  WorkingCopy& w = working_[u];
-  if (w.version == version_) return w;
-  const std::size_t n = layout_.unit_size[u];
-  if (fsdp_) {
-    // The gathered buffer is this rank's transient copy: round it in place.
-    w.rounded = fsdp_->params(u);
-    w.bf16 = uninitialized_bf16("ndmini::working_params_bf16", n);
-    kernels::round_to_bf16(Bf16Slice1D(w.bf16.data(), n), ConstSlice1D(w.rounded, n));
-    kernels::widen_bf16(Slice1D(w.rounded, n), ConstBf16Slice1D(w.bf16.data(), n));
-  } else {
-    kernels::round_to_bf16(Bf16Slice1D(w.bf16.data(), n), ConstSlice1D(shard_params_.data() + shard_offset_[u], n));
-    kernels::widen_bf16(Slice1D(w.rounded, n), ConstBf16Slice1D(w.bf16.data(), n));
-  }
-  w.version = version_;
-  return w;
+void ParamStore::refresh_working_unit(int u) {
+  if (precision_ != Precision::bf16 || fsdp_ || working_version_[u] == version_) return;
+  const std::size_t at = shard_offset_[u], n = layout_.unit_size[u];
+  kernels::round_to_bf16(Bf16Slice1D(working_bf16_.data() + at, n), ConstSlice1D(shard_params_.data() + at, n));
+  kernels::widen_bf16(Slice1D(working_rounded_.data() + at, n), ConstBf16Slice1D(working_bf16_.data() + at, n));
+  working_version_[u] = version_;
+}
+
+void ParamStore::refresh_working_shard() {
+  if (precision_ != Precision::bf16 || !fsdp_ || working_version_[0] == version_) return;
+  kernels::round_to_bf16(Bf16Slice1D(working_bf16_.data(), working_bf16_.extent(0)),
+                         ConstSlice1D(shard_params_.data(), shard_params_.extent(0)));
+  working_version_[0] = version_;
 }
 
 real* ParamStore::params(int u) {
-  if (precision_ == Precision::bf16) return working(u).rounded;
-  return fsdp_ ? fsdp_->params(u) : shard_params_.data() + shard_offset_[u];
+  if (fsdp_) return fsdp_->params(u);  // bf16: the gathered working copy, widened
+  if (precision_ != Precision::bf16) return shard_params_.data() + shard_offset_[u];
+  refresh_working_unit(u);
+  return working_rounded_.data() + shard_offset_[u];
 }
 
-const bf16* ParamStore::params_bf16(int u) { return precision_ == Precision::bf16 ? working(u).bf16.data() : nullptr; }
+const bf16* ParamStore::params_bf16(int u) {
+  if (precision_ != Precision::bf16) return nullptr;
+  if (fsdp_) return fsdp_->params_bf16(u);
+  refresh_working_unit(u);
+  return working_bf16_.data() + shard_offset_[u];
+}
 
 std::size_t ParamStore::shard_elements(const ParamLayout& layout, int shards) {
   return layout.total / shards;  // every unit is padded to split evenly
 }
 
 void ParamStore::prefetch(int u) {
-  if (fsdp_ && u >= 0 && u < units()) fsdp_->prefetch(u);
+  if (!fsdp_ || u < 0 || u >= units()) return;
+  refresh_working_shard();
+  fsdp_->prefetch(u);
 }
 
 void ParamStore::gather(int u) {
-  if (fsdp_) fsdp_->gather(u);
+  if (!fsdp_) return;
+  refresh_working_shard();
+  fsdp_->gather(u);
 }
 
 void ParamStore::release(int u) {
-  if (!fsdp_) return;
-  fsdp_->release(u);
-  if (precision_ == Precision::bf16) working_[u] = WorkingCopy();  // made again from the next gather
+  if (fsdp_) fsdp_->release(u);
 }
 
 void ParamStore::begin_grads(int u) {
@@ -135,8 +135,8 @@ bool ParamStore::counts_in_norm(const Piece& piece) const {
 bool ParamStore::is_replica(const Piece& piece) const { return replica_ || !counts_in_norm(piece); }
 
 std::size_t ParamStore::persistent_bytes() const {
-  return (shard_params_.extent(0) + shard_grads_.extent(0)) * sizeof(real) + working_storage_.span() * sizeof(real) +
-         working_bf16_.span() * sizeof(bf16);
+  return (shard_params_.extent(0) + shard_grads_.extent(0) + working_rounded_.extent(0)) * sizeof(real) +
+         working_bf16_.extent(0) * sizeof(bf16);
 }
 
 UnitParams::UnitParams(ParamStore& store, int unit, int prefetch, bool release)

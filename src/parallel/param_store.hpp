@@ -52,8 +52,10 @@ class ParamStore {
   // operands); null in fp32.
   const bf16* params_bf16(int u);
   // The masters changed (an update, a load, an init): the working copy is
-  // refreshed, unit by unit, when next used. Without FSDP it is kept between
-  // steps; with FSDP it is made from each gather and dropped with the unit.
+  // refreshed when next used. Without FSDP it is kept between steps, each
+  // unit rounded when first used after a change; with FSDP each rank rounds
+  // its shard before the next gather, the gathers move bf16 (half the bytes)
+  // and a gathered unit is widened once for the fp32 uses.
   void params_changed() { ++version_; }
   Precision precision() const { return precision_; }
 
@@ -100,28 +102,31 @@ class ParamStore {
   // without FSDP the bf16 working copy), and the most it held transiently
   // for gathered units.
   std::size_t persistent_bytes() const;
-  // Bytes of the working copy per parameter element: 0 in fp32, else the
-  // rounded fp32 value (none with FSDP: the gathered buffer is rounded in
-  // place) and the bf16 one.
+  // Bytes the working copy holds persistently per element of this rank's
+  // shard buffers: 0 in fp32; under bf16 the rounded value in fp32 and in
+  // bf16, or with FSDP only the shard in bf16 (a gathered unit then holds
+  // transient_working_bytes_per_element more per element).
   static std::size_t working_bytes_per_element(Precision precision, bool sharded);
+  static std::size_t transient_working_bytes_per_element(Precision precision) {
+    return precision == Precision::bf16 ? sizeof(bf16) : 0;
+  }
   std::size_t peak_transient_bytes() const { return fsdp_ ? fsdp_->peak_transient_bytes() : 0; }
 
  private:
-  struct WorkingCopy {
-    real* rounded = nullptr;  // the values, rounded; in `storage` or (FSDP) the gathered buffer
-    View1D storage;
-    Bf16View1D bf16;
-    std::uint64_t version = 0;  // of the masters it was made from; 0: none
-  };
-  WorkingCopy& working(int u);
+  // Without FSDP: rounds unit u's masters into the working copy if they
+  // changed since. With FSDP: rounds this rank's shard before a gather.
+  void refresh_working_unit(int u);
+  void refresh_working_shard();
 
   ParamLayout layout_;
   DataParallelGroups groups_;
   Precision precision_;
-  std::vector<WorkingCopy> working_;
-  View1D working_storage_;  // without FSDP: every unit's rounded values, then their bf16
+  // bf16: the working copy in the layout of the shard buffers; without FSDP
+  // rounded values in fp32 and bf16, with FSDP the shard in bf16 only.
+  View1D working_rounded_;
   Bf16View1D working_bf16_;
-  std::uint64_t version_ = 1;
+  std::uint64_t version_ = 1;                   // of the masters
+  std::vector<std::uint64_t> working_version_;  // of the masters each unit (FSDP: [0], the shard) was rounded from
   int shards_ = 1;
   bool replica_ = false;  // a dp_replicate rank other than 0
   std::vector<std::size_t> shard_offset_;

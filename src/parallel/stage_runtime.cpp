@@ -27,8 +27,8 @@ std::vector<Chunk> chunks_or_whole_model(const std::vector<Chunk>& chunks, int l
 // Fsdp's allocations, replayed without data: the bytes it holds and their peak.
 class FsdpReplay {
  public:
-  // gathered_bytes: per element of a gathered unit (fp32, and its bf16
-  // working copy under bf16, counted from the gather on: an upper bound).
+  // gathered_bytes: per element of a gathered unit (fp32, and under bf16
+  // the bf16 values the gather brings).
   FsdpReplay(const ParamLayout& layout, int shards, std::size_t gathered_bytes)
       : units_(layout.unit_size),
         shards_(shards),
@@ -147,7 +147,7 @@ std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::
                                           const std::vector<PipelineAction>& actions, bool reshard_after_forward,
                                           Precision precision) {
   if (shards <= 1) return 0;
-  FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::working_bytes_per_element(precision, true));
+  FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::transient_working_bytes_per_element(precision));
   const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
   for (const PipelineAction& a : actions) {
     std::size_t k = 0;

@@ -3,13 +3,17 @@
 # SIGKILL one random rank at a random moment (during a step or a save), then
 # resume until the run is complete: the losses of every step and the final
 # parameters and AdamW state must be bitwise those of an uninterrupted run.
-# $1 = ranks, $2 = trials. Prints "K of K trials bitwise identical".
+# $1 = ranks, $2 = trials, then deck settings KEY=VALUE for every run (e.g.
+# train.precision=bf16). Prints "K of K trials bitwise identical".
 source "$(dirname "$0")/lib.sh"
 np=$1
 trials=$2
+shift 2
+extra=()
+for setting in "$@"; do extra+=(--set "$setting"); done
 STEPS=12
 args=(train tiny.toml --set train.steps=$STEPS --set train.log_every=1 --set train.micro_batch=2
-  --set checkpoint.every=1 --set checkpoint.keep=2 --set parallel.dp_shard="$np" "${QUICK[@]}")
+  --set checkpoint.every=1 --set checkpoint.keep=2 --set parallel.dp_shard="$np" "${QUICK[@]}" "${extra[@]}")
 final=$(printf 'step_%08d' $STEPS)
 
 t0=$(now)
