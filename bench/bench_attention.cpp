@@ -40,7 +40,7 @@ struct AttentionBuffers {
     randomize(flat(qkv), 1, 1);
     randomize(flat(dout), 2);
   }
-  ContextParallelAttention::Saved saved() const { return {qkvh, lse}; }
+  ContextParallelAttention::Saved saved() const { return {qkvh, lse, {}}; }
   void forward() { attn->forward(out, qkv, saved()); }
   void backward() { attn->backward(dqkv, dout, out, saved()); }
 };

@@ -398,18 +398,30 @@ struct OneRank {
   ContextParallelAttention attn;
   View2D qkv, out, dqkv, R;
   View1D qkvh, lse;
-  OneRank(const kn::AttentionShape& shape, bool causal) : s(shape), attn(nullptr, shape, shape.seq_len, causal) {
+  Bf16View1D qkvh_bf16;
+  bool bf16;
+  OneRank(const kn::AttentionShape& shape, bool causal, bool mixed = false)
+      : s(shape), attn(nullptr, shape, shape.seq_len, causal, mixed), bf16(mixed) {
     const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len, C = s.channels;
     qkv = View2D("qkv", N, 3 * C);
     out = View2D("out", N, C);
     dqkv = View2D("dqkv", N, 3 * C);
     R = View2D("R", N, C);
-    qkvh = View1D("qkvh", ContextParallelAttention::qkvh_size(s));
+    if (bf16)
+      qkvh_bf16 = Bf16View1D("qkvh_bf16", ContextParallelAttention::qkvh_size(s));
+    else
+      qkvh = View1D("qkvh", ContextParallelAttention::qkvh_size(s));
     lse = View1D("lse", ContextParallelAttention::lse_size(s));
   }
-  void forward() { attn.forward(out, qkv, {qkvh, lse}); }
-  void backward() { attn.backward(dqkv, R, out, {qkvh, lse}); }
+  void forward() { attn.forward(out, qkv, {qkvh, lse, qkvh_bf16}); }
+  void backward() { attn.backward(dqkv, R, out, {qkvh, lse, qkvh_bf16}); }
 };
+
+// Each value rounded to the nearest bf16.
+std::vector<double> rounded_to_bf16(std::vector<double> x) {
+  for (double& v : x) v = static_cast<float>(bf16(static_cast<float>(v)));
+  return x;
+}
 
 // Token-major naive attention: out [B*T, C] from qkv [B*T, 3C].
 std::vector<double> reference_tokens(const std::vector<double>& qkv, const kn::AttentionShape& s, bool causal) {
@@ -455,6 +467,36 @@ TEST(ContextParallelAttention, OneRankForwardMatchesReference) {
                      form_name(form));
         expect_close("one-rank attention out", reference_tokens(host(a.qkv), a.s, causal), host(a.out));
       }
+  }
+}
+
+TEST(ContextParallelAttention, OneRankBf16MatchesReferenceOnRoundedInputs) {
+  // Under bf16 q, k, v are rounded once and P (forward), P and dS
+  // (backward) once per tile before their products; everything else is fp32.
+  // Against the double reference on the rounded q, k, v the output is off
+  // by P's rounding only (measured rel err ~1e-3); against the reference on
+  // the fp32 inputs, the input rounding adds its share.
+  for (const auto form : kForms) {
+    const FormScope scope(form);
+    const kn::AttentionShape shape{2, 37, 16, 2};
+    OneRank mixed(shape, true, true), full(shape, true);
+    fill_uniform(mixed.qkv, 43, -1.5, 1.5);
+    Kokkos::deep_copy(full.qkv, mixed.qkv);
+    mixed.forward();
+    full.forward();
+    SCOPED_TRACE(form_name(form));
+    const std::vector<double> want = reference_tokens(rounded_to_bf16(host(mixed.qkv)), mixed.s, true);
+    expect_close("bf16 attention out", want, host(mixed.out), 4e-3);
+    // For scale: the fp32 path on the unrounded inputs, against the same reference.
+    const double e_full = rel_err(want, host(full.out)), e_mixed = rel_err(want, host(mixed.out));
+    std::printf("  [bf16] out rel err: bf16 path %.2e, fp32 path %.2e\n", e_mixed, e_full);
+    EXPECT_GT(e_mixed, 0) << "the bf16 path rounds P: it cannot equal the reference exactly";
+    // Backward: the bf16 gradients against the fp32 path's on the same data.
+    fill_uniform(mixed.R, 44, -1, 1);
+    Kokkos::deep_copy(full.R, mixed.R);
+    mixed.backward();
+    full.backward();
+    expect_close("bf16 attention dqkv vs fp32", host(full.dqkv), host(mixed.dqkv), 1e-2);
   }
 }
 
@@ -523,9 +565,9 @@ TEST(ContextParallelAttention, OneRankBackwardMatchesFiniteDifferences) {
 TEST(ContextParallelAttention, RefusesWrongBuffers) {
   OneRank a({1, 6, 6, 2}, true);
   View1D short_lse("short", ContextParallelAttention::lse_size(a.s) - 1);
-  EXPECT_THROW(a.attn.forward(a.out, a.qkv, {a.qkvh, short_lse}), Error);
+  EXPECT_THROW(a.attn.forward(a.out, a.qkv, {a.qkvh, short_lse, {}}), Error);
   View2D wrong("wrong", 5, 18);
-  EXPECT_THROW(a.attn.forward(a.out, wrong, {a.qkvh, a.lse}), Error);
+  EXPECT_THROW(a.attn.forward(a.out, wrong, {a.qkvh, a.lse, {}}), Error);
 }
 
 // ---- the chunk layout ------------------------------------------------------------------

@@ -139,6 +139,9 @@ ConstSlice2D rows_of(const ConstHeadRows& x, int head, int row0, int rows, int w
 Slice2D rows_of(const HeadRows& x, int head, int row0, int rows, int width) {
   return Slice2D(x.data + head * x.head_stride + static_cast<std::size_t>(row0) * width, rows, width);
 }
+ConstBf16Slice2D rows_of(const ConstBf16HeadRows& x, int head, int row0, int rows, int width) {
+  return ConstBf16Slice2D(x.data + head * x.head_stride + static_cast<std::size_t>(row0) * width, rows, width);
+}
 // The same heads from `head` on: the operand of a batch.
 ConstHeadRows from_head(const ConstHeadRows& x, int head) {
   return {x.data + head * x.head_stride, x.head_stride, x.rows};
@@ -348,16 +351,19 @@ void softmax_backward_rows(real* s, real* dp, ConstHeadRows lse, ConstHeadRows d
       });
 }
 
-// The backward prologue with O either token-major [B*T, C] or head-major.
-void backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
-                       const real* o, bool o_head_major, const AttentionShape& s) {
+// The backward prologue with O either token-major [B*T, C] or head-major;
+// dO heads in fp32 or (mixed precision) rounded to bf16.
+template <class Heads>
+void backward_prologue(Heads dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout, const real* o,
+                       bool o_head_major, const AttentionShape& s) {
+  using T_out = typename Heads::non_const_value_type;
   const int T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
   const std::size_t part = s.part_size(), rows = s.rows_size();
   if (!(dout_heads.extent(0) >= part && delta.extent(0) >= rows &&
         dqkvh.extent(0) >= static_cast<std::size_t>(zero_parts) * part))
     throw Error("attention_backward_prologue: a buffer is smaller than the shape needs");
   const real* dy = dout.data();
-  real* doh = dout_heads.data();
+  T_out* doh = dout_heads.data();
   real* dd = delta.data();
   real* dq = dqkvh.data();
   if (device_form()) {
@@ -371,12 +377,12 @@ void backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zer
           const std::size_t tm = (static_cast<std::size_t>(b) * T + t) * C + h * hs;
           const real* dyr = dy + tm;
           const real* orow = o + (o_head_major ? r * hs : tm);
-          real* dor = doh + r * hs;
+          T_out* dor = doh + r * hs;
           real sum = 0;
           Kokkos::parallel_reduce(
               Kokkos::ThreadVectorRange(team, hs),
               [&](const int d, real& acc) {
-                dor[d] = dyr[d];
+                dor[d] = T_out(dyr[d]);
                 acc += dyr[d] * orow[d];
               },
               sum);
@@ -396,11 +402,11 @@ void backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zer
         const std::size_t tm = (static_cast<std::size_t>(b) * T + t) * C + h * hs;
         const real* dyr = dy + tm;
         const real* orow = o + (o_head_major ? r * hs : tm);
-        real* dor = doh + r * hs;
+        T_out* dor = doh + r * hs;
         real sum = 0;
         NDMINI_SIMD_REDUCTION(+ : sum)
         for (int d = 0; d < hs; ++d) {
-          dor[d] = dyr[d];
+          dor[d] = T_out(dyr[d]);
           sum += dyr[d] * orow[d];
         }
         dd[r] = sum;
@@ -420,8 +426,37 @@ std::size_t attention_block_scratch_size(int q_rows, int k_rows, int heads) {
          std::max(forward_scratch(q_rows, k_rows), backward_scratch(q_rows, k_rows));
 }
 
-bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
-                             const AttentionBlock& blk, Slice1D scratch) {
+namespace {
+
+// The strided-batched product of fp32 or of bf16 operands (fp32 C).
+void batched(const char* ta, const char* tb, real alpha, ConstSlice2D a, std::size_t sa, ConstSlice2D b, std::size_t sb,
+             real beta, Slice2D c, std::size_t sc, int n) {
+  gemm_strided_batched(ta, tb, alpha, a, sa, b, sb, beta, c, sc, n);
+}
+void batched(const char* ta, const char* tb, real alpha, ConstBf16Slice2D a, std::size_t sa, ConstBf16Slice2D b,
+             std::size_t sb, real beta, Slice2D c, std::size_t sc, int n) {
+  gemm_bf16_strided_batched(ta, tb, alpha, a, sa, b, sb, beta, c, sc, n);
+}
+
+// A tile of P or dS (n heads of `tile` values from s) as the operand of a
+// product: the fp32 values themselves, or (mixed precision) their bf16
+// rounding, written to b.
+ConstSlice2D tile_operand(const real* s, int rows, int cols, std::size_t count, real* /*fp32: none*/) {
+  (void)count;
+  return ConstSlice2D(s, rows, cols);
+}
+ConstBf16Slice2D tile_operand(const real* s, int rows, int cols, std::size_t count, bf16* b) {
+  round_to_bf16(Bf16Slice1D(b, count), ConstSlice1D(s, count));
+  return ConstBf16Slice2D(b, rows, cols);
+}
+
+// The element type of the operands of Rows (ConstHeadRows or ConstBf16HeadRows).
+template <class Rows>
+using OperandType = std::remove_const_t<std::remove_pointer_t<decltype(Rows::data)>>;
+
+template <class Rows>
+bool block_forward(HeadRows o, HeadRows lse, Rows q, Rows k, Rows v, const AttentionBlock& blk, Slice1D scratch,
+                   OperandType<Rows>* rounded) {
   const int nq = q.rows, nk = k.rows, hs = blk.head_size, delta = blk.q_pos0 - blk.k_pos0;
   if (fully_masked(nq, nk, delta, blk.causal)) return false;
   check_block(blk, scratch, nq, nk, false);
@@ -436,19 +471,20 @@ bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHea
       const std::size_t tile = static_cast<std::size_t>(t.rows) * t.cols;
       const Slice2D S(s, t.rows, t.cols);
       // S = Q K^T / sqrt(hs) over the visible key prefix only.
-      gemm_strided_batched("N", "T", scale, rows_of(q, h0, t.row0, t.rows, hs), q.head_stride,
-                           rows_of(k, h0, 0, t.cols, hs), k.head_stride, real(0), S, tile, n);
+      batched("N", "T", scale, rows_of(q, h0, t.row0, t.rows, hs), q.head_stride, rows_of(k, h0, 0, t.cols, hs),
+              k.head_stride, real(0), S, tile, n);
       softmax_merge_rows(s, from_head(o, h0), from_head(lse, h0), n, t, delta, blk.causal, hs);
-      gemm_strided_batched("N", "N", real(1), ConstSlice2D(S), tile, rows_of(v, h0, 0, t.cols, hs), v.head_stride,
-                           real(1), rows_of(o, h0, t.row0, t.rows, hs), o.head_stride, n);
+      batched("N", "N", real(1), tile_operand(s, t.rows, t.cols, n * tile, rounded), tile,
+              rows_of(v, h0, 0, t.cols, hs), v.head_stride, real(1), rows_of(o, h0, t.row0, t.rows, hs), o.head_stride,
+              n);
     }
   }
   return true;
 }
 
-bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
-                              ConstHeadRows dout, ConstHeadRows lse, ConstHeadRows delta, const AttentionBlock& blk,
-                              Slice1D scratch) {
+template <class Rows>
+bool block_backward(HeadRows dq, HeadRows dk, HeadRows dv, Rows q, Rows k, Rows v, Rows dout, ConstHeadRows lse,
+                    ConstHeadRows delta, const AttentionBlock& blk, Slice1D scratch, OperandType<Rows>* rounded) {
   const int nq = q.rows, nk = k.rows, hs = blk.head_size, dpos = blk.q_pos0 - blk.k_pos0;
   if (fully_masked(nq, nk, dpos, blk.causal)) return false;
   check_block(blk, scratch, nq, nk, true);
@@ -458,39 +494,79 @@ bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRo
   // The S tiles of a batch's heads, then their dP tiles.
   real* s = scratch.data();
   real* dp = s + static_cast<std::size_t>(group) * (per_head / 2);
+  // Mixed precision: P and dS rounded to bf16 at the same offsets.
+  OperandType<Rows>* rounded_dp = rounded != nullptr ? rounded + (dp - s) : nullptr;
   for (int h0 = 0; h0 < blk.heads; h0 += group) {
     const int n = std::min(group, blk.heads - h0);
     Tile t;
     for (KeyTiles tiles(nq, nk, dpos, blk.causal, tile_rows_of(blk)); tiles.next(t);) {
       const std::size_t tile = static_cast<std::size_t>(t.rows) * t.cols;
       const Slice2D S(s, t.rows, t.cols), dP(dp, t.rows, t.cols);
-      const ConstSlice2D Qs = rows_of(q, h0, t.row0, t.rows, hs), dOs = rows_of(dout, h0, t.row0, t.rows, hs);
-      const ConstSlice2D Kt = rows_of(k, h0, t.col0, t.cols, hs);
-      gemm_strided_batched("N", "T", scale, Qs, q.head_stride, Kt, k.head_stride, real(0), S, tile, n);
-      gemm_strided_batched("N", "T", real(1), dOs, dout.head_stride, rows_of(v, h0, t.col0, t.cols, hs), v.head_stride,
-                           real(0), dP, tile, n);
+      const auto Qs = rows_of(q, h0, t.row0, t.rows, hs), dOs = rows_of(dout, h0, t.row0, t.rows, hs);
+      const auto Kt = rows_of(k, h0, t.col0, t.cols, hs);
+      batched("N", "T", scale, Qs, q.head_stride, Kt, k.head_stride, real(0), S, tile, n);
+      batched("N", "T", real(1), dOs, dout.head_stride, rows_of(v, h0, t.col0, t.cols, hs), v.head_stride, real(0), dP,
+              tile, n);
       softmax_backward_rows(s, dp, from_head(lse, h0), from_head(delta, h0), n, t, dpos, blk.causal, scale);
-      gemm_strided_batched("T", "N", real(1), ConstSlice2D(S), tile, dOs, dout.head_stride, real(1),
-                           rows_of(dv, h0, t.col0, t.cols, hs), dv.head_stride, n);
-      gemm_strided_batched("T", "N", real(1), ConstSlice2D(dP), tile, Qs, q.head_stride, real(1),
-                           rows_of(dk, h0, t.col0, t.cols, hs), dk.head_stride, n);
-      gemm_strided_batched("N", "N", real(1), ConstSlice2D(dP), tile, Kt, k.head_stride, real(1),
-                           rows_of(dq, h0, t.row0, t.rows, hs), dq.head_stride, n);
+      const auto P = tile_operand(s, t.rows, t.cols, n * tile, rounded);
+      const auto dS = tile_operand(dp, t.rows, t.cols, n * tile, rounded_dp);
+      batched("T", "N", real(1), P, tile, dOs, dout.head_stride, real(1), rows_of(dv, h0, t.col0, t.cols, hs),
+              dv.head_stride, n);
+      batched("T", "N", real(1), dS, tile, Qs, q.head_stride, real(1), rows_of(dk, h0, t.col0, t.cols, hs),
+              dk.head_stride, n);
+      batched("N", "N", real(1), dS, tile, Kt, k.head_stride, real(1), rows_of(dq, h0, t.row0, t.rows, hs),
+              dq.head_stride, n);
     }
   }
   return true;
 }
 
+void check_rounded_scratch(const Slice1D& scratch, const Bf16Slice1D& scratch_bf16) {
+  if (scratch_bf16.extent(0) < scratch.extent(0))
+    throw Error("attention block: the bf16 scratch must hold as many values as the fp32 scratch");
+}
+
+}  // namespace
+
+bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
+                             const AttentionBlock& blk, Slice1D scratch) {
+  return block_forward<ConstHeadRows>(o, lse, q, k, v, blk, scratch, nullptr);
+}
+
+bool attention_block_forward(HeadRows o, HeadRows lse, ConstBf16HeadRows q, ConstBf16HeadRows k, ConstBf16HeadRows v,
+                             const AttentionBlock& blk, Slice1D scratch, Bf16Slice1D scratch_bf16) {
+  check_rounded_scratch(scratch, scratch_bf16);
+  return block_forward<ConstBf16HeadRows>(o, lse, q, k, v, blk, scratch, scratch_bf16.data());
+}
+
+bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
+                              ConstHeadRows dout, ConstHeadRows lse, ConstHeadRows delta, const AttentionBlock& blk,
+                              Slice1D scratch) {
+  return block_backward<ConstHeadRows>(dq, dk, dv, q, k, v, dout, lse, delta, blk, scratch, nullptr);
+}
+
+bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstBf16HeadRows q, ConstBf16HeadRows k,
+                              ConstBf16HeadRows v, ConstBf16HeadRows dout, ConstHeadRows lse, ConstHeadRows delta,
+                              const AttentionBlock& blk, Slice1D scratch, Bf16Slice1D scratch_bf16) {
+  check_rounded_scratch(scratch, scratch_bf16);
+  return block_backward<ConstBf16HeadRows>(dq, dk, dv, q, k, v, dout, lse, delta, blk, scratch, scratch_bf16.data());
+}
+
 // ---- layout passes ------------------------------------------------------------------
 
-void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
+namespace {
+
+// qkvh in fp32 or (mixed precision) rounded to bf16.
+template <class Heads>
+void split_qkv(Heads qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
+  using T_out = typename Heads::non_const_value_type;
   const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
   const std::size_t part = s.part_size(), rows = s.rows_size();
   if (!(qkvh.extent(0) >= 3 * part && o.extent(0) >= part && lse.extent(0) >= rows &&
         qkv.extent(0) == static_cast<std::size_t>(B) * T && qkv.extent(1) == static_cast<std::size_t>(3) * C))
     throw Error("attention_split_qkv: a buffer does not match the shape");
   const real* in = qkv.data();
-  real* qh = qkvh.data();
+  T_out* qh = qkvh.data();
   real* op = o.data();
   real* lp = lse.data();
   const real neg_inf = -std::numeric_limits<real>::infinity();
@@ -504,7 +580,7 @@ void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv,
           const int h = (r / T) % H;
           const int b = r / (static_cast<std::size_t>(T) * H);
           const real* tm = in + (static_cast<std::size_t>(b) * T + t) * (3 * C) + h * hs + d;
-          for (int which = 0; which < 3; ++which) qh[which * part + e] = tm[which * C];
+          for (int which = 0; which < 3; ++which) qh[which * part + e] = T_out(tm[which * C]);
           op[e] = 0;
           if (d == 0) lp[r] = neg_inf;
         });
@@ -519,13 +595,22 @@ void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv,
         const int b = r / (static_cast<std::size_t>(T) * H);
         const real* tm = in + (static_cast<std::size_t>(b) * T + t) * (3 * C) + h * hs;
         for (int which = 0; which < 3; ++which) {
-          real* hm = qh + which * part + r * hs;
-          for (int d = 0; d < hs; ++d) hm[d] = tm[which * C + d];
+          T_out* hm = qh + which * part + r * hs;
+          for (int d = 0; d < hs; ++d) hm[d] = T_out(tm[which * C + d]);
         }
         real* orow = op + r * hs;
         for (int d = 0; d < hs; ++d) orow[d] = 0;
         lp[r] = neg_inf;
       });
+}
+
+}  // namespace
+
+void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
+  split_qkv(qkvh, o, lse, qkv, s);
+}
+void attention_split_qkv(Bf16Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
+  split_qkv(qkvh, o, lse, qkv, s);
 }
 
 void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s) {
@@ -534,6 +619,10 @@ void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s)
 
 void attention_backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
                                  ConstSlice2D out, const AttentionShape& s) {
+  backward_prologue(dout_heads, delta, dqkvh, zero_parts, dout, out.data(), false, s);
+}
+void attention_backward_prologue(Bf16Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts,
+                                 ConstSlice2D dout, ConstSlice2D out, const AttentionShape& s) {
   backward_prologue(dout_heads, delta, dqkvh, zero_parts, dout, out.data(), false, s);
 }
 

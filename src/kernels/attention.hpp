@@ -69,6 +69,12 @@ struct ConstHeadRows {
   ConstHeadRows(const real* d, std::size_t stride, int n) : data(d), head_stride(stride), rows(n) {}
   ConstHeadRows(const HeadRows& r) : data(r.data), head_stride(r.head_stride), rows(r.rows) {}  // NOLINT: implicit
 };
+// The q, k, v and dO operands under bf16 mixed precision.
+struct ConstBf16HeadRows {
+  const bf16* data = nullptr;
+  std::size_t head_stride = 0;
+  int rows = 0;
+};
 
 // What the operands of one block pair share.
 struct AttentionBlock {
@@ -99,6 +105,11 @@ void set_attention_kernel_form(AttentionKernelForm form);
 // keep their O and LSE.
 bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
                              const AttentionBlock& blk, Slice1D scratch);
+// The same with bf16 q, k, v (mixed precision): the products take bf16
+// operands (P rounded to bf16 in scratch_bf16, as many values as `scratch`)
+// and accumulate in fp32; the softmax, O and LSE stay fp32.
+bool attention_block_forward(HeadRows o, HeadRows lse, ConstBf16HeadRows q, ConstBf16HeadRows k, ConstBf16HeadRows v,
+                             const AttentionBlock& blk, Slice1D scratch, Bf16Slice1D scratch_bf16);
 
 // Accumulates this pair's gradients: dq += dS K, dk += dS^T Q, dv += P^T dO
 // with P = exp(S - lse), dS = P (dP - delta) / sqrt(hs), dP = dO V^T.
@@ -107,12 +118,19 @@ bool attention_block_forward(HeadRows o, HeadRows lse, ConstHeadRows q, ConstHea
 bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstHeadRows q, ConstHeadRows k, ConstHeadRows v,
                               ConstHeadRows dout, ConstHeadRows lse, ConstHeadRows delta, const AttentionBlock& blk,
                               Slice1D scratch);
+// The same with bf16 q, k, v and dout (P and dS rounded to bf16 in
+// scratch_bf16 for the products); dq, dk, dv accumulate in fp32.
+bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstBf16HeadRows q, ConstBf16HeadRows k,
+                              ConstBf16HeadRows v, ConstBf16HeadRows dout, ConstHeadRows lse, ConstHeadRows delta,
+                              const AttentionBlock& blk, Slice1D scratch, Bf16Slice1D scratch_bf16);
 
 // ---- layout passes around the block kernel (one pass each, fused with the
 // initialisation the next step needs) -------------------------------------------
 // qkv [B*T, 3C] -> qkvh [3, B, H, T, hs]; and o := 0, lse := -inf, the
 // identity of the merge (o and lse head-major, [B, H, T, hs] and [B, H, T]).
 void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s);
+// The same with qkvh rounded to bf16 (mixed precision).
+void attention_split_qkv(Bf16Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s);
 // o [B, H, T, hs] -> out [B*T, C].
 void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s);
 // The backward's prologue: dout [B*T, C] -> dO [B, H, T, hs] head-major,
@@ -120,6 +138,9 @@ void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s)
 // zeroes the first `zero_parts` parts ([B, H, T, hs] each) of dqkvh.
 void attention_backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
                                  ConstSlice2D out, const AttentionShape& s);
+// The same with dO rounded to bf16 (mixed precision; delta from the fp32 dout).
+void attention_backward_prologue(Bf16Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts,
+                                 ConstSlice2D dout, ConstSlice2D out, const AttentionShape& s);
 // dqkvh [3, B, H, T, hs] -> dqkv [B*T, 3C] (overwritten).
 void attention_merge_qkv(Slice2D dqkv, ConstSlice1D dqkvh, const AttentionShape& s);
 

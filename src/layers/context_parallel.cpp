@@ -38,19 +38,26 @@ CpLayout make_cp_layout(int seq_len, int cp, int rank) {
 }
 
 ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kernels::AttentionShape& local,
-                                                   int seq_len_global, bool causal)
-    : comm_(cp != nullptr && cp->size() > 1 ? cp : nullptr), shape_(local), causal_(causal) {
+                                                   int seq_len_global, bool causal, bool bf16)
+    : comm_(cp != nullptr && cp->size() > 1 ? cp : nullptr), shape_(local), causal_(causal), bf16_(bf16) {
   layout_ = make_cp_layout(seq_len_global, comm_ ? comm_->size() : 1, comm_ ? comm_->rank() : 0);
   require(local.batch > 0 && local.heads > 0 && local.channels > 0 && local.channels % local.heads == 0,
           "ContextParallelAttention: batch, heads and channels must be positive, channels divisible by heads");
   if (local.seq_len != layout_.local_len())
     throw Error("ContextParallelAttention: local seq_len " + std::to_string(local.seq_len) +
                 " is not T/cp = " + std::to_string(seq_len_global) + "/" + std::to_string(layout_.cp));
-  const Buffers b = buffer_sizes(shape_, layout_.cp);
+  if (bf16_ && local.part_size() % 2 != 0)  // K/V travel two bf16 values to a float slot
+    throw Error("ContextParallelAttention: bf16 needs an even B x T/cp x C/tp, not " +
+                std::to_string(local.part_size()));
+  const Buffers b = buffer_sizes(shape_, layout_.cp, bf16_);
   heads_ = View1D("cp_attention_heads", b.heads);
   delta_ = View1D("cp_attention_delta", b.delta);
   dqkvh_ = View1D("cp_attention_dqkvh", b.dqkvh);
   scratch_ = View1D("cp_attention_scratch", b.scratch);
+  if (bf16_) {
+    dout_bf16_ = Bf16View1D("cp_attention_dout_bf16", b.dout_bf16);
+    scratch_bf16_ = Bf16View1D("cp_attention_scratch_bf16", b.scratch_bf16);
+  }
   if (comm_) {
     for (int i = 0; i < 2; ++i) {
       kv_[i] = View1D("cp_attention_kv", b.kv);
@@ -61,7 +68,8 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
   }
 }
 
-ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const kernels::AttentionShape& local, int cp) {
+ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const kernels::AttentionShape& local, int cp,
+                                                                         bool bf16) {
   Buffers b;
   const std::size_t part = local.part_size();
   const int block_rows = cp > 1 ? local.seq_len / 2 : local.seq_len;  // CpLayout::chunk_len()
@@ -69,11 +77,28 @@ ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const k
   b.delta = local.rows_size();
   b.dqkvh = 3 * part;
   b.scratch = kernels::attention_block_scratch_size(block_rows, block_rows, local.batch * local.heads);
-  if (cp > 1) b.kv = b.dkv = b.dkv_in = 2 * part;
+  if (bf16) {
+    b.dout_bf16 = part;
+    b.scratch_bf16 = b.scratch;
+  }
+  if (cp > 1) {
+    b.kv = bf16 ? part : 2 * part;  // bf16: 2 part values, two to a float
+    b.dkv = b.dkv_in = 2 * part;
+  }
   return b;
 }
 
 kernels::HeadRows ContextParallelAttention::chunk_rows(real* base, int half, std::size_t head_stride, int width) const {
+  const int c = layout_.chunk_len();
+  return {base + static_cast<std::size_t>(half) * c * width, head_stride, c};
+}
+kernels::ConstHeadRows ContextParallelAttention::chunk_rows(const real* base, int half, std::size_t head_stride,
+                                                            int width) const {
+  const int c = layout_.chunk_len();
+  return {base + static_cast<std::size_t>(half) * c * width, head_stride, c};
+}
+kernels::ConstBf16HeadRows ContextParallelAttention::chunk_rows(const bf16* base, int half, std::size_t head_stride,
+                                                                int width) const {
   const int c = layout_.chunk_len();
   return {base + static_cast<std::size_t>(half) * c * width, head_stride, c};
 }
@@ -89,10 +114,36 @@ kernels::AttentionBlock ContextParallelAttention::block(int q_half, int src, int
           0};
 }
 
+bool ContextParallelAttention::block_forward(kernels::HeadRows o, kernels::HeadRows lse, kernels::ConstHeadRows q,
+                                             kernels::ConstHeadRows k, kernels::ConstHeadRows v,
+                                             const kernels::AttentionBlock& blk) {
+  return kernels::attention_block_forward(o, lse, q, k, v, blk, scratch_);
+}
+bool ContextParallelAttention::block_forward(kernels::HeadRows o, kernels::HeadRows lse, kernels::ConstBf16HeadRows q,
+                                             kernels::ConstBf16HeadRows k, kernels::ConstBf16HeadRows v,
+                                             const kernels::AttentionBlock& blk) {
+  return kernels::attention_block_forward(o, lse, q, k, v, blk, scratch_, scratch_bf16_);
+}
+bool ContextParallelAttention::block_backward(kernels::HeadRows dq, kernels::HeadRows dk, kernels::HeadRows dv,
+                                              kernels::ConstHeadRows q, kernels::ConstHeadRows k,
+                                              kernels::ConstHeadRows v, kernels::ConstHeadRows dout,
+                                              kernels::ConstHeadRows lse, kernels::ConstHeadRows delta,
+                                              const kernels::AttentionBlock& blk) {
+  return kernels::attention_block_backward(dq, dk, dv, q, k, v, dout, lse, delta, blk, scratch_);
+}
+bool ContextParallelAttention::block_backward(kernels::HeadRows dq, kernels::HeadRows dk, kernels::HeadRows dv,
+                                              kernels::ConstBf16HeadRows q, kernels::ConstBf16HeadRows k,
+                                              kernels::ConstBf16HeadRows v, kernels::ConstBf16HeadRows dout,
+                                              kernels::ConstHeadRows lse, kernels::ConstHeadRows delta,
+                                              const kernels::AttentionBlock& blk) {
+  return kernels::attention_block_backward(dq, dk, dv, q, k, v, dout, lse, delta, blk, scratch_, scratch_bf16_);
+}
+
 void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::size_t out_cols,
                                      std::size_t qkv_cols) const {
   const std::size_t C = shape_.channels;
-  if (saved.qkvh.extent(0) < qkvh_size(shape_) || saved.lse.extent(0) < lse_size(shape_))
+  const std::size_t held = bf16_ ? saved.qkvh_bf16.extent(0) : saved.qkvh.extent(0);
+  if (held < qkvh_size(shape_) || saved.lse.extent(0) < lse_size(shape_))
     throw Error("ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
   if (rows != static_cast<std::size_t>(shape_.batch) * shape_.seq_len || out_cols != C || qkv_cols != 3 * C)
     throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, 3C] of the local shape");
@@ -101,44 +152,54 @@ void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::
 void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, const Saved& saved) {
   check(saved, qkv.extent(0), out.extent(1), qkv.extent(1));
   if (out.extent(0) != qkv.extent(0)) throw Error("ContextParallelAttention::forward: out and qkv differ in rows");
-  kernels::attention_split_qkv(saved.qkvh, heads_, saved.lse, qkv, shape_);
-  const std::size_t part = shape_.part_size();
-  if (!comm_) {
-    const int T = shape_.seq_len, hs = shape_.head_size();
-    const std::size_t stride = static_cast<std::size_t>(T) * hs;
-    real* qh = saved.qkvh.data();
-    kernels::attention_block_forward({heads_.data(), stride, T}, {saved.lse.data(), std::size_t(T), T}, {qh, stride, T},
-                                     {qh + part, stride, T}, {qh + 2 * part, stride, T},
-                                     {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0}, scratch_);
+  if (bf16_) {
+    kernels::attention_split_qkv(saved.qkvh_bf16, heads_, saved.lse, qkv, shape_);
+    forward_ring(saved.qkvh_bf16.data(), saved);
   } else {
-    const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-    const real* kv = saved.qkvh.data() + part;  // k and v parts are adjacent: one message
-    for (int s = 0; s < cp; ++s) {
-      CommRequest req;
-      if (s < cp - 1) {
-        ops_.clear();
-        ops_.push_back({P2POp::Kind::send, const_cast<real*>(kv), 2 * part, next, kKvTag});
-        ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), 2 * part, prev, kKvTag});
-        req = comm_->batch_p2p(ops_);
-      }
-      forward_step((r - s + cp) % cp, kv, saved, req);
-      req.wait();
-      kv = kv_[s % 2].data();
-    }
+    kernels::attention_split_qkv(saved.qkvh, heads_, saved.lse, qkv, shape_);
+    forward_ring(saved.qkvh.data(), saved);
   }
   kernels::attention_merge_heads(out, heads_, shape_);
 }
 
-void ContextParallelAttention::forward_step(int src, const real* kv, const Saved& saved, CommRequest& req) {
+template <class T>
+void ContextParallelAttention::forward_ring(T* qkvh, const Saved& saved) {
+  const std::size_t part = shape_.part_size();
+  if (!comm_) {
+    const int T_len = shape_.seq_len, hs = shape_.head_size();
+    const std::size_t stride = static_cast<std::size_t>(T_len) * hs;
+    using Rows = decltype(chunk_rows(static_cast<const T*>(qkvh), 0, 0, 0));
+    block_forward({heads_.data(), stride, T_len}, {saved.lse.data(), std::size_t(T_len), T_len},
+                  Rows{qkvh, stride, T_len}, Rows{qkvh + part, stride, T_len}, Rows{qkvh + 2 * part, stride, T_len},
+                  {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0});
+    return;
+  }
+  const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  const T* kv = qkvh + part;  // k and v parts are adjacent: one message
+  for (int s = 0; s < cp; ++s) {
+    CommRequest req;
+    if (s < cp - 1) {
+      // A transfer moves bits: bf16 values travel two to a float slot.
+      ops_.clear();
+      ops_.push_back({P2POp::Kind::send, reinterpret_cast<real*>(const_cast<T*>(kv)), kv_floats<T>(), next, kKvTag});
+      ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), kv_floats<T>(), prev, kKvTag});
+      req = comm_->batch_p2p(ops_);
+    }
+    forward_step((r - s + cp) % cp, static_cast<const T*>(qkvh), kv, saved, req);
+    req.wait();
+    kv = reinterpret_cast<const T*>(kv_[s % 2].data());
+  }
+}
+
+template <class T>
+void ContextParallelAttention::forward_step(int src, const T* qkvh, const T* kv, const Saved& saved, CommRequest& req) {
   const std::size_t part = shape_.part_size(), stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
   const int hs = shape_.head_size();
-  real* k = const_cast<real*>(kv);
   for (int qh = 0; qh < 2; ++qh)
     for (int kh = 0; kh < 2; ++kh) {
-      kernels::attention_block_forward(chunk_rows(heads_.data(), qh, stride, hs),
-                                       chunk_rows(saved.lse.data(), qh, shape_.seq_len, 1),
-                                       chunk_rows(saved.qkvh.data(), qh, stride, hs), chunk_rows(k, kh, stride, hs),
-                                       chunk_rows(k + part, kh, stride, hs), block(qh, src, kh), scratch_);
+      block_forward(chunk_rows(heads_.data(), qh, stride, hs), chunk_rows(saved.lse.data(), qh, shape_.seq_len, 1),
+                    chunk_rows(qkvh, qh, stride, hs), chunk_rows(kv, kh, stride, hs),
+                    chunk_rows(kv + part, kh, stride, hs), block(qh, src, kh));
       req.test();  // lets the transfer in flight progress (MPI progresses inside its calls)
     }
 }
@@ -147,61 +208,73 @@ void ContextParallelAttention::backward(Slice2D dqkv, ConstSlice2D dout, ConstSl
   check(saved, dqkv.extent(0), dout.extent(1), dqkv.extent(1));
   if (dout.extent(0) != dqkv.extent(0) || out.extent(0) != dqkv.extent(0) || out.extent(1) != dout.extent(1))
     throw Error("ContextParallelAttention::backward: dqkv, dout and out differ in shape");
-  const std::size_t part = shape_.part_size();
   // Without a ring dk, dv accumulate in place; with one the final exchange
   // writes them, so only dq needs zeroing.
-  kernels::attention_backward_prologue(heads_, delta_, dqkvh_, comm_ ? 1 : 3, dout, out, shape_);
-  if (!comm_) {
-    const int T = shape_.seq_len, hs = shape_.head_size();
-    const std::size_t stride = static_cast<std::size_t>(T) * hs;
-    real* qh = saved.qkvh.data();
-    real* dq = dqkvh_.data();
-    kernels::attention_block_backward(
-        {dq, stride, T}, {dq + part, stride, T}, {dq + 2 * part, stride, T}, {qh, stride, T}, {qh + part, stride, T},
-        {qh + 2 * part, stride, T}, {heads_.data(), stride, T}, {saved.lse.data(), std::size_t(T), T},
-        {delta_.data(), std::size_t(T), T}, {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0}, scratch_);
+  const int zero_parts = comm_ ? 1 : 3;
+  if (bf16_) {
+    kernels::attention_backward_prologue(dout_bf16_, delta_, dqkvh_, zero_parts, dout, out, shape_);
+    backward_ring<bf16>(saved.qkvh_bf16.data(), dout_bf16_.data(), saved);
   } else {
-    const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-    const real* kv = saved.qkvh.data() + part;
-    for (int s = 0; s < cp; ++s) {
-      ops_.clear();
-      if (s < cp - 1) {  // the next K/V block
-        ops_.push_back({P2POp::Kind::send, const_cast<real*>(kv), 2 * part, next, kKvTag});
-        ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), 2 * part, prev, kKvTag});
-      }
-      if (s > 0) {  // the dK/dV sum of the block just done, and the partial sum of the one in hand
-        ops_.push_back({P2POp::Kind::send, dkv_[(s - 1) % 2].data(), 2 * part, next, kDkvTag});
-        ops_.push_back({P2POp::Kind::recv, dkv_in_.data(), 2 * part, prev, kDkvTag});
-      }
-      CommRequest req = comm_->batch_p2p(ops_);
-      View1D& dkv = dkv_[s % 2];
-      Kokkos::deep_copy(dkv, real(0));
-      backward_step((r - s + cp) % cp, kv, dkv.data(), saved, req);
-      req.wait();
-      if (s > 0) accumulate(dkv, dkv_in_);
-      kv = kv_[s % 2].data();
-    }
-    // The complete sums go home: ours arrives from rank r-1 into dk, dv.
-    ops_.clear();
-    ops_.push_back({P2POp::Kind::send, dkv_[(cp - 1) % 2].data(), 2 * part, next, kDkvTag});
-    ops_.push_back({P2POp::Kind::recv, dqkvh_.data() + part, 2 * part, prev, kDkvTag});
-    comm_->batch_p2p(ops_).wait();
+    kernels::attention_backward_prologue(heads_, delta_, dqkvh_, zero_parts, dout, out, shape_);
+    backward_ring<real>(saved.qkvh.data(), heads_.data(), saved);
   }
   kernels::attention_merge_qkv(dqkv, dqkvh_, shape_);
 }
 
-void ContextParallelAttention::backward_step(int src, const real* kv, real* dkv, const Saved& saved, CommRequest& req) {
+template <class T>
+void ContextParallelAttention::backward_ring(const T* qkvh, const T* dout_heads, const Saved& saved) {
+  const std::size_t part = shape_.part_size();
+  if (!comm_) {
+    const int T_len = shape_.seq_len, hs = shape_.head_size();
+    const std::size_t stride = static_cast<std::size_t>(T_len) * hs;
+    using Rows = decltype(chunk_rows(qkvh, 0, 0, 0));
+    real* dq = dqkvh_.data();
+    block_backward({dq, stride, T_len}, {dq + part, stride, T_len}, {dq + 2 * part, stride, T_len},
+                   Rows{qkvh, stride, T_len}, Rows{qkvh + part, stride, T_len}, Rows{qkvh + 2 * part, stride, T_len},
+                   Rows{dout_heads, stride, T_len}, {saved.lse.data(), std::size_t(T_len), T_len},
+                   {delta_.data(), std::size_t(T_len), T_len}, {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0});
+    return;
+  }
+  const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  const T* kv = qkvh + part;
+  for (int s = 0; s < cp; ++s) {
+    ops_.clear();
+    if (s < cp - 1) {  // the next K/V block (bf16: two values to a float slot)
+      ops_.push_back({P2POp::Kind::send, reinterpret_cast<real*>(const_cast<T*>(kv)), kv_floats<T>(), next, kKvTag});
+      ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), kv_floats<T>(), prev, kKvTag});
+    }
+    if (s > 0) {  // the dK/dV sum of the block just done, and the partial sum of the one in hand
+      ops_.push_back({P2POp::Kind::send, dkv_[(s - 1) % 2].data(), 2 * part, next, kDkvTag});
+      ops_.push_back({P2POp::Kind::recv, dkv_in_.data(), 2 * part, prev, kDkvTag});
+    }
+    CommRequest req = comm_->batch_p2p(ops_);
+    View1D& dkv = dkv_[s % 2];
+    Kokkos::deep_copy(dkv, real(0));
+    backward_step((r - s + cp) % cp, qkvh, kv, dout_heads, dkv.data(), saved, req);
+    req.wait();
+    if (s > 0) accumulate(dkv, dkv_in_);
+    kv = reinterpret_cast<const T*>(kv_[s % 2].data());
+  }
+  // The complete sums go home: ours arrives from rank r-1 into dk, dv.
+  ops_.clear();
+  ops_.push_back({P2POp::Kind::send, dkv_[(cp - 1) % 2].data(), 2 * part, next, kDkvTag});
+  ops_.push_back({P2POp::Kind::recv, dqkvh_.data() + part, 2 * part, prev, kDkvTag});
+  comm_->batch_p2p(ops_).wait();
+}
+
+template <class T>
+void ContextParallelAttention::backward_step(int src, const T* qkvh, const T* kv, const T* dout_heads, real* dkv,
+                                             const Saved& saved, CommRequest& req) {
   const std::size_t part = shape_.part_size(), stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
-  const int hs = shape_.head_size(), T = shape_.seq_len;
-  real* k = const_cast<real*>(kv);
+  const int hs = shape_.head_size(), T_len = shape_.seq_len;
   for (int qh = 0; qh < 2; ++qh)
     for (int kh = 0; kh < 2; ++kh) {
-      kernels::attention_block_backward(chunk_rows(dqkvh_.data(), qh, stride, hs), chunk_rows(dkv, kh, stride, hs),
-                                        chunk_rows(dkv + part, kh, stride, hs),
-                                        chunk_rows(saved.qkvh.data(), qh, stride, hs), chunk_rows(k, kh, stride, hs),
-                                        chunk_rows(k + part, kh, stride, hs), chunk_rows(heads_.data(), qh, stride, hs),
-                                        chunk_rows(saved.lse.data(), qh, T, 1), chunk_rows(delta_.data(), qh, T, 1),
-                                        block(qh, src, kh), scratch_);
+      block_backward(chunk_rows(dqkvh_.data(), qh, stride, hs), chunk_rows(dkv, kh, stride, hs),
+                     chunk_rows(dkv + part, kh, stride, hs), chunk_rows(qkvh, qh, stride, hs),
+                     chunk_rows(kv, kh, stride, hs), chunk_rows(kv + part, kh, stride, hs),
+                     chunk_rows(dout_heads, qh, stride, hs),
+                     chunk_rows(static_cast<const real*>(saved.lse.data()), qh, T_len, 1),
+                     chunk_rows(static_cast<const real*>(delta_.data()), qh, T_len, 1), block(qh, src, kh));
       req.test();
     }
 }

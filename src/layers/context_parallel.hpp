@@ -74,16 +74,19 @@ class ContextParallelAttention {
   // this object). local: B, seq_len = local rows per sequence (T/cp),
   // channels = C/tp (local heads x hs), heads = H/tp. Allocates its scratch
   // once, in MemSpace; it holds nothing between calls, so one object can
-  // serve every layer. causal = false gives full attention (tests).
+  // serve every layer. causal = false gives full attention (tests). bf16:
+  // mixed precision: q, k, v (kept, and sent round the ring) and dO are
+  // bf16, the products take bf16 operands; O, LSE, D and dq, dk, dv fp32.
   ContextParallelAttention(Communicator* cp, const kernels::AttentionShape& local, int seq_len_global,
-                           bool causal = true);
+                           bool causal = true, bool bf16 = false);
 
   // What one forward keeps for its backward: head-major q, k, v and the
   // log-sum-exp of every query row. The caller owns the memory (e.g. per
   // layer and micro-batch in flight), sized by qkvh_size() and lse_size().
   struct Saved {
-    Slice1D qkvh;  // [3, B, H, T/cp, hs]
-    Slice1D lse;   // [B, H, T/cp]
+    Slice1D qkvh;           // [3, B, H, T/cp, hs]
+    Slice1D lse;            // [B, H, T/cp]
+    Bf16Slice1D qkvh_bf16;  // instead of qkvh under bf16
   };
   static std::size_t qkvh_size(const kernels::AttentionShape& local) { return 3 * local.part_size(); }
   static std::size_t lse_size(const kernels::AttentionShape& local) { return local.rows_size(); }
@@ -92,12 +95,18 @@ class ContextParallelAttention {
   // constructor and the memory estimate use these): head-major O / dO, D,
   // dq dk dv and the block kernel's tile always; the ring's K/V and dK/dV
   // buffers when cp > 1.
+  // Under bf16: dO and the tiles' bf16 rounding in bf16 values, and the
+  // ring's K/V blocks, bf16 values two to a float slot (kv counts floats).
   struct Buffers {
     std::size_t heads = 0, delta = 0, dqkvh = 0, scratch = 0;
-    std::size_t kv = 0, dkv = 0, dkv_in = 0;  // ring: each of kv and dkv twice (double buffers)
-    std::size_t total() const { return heads + delta + dqkvh + scratch + 2 * kv + 2 * dkv + dkv_in; }
+    std::size_t kv = 0, dkv = 0, dkv_in = 0;      // ring: each of kv and dkv twice (double buffers)
+    std::size_t dout_bf16 = 0, scratch_bf16 = 0;  // bf16 values
+    std::size_t bytes() const {
+      return (heads + delta + dqkvh + scratch + 2 * kv + 2 * dkv + dkv_in) * sizeof(real) +
+             (dout_bf16 + scratch_bf16) * sizeof(bf16);
+    }
   };
-  static Buffers buffer_sizes(const kernels::AttentionShape& local, int cp);
+  static Buffers buffer_sizes(const kernels::AttentionShape& local, int cp, bool bf16 = false);
 
   // qkv [B*T/cp, 3C] token-major (the c_attn output) -> out [B*T/cp, C]
   // token-major; writes saved's buffers. Collective over the cp group.
@@ -110,26 +119,54 @@ class ContextParallelAttention {
   const kernels::AttentionShape& local_shape() const { return shape_; }
 
  private:
+  // The ring with q, k, v of element type T (fp32, or bf16) at qkvh, and dO
+  // (backward) at dout_heads.
+  template <class T>
+  void forward_ring(T* qkvh, const Saved& saved);
+  template <class T>
+  void backward_ring(const T* qkvh, const T* dout_heads, const Saved& saved);
   // The block pairs of one ring step: local q chunks against the two k
   // chunks of rank src, held at kv (k part, then v part).
   // `req` is the exchange in flight, polled between pairs so it progresses.
-  void forward_step(int src, const real* kv, const Saved& saved, CommRequest& req);
-  void backward_step(int src, const real* kv, real* dkv, const Saved& saved, CommRequest& req);
+  template <class T>
+  void forward_step(int src, const T* qkvh, const T* kv, const Saved& saved, CommRequest& req);
+  template <class T>
+  void backward_step(int src, const T* qkvh, const T* kv, const T* dout_heads, real* dkv, const Saved& saved,
+                     CommRequest& req);
+  // The block kernels with this object's scratch, for fp32 or bf16 operands.
+  bool block_forward(kernels::HeadRows o, kernels::HeadRows lse, kernels::ConstHeadRows q, kernels::ConstHeadRows k,
+                     kernels::ConstHeadRows v, const kernels::AttentionBlock& blk);
+  bool block_forward(kernels::HeadRows o, kernels::HeadRows lse, kernels::ConstBf16HeadRows q,
+                     kernels::ConstBf16HeadRows k, kernels::ConstBf16HeadRows v, const kernels::AttentionBlock& blk);
+  bool block_backward(kernels::HeadRows dq, kernels::HeadRows dk, kernels::HeadRows dv, kernels::ConstHeadRows q,
+                      kernels::ConstHeadRows k, kernels::ConstHeadRows v, kernels::ConstHeadRows dout,
+                      kernels::ConstHeadRows lse, kernels::ConstHeadRows delta, const kernels::AttentionBlock& blk);
+  bool block_backward(kernels::HeadRows dq, kernels::HeadRows dk, kernels::HeadRows dv, kernels::ConstBf16HeadRows q,
+                      kernels::ConstBf16HeadRows k, kernels::ConstBf16HeadRows v, kernels::ConstBf16HeadRows dout,
+                      kernels::ConstHeadRows lse, kernels::ConstHeadRows delta, const kernels::AttentionBlock& blk);
   void check(const Saved& saved, std::size_t rows, std::size_t out_cols, std::size_t qkv_cols) const;
   kernels::HeadRows chunk_rows(real* base, int half, std::size_t head_stride, int width) const;
+  kernels::ConstHeadRows chunk_rows(const real* base, int half, std::size_t head_stride, int width) const;
+  kernels::ConstBf16HeadRows chunk_rows(const bf16* base, int half, std::size_t head_stride, int width) const;
   kernels::AttentionBlock block(int q_half, int src, int k_half) const;
+  // Floats of one K/V message: both parts of T values.
+  template <class T>
+  std::size_t kv_floats() const {
+    return 2 * shape_.part_size() * sizeof(T) / sizeof(real);
+  }
 
   Communicator* comm_ = nullptr;  // null without a ring
   kernels::AttentionShape shape_;
   CpLayout layout_;
-  bool causal_;
-  View1D heads_;    // O (forward) / dO (backward), head-major [B, H, T/cp, hs]
-  View1D delta_;    // D = rowsum(dO * O), [B, H, T/cp]
-  View1D dqkvh_;    // dq, dk, dv head-major
-  View1D scratch_;  // the block kernel's tile
-  View1D kv_[2];    // ring: K/V blocks received (double buffer)
-  View1D dkv_[2];   // ring: dK/dV partial sums being built / being sent
-  View1D dkv_in_;   // ring: the partial sum arriving from rank - 1
+  bool causal_, bf16_;
+  View1D heads_;                         // O (forward) / dO (backward), head-major [B, H, T/cp, hs]
+  View1D delta_;                         // D = rowsum(dO * O), [B, H, T/cp]
+  View1D dqkvh_;                         // dq, dk, dv head-major
+  View1D scratch_;                       // the block kernel's tile
+  View1D kv_[2];                         // ring: K/V blocks received (double buffer)
+  View1D dkv_[2];                        // ring: dK/dV partial sums being built / being sent
+  View1D dkv_in_;                        // ring: the partial sum arriving from rank - 1
+  Bf16View1D dout_bf16_, scratch_bf16_;  // bf16: dO head-major, the tiles rounded
   std::vector<P2POp> ops_;
 };
 

@@ -58,10 +58,11 @@ BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
 std::size_t BlockSizes::activation_bytes(bool output_only) const {
   if (output_only) return residual() * sizeof(real);
   // What TransformerBlock::allocate takes; under bf16 the products' inputs
-  // (ln1, atty, ln2, fch_gelu) and fch take 2 bytes each.
-  const std::size_t halved = full() + attention_out() + full() + hidden() + hidden();
-  const std::size_t fp32 = residual() + 2 * stats() + ContextParallelAttention::qkvh_size(attention) +
-                           ContextParallelAttention::lse_size(attention) + residual() + 2 * stats();
+  // (ln1, q k v, atty, ln2, fch_gelu) and fch take 2 bytes each.
+  const std::size_t halved =
+      full() + ContextParallelAttention::qkvh_size(attention) + attention_out() + full() + hidden() + hidden();
+  const std::size_t fp32 =
+      residual() + 2 * stats() + ContextParallelAttention::lse_size(attention) + residual() + 2 * stats();
   return fp32 * sizeof(real) + halved * (bf16 ? sizeof(ndmini::bf16) : sizeof(real));
 }
 
@@ -111,7 +112,10 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
   }
   a.ln1_mean = uninitialized("ndmini::ln1_mean", n.stats());
   a.ln1_rstd = uninitialized("ndmini::ln1_rstd", n.stats());
-  a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(n.attention));
+  if (n.bf16)
+    a.qkvh_bf16 = uninitialized_bf16("ndmini::qkvh_bf16", ContextParallelAttention::qkvh_size(n.attention));
+  else
+    a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(n.attention));
   a.lse = uninitialized("ndmini::lse", ContextParallelAttention::lse_size(n.attention));
   a.res2 = uninitialized("ndmini::res2", n.residual());
   a.ln2_mean = uninitialized("ndmini::ln2_mean", n.stats());
@@ -125,7 +129,7 @@ void TransformerBlock::forward(const BlockWeights& weights, ConstSlice2D x, Bloc
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
   tp_.layernorm_enter(as_matrix(a.ln1, N, C_), a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
   kernels::linear_forward(as_matrix(qkv_, N, Q_), as_matrix(a.ln1, N, C_), w.attn_w, w.attn_b);
-  attention_.forward(as_matrix(a.atty, N, Cl_), as_matrix(qkv_, N, Q_), {a.qkvh, a.lse});
+  attention_.forward(as_matrix(a.atty, N, Cl_), as_matrix(qkv_, N, Q_), {a.qkvh, a.lse, {}});
   tp_.row_parallel_forward(as_matrix(a.res2, Nr, C_), as_matrix(a.atty, N, Cl_), w.attn_proj_w, w.attn_proj_b, x);
   tp_.layernorm_enter(as_matrix(a.ln2, N, C_), a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
   kernels::linear_forward(as_matrix(a.fch, N, F_), as_matrix(a.ln2, N, C_), w.fc_w, w.fc_b);
@@ -155,7 +159,8 @@ void TransformerBlock::backward(const BlockWeights& weights, const BlockTensors&
   kernels::linear_backward(as_matrix(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, as_matrix(a.atty, N, Cl_),
                            w.attn_proj_w);
   tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);
-  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), as_matrix(a.atty, N, Cl_), {a.qkvh, a.lse});
+  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), as_matrix(a.atty, N, Cl_),
+                      {a.qkvh, a.lse, {}});
   kernels::linear_backward(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, as_matrix(dqkv_, N, Q_), as_matrix(a.ln1, N, C_),
                            w.attn_w);
   // The key bias cannot change any output (it adds q . b_k to every score of
@@ -187,7 +192,7 @@ void TransformerBlock::forward_bf16(const BlockWeights& weights, ConstSlice2D x,
   tp_.layernorm_enter(as_matrix(dln_, N, C_), a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
   const ConstBf16Slice2D ln1 = keep_bf16(a.ln1_bf16, dln_, N, C_);
   kernels::linear_forward(as_matrix(qkv_, N, Q_), ln1, m.attn_w, w.attn_b);
-  attention_.forward(as_matrix(datty_, N, Cl_), as_matrix(qkv_, N, Q_), {a.qkvh, a.lse});
+  attention_.forward(as_matrix(datty_, N, Cl_), as_matrix(qkv_, N, Q_), {{}, a.lse, a.qkvh_bf16});
   const ConstBf16Slice2D atty = keep_bf16(a.atty_bf16, datty_, N, Cl_);
   tp_.row_parallel_forward(as_matrix(a.res2, Nr, C_), atty, m.attn_proj_w, w.attn_proj_b, x);
   tp_.layernorm_enter(as_matrix(dln_, N, C_), a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
@@ -220,7 +225,8 @@ void TransformerBlock::backward_bf16(const BlockWeights& weights, const BlockTen
   tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);
   // The attention's backward reads its output (for rowsum(dO * O)): the kept bf16 one, widened.
   kernels::widen_bf16(Slice1D(atty_.data(), N * Cl_), ConstBf16Slice1D(a.atty_bf16.data(), N * Cl_));
-  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), as_matrix(atty_, N, Cl_), {a.qkvh, a.lse});
+  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), as_matrix(atty_, N, Cl_),
+                      {{}, a.lse, a.qkvh_bf16});
   kernels::linear_backward(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, as_matrix(dqkv_, N, Q_), dy_bf16(Q_),
                            kept(a.ln1_bf16, C_), m.attn_w);
   kernels::fill(Slice1D(g.attn_b.data() + Cl_, Cl_), 0);  // the key bias: see backward()

@@ -80,7 +80,7 @@ class BlockLayout {
 };
 
 // What one block keeps from its forward for its backward. Under bf16 mixed
-// precision the four inputs of matrix products (ln1, atty, ln2, fch_gelu)
+// precision the inputs of matrix products (ln1, q k v, atty, ln2, fch_gelu)
 // and the GELU's input fch are kept in bf16 (the *_bf16 members) and their
 // fp32 members stay empty.
 struct BlockActivations {
@@ -91,7 +91,7 @@ struct BlockActivations {
   View1D ln2, ln2_mean, ln2_rstd;
   View1D fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
   View1D res3;           // the block's output, residual rows
-  Bf16View1D ln1_bf16, atty_bf16, ln2_bf16, fch_bf16, fch_gelu_bf16;
+  Bf16View1D ln1_bf16, qkvh_bf16, atty_bf16, ln2_bf16, fch_bf16, fch_gelu_bf16;
 };
 
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of

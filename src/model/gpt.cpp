@@ -28,7 +28,8 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
       chunks_(std::move(chunks)),
       units_(gpt_chunk_units(chunks_)),
       tp_(tp, sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(cp), m.channels, m.vocab),
-      attention_(cp, attention_shape(m, micro_batch, size_of(tp), size_of(cp)), m.seq_len),
+      attention_(cp, attention_shape(m, micro_batch, size_of(tp), size_of(cp)), m.seq_len, true,
+                 precision == Precision::bf16),
       block_(m.channels, tp_, attention_, precision == Precision::bf16) {
   const ParamLayout layout = param_layout(1);
   for (const ParamInfo& p : layout.params)
@@ -70,10 +71,8 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   Buffers b;
   // The layers' scratch, and the GEMM's row of ones for bias gradients
   // (kernels/gemm.cpp), as long as the most rows: N.
-  b.layers_bytes = (TensorParallel::buffer_sizes(tp, sp, N, m.channels).total() +
-                    ContextParallelAttention::buffer_sizes(att, cp).total() + N) *
-                       sizeof(real) +
-                   block.scratch_bytes();
+  b.layers_bytes = (TensorParallel::buffer_sizes(tp, sp, N, m.channels).total() + N) * sizeof(real) +
+                   ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
   b.positions = Nr;
   if (has_head) {
     b.lnf = N * C;
