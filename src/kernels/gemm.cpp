@@ -5,8 +5,8 @@
 // on Kokkos' CUDA stream with one handle per process; every other build
 // calls KokkosBlas::gemm (BLAS on the host), or oneDNN's matmul for the
 // shapes use_onednn_fp32 below picks (none today) in a build with oneDNN.
-// bf16 products (gemm_bf16*) go to oneDNN, or are emulated through the fp32
-// route.
+// bf16 products (gemm_bf16*) go to cuBLAS (CUDA_R_16BF, fp32 accumulation)
+// or oneDNN, or are emulated through the fp32 route.
 #include <string>
 #include <type_traits>
 
@@ -54,19 +54,24 @@ void check_shapes(const char* transa, const char* transb, const A& a, const B& b
 #ifdef NDMINI_GEMM_CUBLAS
 static_assert(std::is_same_v<ExecSpace, Kokkos::Cuda>, "cuBLAS products run on Kokkos' CUDA execution space");
 
-cublas::Operand operand(const ConstSlice2D& x, std::size_t stride) {
+template <class View>
+cublas::Operand operand(const View& x, std::size_t stride) {
   return {x.data(), static_cast<int>(x.stride(0)), static_cast<long long>(stride)};
 }
 
-// On Kokkos' stream, so products and kernels stay in issue order; the
-// handle goes when Kokkos finalizes (before the CUDA context does).
-void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
-             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+// The handle goes when Kokkos finalizes (before the CUDA context does).
+void release_handle_at_finalize() {
   static const bool hooked = [] {
     Kokkos::push_finalize_hook(cublas::release_handle);
     return true;
   }();
   (void)hooked;
+}
+
+// On Kokkos' stream, so products and kernels stay in issue order.
+void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
+             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+  release_handle_at_finalize();
   const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
   cublas::gemm(ExecSpace().cuda_stream(), transa[0], transb[0], static_cast<int>(c.extent(0)),
                static_cast<int>(c.extent(1)), k, alpha, operand(a, stride_a), operand(b, stride_b), beta, c.data(),
@@ -140,7 +145,7 @@ ConstSlice2D ones_row(std::size_t n) {
 
 // ---- bf16 products ----------------------------------------------------------
 
-#ifndef NDMINI_HAVE_ONEDNN
+#if !defined(NDMINI_HAVE_ONEDNN) && !defined(NDMINI_GEMM_CUBLAS)
 // The elements a strided batch of `count` matrices spans.
 template <class V>
 std::size_t batch_span(const V& x, std::size_t stride, int count) {
@@ -164,7 +169,14 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
   check_shapes(transa, transb, a, b, c);
   if (count <= 0) return;
   constexpr bool bf16_out = std::is_same_v<typename CView::non_const_value_type, bf16>;
-#ifdef NDMINI_HAVE_ONEDNN  // never with cuBLAS: the build links oneDNN for host memory only
+#if defined(NDMINI_GEMM_CUBLAS)
+  release_handle_at_finalize();
+  const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
+  cublas::gemm(ExecSpace().cuda_stream(), transa[0], transb[0], static_cast<int>(c.extent(0)),
+               static_cast<int>(c.extent(1)), k, alpha, cublas::Type::bf16, operand(a, stride_a), operand(b, stride_b),
+               beta, bf16_out ? cublas::Type::bf16 : cublas::Type::f32, c.data(), static_cast<int>(c.stride(0)),
+               static_cast<long long>(stride_c), count);
+#elif defined(NDMINI_HAVE_ONEDNN)  // never with cuBLAS: the build links oneDNN for host memory only
   const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
   use_rank_threads();
   onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)), k, alpha,

@@ -60,10 +60,17 @@ cublasHandle_t handle_for(cudaStream_t stream) {
   return g_handle;
 }
 
+cudaDataType_t cuda_type(Type t) { return t == Type::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
 }  // namespace
 
 void gemm(CUstream_st* stream, char transa, char transb, int m, int n, int k, float alpha, Operand a, Operand b,
           float beta, float* c, int ldc, long long stride_c, int count) {
+  gemm(stream, transa, transb, m, n, k, alpha, Type::f32, a, b, beta, Type::f32, c, ldc, stride_c, count);
+}
+
+void gemm(CUstream_st* stream, char transa, char transb, int m, int n, int k, float alpha, Type ab, Operand a,
+          Operand b, float beta, Type c_type, void* c, int ldc, long long stride_c, int count) {
   if (m <= 0 || n <= 0 || count <= 0) return;
   cublasHandle_t h = handle_for(stream);
   // Row-major C [m, n] is column-major C^T [n, m]: C^T = op(B)^T op(A)^T. A
@@ -72,14 +79,14 @@ void gemm(CUstream_st* stream, char transa, char transb, int m, int n, int k, fl
   // are the row strides (at least 1 for cuBLAS, even when k = 0).
   const cublasOperation_t ta = op_of(transa), tb = op_of(transb);
   const int lda = std::max(a.ld, 1), ldb = std::max(b.ld, 1), ldcc = std::max(ldc, 1);
+  const cudaDataType_t in = cuda_type(ab), out = cuda_type(c_type);
   if (count == 1) {
-    check(cublasGemmEx(h, tb, ta, n, m, k, &alpha, b.data, CUDA_R_32F, ldb, a.data, CUDA_R_32F, lda, &beta, c,
-                       CUDA_R_32F, ldcc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check(cublasGemmEx(h, tb, ta, n, m, k, &alpha, b.data, in, ldb, a.data, in, lda, &beta, c, out, ldcc,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   } else {
-    check(cublasGemmStridedBatchedEx(h, tb, ta, n, m, k, &alpha, b.data, CUDA_R_32F, ldb, b.stride, a.data, CUDA_R_32F,
-                                     lda, a.stride, &beta, c, CUDA_R_32F, ldcc, stride_c, count, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT),
+    check(cublasGemmStridedBatchedEx(h, tb, ta, n, m, k, &alpha, b.data, in, ldb, b.stride, a.data, in, lda, a.stride,
+                                     &beta, c, out, ldcc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
   }
 }

@@ -38,8 +38,9 @@ void gemm_strided_batched(const char* transa, const char* transb, real alpha, Co
                           ConstSlice2D b, std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count);
 
 // bf16 products: bf16 A and B, fp32 accumulation, C in fp32 or bf16 (rounded
-// once, at the end); alpha and beta as above. Through oneDNN on the host where
-// the build has it (AMX or AVX512-BF16 where the CPU has them); elsewhere
+// once, at the end); alpha and beta as above. Through cuBLAS in a CUDA build
+// (CUDA_R_16BF, CUBLAS_COMPUTE_32F), through oneDNN on the host where the
+// build has it (AMX or AVX512-BF16 where the CPU has them); elsewhere
 // emulated exactly: the bf16 inputs widened to fp32 (lossless) and multiplied
 // by the fp32 route.
 void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
