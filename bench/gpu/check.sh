@@ -5,9 +5,9 @@
 #   2. runs `ctest -L gpu` and the unit tests (`ctest -L unit -LE large`) on the GPU;
 #   3. trains inputs/tiny.toml on the GPU and on the CPU (a host build) and compares every step's
 #      loss: fp32, at most 1e-5 relative;
-#   4. trains inputs/gpt2-124m.toml at T = 1024 for a few steps in fp32 (train.precision = "bf16"
-#      is not built yet) and reports tokens/s, step time, GPU memory and MFU against the measured
-#      fp32 GEMM peak and against the GPU's dense bf16 peak.
+#   4. trains inputs/gpt2-124m.toml at T = 1024 for a few steps in fp32, then in bf16 mixed
+#      precision, and reports each one's tokens/s, step time, GPU memory and MFU against the GEMM
+#      peak measured in its precision and against the GPU's dense bf16 peak.
 # Every figure goes to OUTDIR: summary.md (for people), figures.env (KEY=value, for scripts),
 # the metrics files of each run and logs/ (one log per stage).
 #
@@ -294,59 +294,61 @@ else
 fi
 [ "$dry_run" = 1 ] || figure tiny_worst_rel_diff "$(sed -nE 's/.*worst relative difference ([^ ]+).*/\1/p' "$out/logs/tiny_compare.log")"
 
-# ---- gpt2-124m at T = 1024 ------------------------------------------------------------------------
-gpt2=(train "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" --set "train.steps=$steps"
-  --set train.log_every=1 --set train.precision=fp32 --set checkpoint.every=0)
-note "gpt2-124m runs in fp32: train.precision = \"bf16\" is not built yet"
-figure gpt2_precision fp32
-figure gpt2_seq_len "$kGpt2SeqLen"
+# ---- gpt2-124m at T = 1024, fp32 then bf16 ----------------------------------------------------------
 stage gpt2_check 60 "$ndmini_gpu" check "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" || true
-mem_log=$out/logs/gpu_memory.csv
-if [ "$dry_run" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
-  # GPU memory in use, once a second, while the run lasts.
-  (while true; do
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1
-    sleep 1
-  done) >"$mem_log" &
-  mem_pid=$!
-fi
-stage gpt2_t1024 240 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" \
-  --metrics "$out/gpt2_t1024.jsonl" || true
-if [ -n "$mem_pid" ]; then
-  kill "$mem_pid" 2>/dev/null || true
-  mem_pid=""
-fi
-
-if [ "$dry_run" = 0 ]; then
-  summary_line=$(grep '"summary"' "$out/gpt2_t1024.jsonl" 2>/dev/null | tail -n 1 || true)
+figure gpt2_seq_len "$kGpt2SeqLen"
+# gpt2_run PRECISION: a few steps in that precision; figures gpt2_PRECISION_*; MFU against the
+# peak the run calibrates in its own precision and against the GPU's dense bf16 peak.
+gpt2_run() {
+  local precision=$1 name=gpt2_t1024_$1
+  local gpt2=(train "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" --set "train.steps=$steps"
+    --set train.log_every=1 --set "train.precision=$precision" --set checkpoint.every=0)
+  local mem_log=$out/logs/gpu_memory_$precision.csv
+  if [ "$dry_run" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
+    # GPU memory in use, once a second, while the run lasts.
+    (while true; do
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1
+      sleep 1
+    done) >"$mem_log" &
+    mem_pid=$!
+  fi
+  stage "$name" 200 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" --metrics "$out/$name.jsonl" || true
+  if [ -n "$mem_pid" ]; then
+    kill "$mem_pid" 2>/dev/null || true
+    mem_pid=""
+  fi
+  [ "$dry_run" = 0 ] || return 0
+  local summary_line flops_per_token tokens_per_s mfu_bf16="" mem_max
+  summary_line=$(grep '"summary"' "$out/$name.jsonl" 2>/dev/null | tail -n 1 || true)
   # field NAME: a number of the summary line.
   field() { sed -nE "s/.*\"$1\":([-0-9.eE+]+).*/\1/p" <<<"$summary_line"; }
   flops_per_token=$(sed -nE 's/^FLOPs per token +([0-9.eE+]+).*/\1/p' "$out/logs/gpt2_check.log" 2>/dev/null | head -n 1)
   tokens_per_s=$(field tokens_per_s)
-  if [ -n "$summary_line" ] && [ -n "$tokens_per_s" ]; then
-    figure gpt2_tokens_per_s "$tokens_per_s"
-    figure gpt2_median_step_ms "$(field median_step_ms)"
-    figure gpt2_mfu_vs_measured_fp32_peak "$(field mfu)"
-    figure gpt2_measured_peak_flops "$(field peak_flops)"
-    figure gpt2_final_loss "$(field final_loss)"
-    figure gpt2_flops_per_token "$flops_per_token"
-    mfu_bf16=""
-    if [ -n "$bf16_peak_tflops" ] && [ -n "$flops_per_token" ]; then
-      mfu_bf16=$(awk -v f="$flops_per_token" -v t="$tokens_per_s" -v p="$bf16_peak_tflops" \
-        'BEGIN { printf "%.4f", f * t / (p * 1e12) }')
-      figure gpt2_bf16_dense_peak_tflops "$bf16_peak_tflops"
-      figure gpt2_mfu_vs_bf16_dense_peak "$mfu_bf16"
-    fi
-    mem_max=$(sort -n "$mem_log" 2>/dev/null | tail -n 1)
-    [ -z "$mem_max" ] || figure gpt2_gpu_memory_used_max_mib "$mem_max"
-    note "gpt2-124m T=$kGpt2SeqLen fp32: $tokens_per_s tokens/s, median step $(field median_step_ms) ms," \
-      "MFU $(field mfu) of the measured fp32 GEMM peak$([ -z "$mfu_bf16" ] || echo ", $mfu_bf16 of the ${bf16_peak_tflops} TFLOP/s dense bf16 peak")," \
-      "GPU memory up to ${mem_max:-?} MiB"
-  else
-    note "gpt2-124m T=$kGpt2SeqLen: no summary line in gpt2_t1024.jsonl (logs/gpt2_t1024.log)"
+  if [ -z "$summary_line" ] || [ -z "$tokens_per_s" ]; then
+    note "gpt2-124m T=$kGpt2SeqLen $precision: no summary line in $name.jsonl (logs/$name.log)"
     failures=$((failures + 1))
+    return 0
   fi
-fi
+  figure "gpt2_${precision}_tokens_per_s" "$tokens_per_s"
+  figure "gpt2_${precision}_median_step_ms" "$(field median_step_ms)"
+  figure "gpt2_${precision}_mfu_vs_measured_peak" "$(field mfu)"
+  figure "gpt2_${precision}_measured_peak_flops" "$(field peak_flops)"
+  figure "gpt2_${precision}_final_loss" "$(field final_loss)"
+  figure gpt2_flops_per_token "$flops_per_token"
+  if [ -n "$bf16_peak_tflops" ] && [ -n "$flops_per_token" ]; then
+    mfu_bf16=$(awk -v f="$flops_per_token" -v t="$tokens_per_s" -v p="$bf16_peak_tflops" \
+      'BEGIN { printf "%.4f", f * t / (p * 1e12) }')
+    figure gpt2_bf16_dense_peak_tflops "$bf16_peak_tflops"
+    figure "gpt2_${precision}_mfu_vs_bf16_dense_peak" "$mfu_bf16"
+  fi
+  mem_max=$(sort -n "$mem_log" 2>/dev/null | tail -n 1)
+  [ -z "$mem_max" ] || figure "gpt2_${precision}_gpu_memory_used_max_mib" "$mem_max"
+  note "gpt2-124m T=$kGpt2SeqLen $precision: $tokens_per_s tokens/s, median step $(field median_step_ms) ms," \
+    "MFU $(field mfu) of the measured $precision GEMM peak$([ -z "$mfu_bf16" ] || echo ", $mfu_bf16 of the ${bf16_peak_tflops} TFLOP/s dense bf16 peak")," \
+    "GPU memory up to ${mem_max:-?} MiB"
+}
+gpt2_run fp32
+gpt2_run bf16
 
 figure check_s $((SECONDS - start_s))
 if [ "$dry_run" = 1 ]; then
