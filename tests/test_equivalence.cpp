@@ -33,6 +33,9 @@
 #include "comm/ledger.hpp"
 #include "config/config.hpp"
 #include "equivalence_layouts.hpp"
+#ifdef NDMINI_HAVE_ONEDNN
+#include "kernels/gemm_onednn.hpp"
+#endif
 #include "model/gpt.hpp"
 #include "parallel/stage_runtime.hpp"
 #include "train/capture.hpp"
@@ -337,3 +340,20 @@ TEST(Equivalence, Bf16HalvesFsdpGatherBytes) {
   // Gradient reductions stay fp32.
   EXPECT_EQ(bf16.at("reduce_scatter"), fp32.at("reduce_scatter"));
 }
+
+#ifdef NDMINI_HAVE_ONEDNN
+// The bits of a bf16 run do not depend on the threads of the matrix engine:
+// oneDNN on 1 and on 2 threads train the same losses and parameters. (In a
+// Serial build oneDNN is a rank's only threaded code.)
+TEST(Equivalence, Bf16RunIsTheSameOnOneAndTwoOneDnnThreads) {
+  if (world_size() != 1) GTEST_SKIP() << "checked on 1 rank";
+  std::vector<TrainedRun> runs;
+  for (int threads : {1, 2}) {
+    kernels::onednn::use_threads(threads);
+    runs.push_back(train_with(deck(kBf16), MPI_COMM_SELF));
+  }
+  kernels::onednn::use_threads(Kokkos::DefaultHostExecutionSpace().concurrency());  // the rank's, as before
+  EXPECT_EQ(runs[0].result.losses, runs[1].result.losses);
+  EXPECT_EQ(runs[0].capture.final_params, runs[1].capture.final_params);
+}
+#endif

@@ -159,6 +159,47 @@ TEST(Gemm, Bf16ProductsWithFp32OutputMatchDoubleReference) { check_bf16_products
 
 TEST(Gemm, Bf16ProductsWithBf16OutputMatchDoubleReference) { check_bf16_products<bf16>(); }
 
+// The bits of a bf16 product do not depend on oneDNN's thread count: 1 and
+// 2 threads give the same outputs, for the model's shapes (a linear layer's
+// forward and weight gradient, the attention's batched heads).
+TEST(Gemm, Bf16ProductsAreTheSameOnOneAndTwoThreads) {
+#ifndef NDMINI_HAVE_ONEDNN
+  GTEST_SKIP() << "a build without oneDNN emulates bf16 products through single-threaded fp32 BLAS";
+#else
+  if constexpr (kDeviceMemory) GTEST_SKIP() << "oneDNN runs host products only";
+  struct Shape {
+    const char *ta, *tb;
+    int m, n, k, count;
+  };
+  for (const Shape& s :
+       {Shape{"N", "T", 1024, 1536, 384, 1}, Shape{"T", "N", 1536, 384, 1024, 1}, Shape{"N", "N", 32, 64, 96, 12}}) {
+    const std::size_t ra = s.ta[0] == 'N' ? s.m : s.k, ca = s.ta[0] == 'N' ? s.k : s.m;
+    const std::size_t rb = s.tb[0] == 'N' ? s.k : s.n, cb = s.tb[0] == 'N' ? s.n : s.k;
+    const std::size_t sa = ra * ca, sb = rb * cb, sc = static_cast<std::size_t>(s.m) * s.n;
+    Bf16View1D a("a", sa * s.count), b("b", sb * s.count);
+    auto ha = Kokkos::create_mirror_view(a);
+    auto hb = Kokkos::create_mirror_view(b);
+    for (std::size_t i = 0; i < ha.extent(0); ++i) ha(i) = bf16(static_cast<float>(std::sin(0.37 * i)));
+    for (std::size_t i = 0; i < hb.extent(0); ++i) hb(i) = bf16(static_cast<float>(std::cos(0.11 * i)));
+    Kokkos::deep_copy(a, ha);
+    Kokkos::deep_copy(b, hb);
+    std::vector<std::vector<float> > outputs;
+    for (int threads : {1, 2}) {
+      kn::onednn::use_threads(threads);
+      Kokkos::View<float*, MemSpace> c("c", sc * s.count);
+      kn::gemm_bf16_strided_batched(s.ta, s.tb, 1.0f, ConstBf16Slice2D(a.data(), ra, ca), sa,
+                                    ConstBf16Slice2D(b.data(), rb, cb), sb, 0.0f, Slice2D(c.data(), s.m, s.n), sc,
+                                    s.count);
+      Kokkos::fence();
+      outputs.push_back(host_copy(c));
+    }
+    kn::onednn::use_threads(Kokkos::DefaultHostExecutionSpace().concurrency());  // the rank's, as before
+    EXPECT_EQ(outputs[0], outputs[1]) << s.ta << s.tb << " " << s.m << "x" << s.n << "x" << s.k << " x" << s.count;
+    EXPECT_NE(outputs[0], std::vector<float>(outputs[0].size(), 0.0f)) << "the product computed nothing";
+  }
+#endif
+}
+
 TEST(Gemm, Bf16ShapesAreChecked) {
   Kokkos::View<bf16*, MemSpace> x("x", 64);
   View2D c("c", 4, 4);

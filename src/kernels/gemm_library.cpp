@@ -69,7 +69,7 @@ void use_rank_threads() {
 std::string describe_gemm_libraries() {
   std::string s = "gemm: ";
 #if defined(KOKKOS_ENABLE_CUDA) && defined(NDMINI_HAVE_CUBLAS)
-  s += "cuBLAS (fp32 inputs, CUBLAS_COMPUTE_32F)";
+  s += "cuBLAS (fp32 inputs, or bf16 under train.precision = bf16; CUBLAS_COMPUTE_32F)";
 #else
   if (openblas_get_corename) {
     std::string version = openblas_get_config ? openblas_get_config() : "OpenBLAS";

@@ -43,9 +43,10 @@ memory::desc matrix(Type t, bool trans, int rows, int cols, int ld, long long st
 }
 
 // Everything a primitive is specialised for (oneDNN 2.x bakes alpha, as the
-// output scale, and beta, as the sum post-op's scale, into the primitive).
+// output scale, and beta, as the sum post-op's scale, into the primitive;
+// its blocking follows the thread count it was made under, the last).
 using Key = std::tuple<char, char, int, int, int, float, Type, int, long long, int, long long, float, Type, int,
-                       long long, int>;
+                       long long, int, int>;
 
 struct Entry {
   dnnl::matmul primitive;
@@ -91,7 +92,23 @@ const std::string& gemm(char transa, char transb, int m, int n, int k, float alp
   Engine& e = cpu();
   std::lock_guard<std::mutex> lock(e.mutex);
   apply_threads();
-  const Key key{transa, transb, m, n, k, alpha, in, a.ld, a.stride, b.ld, b.stride, beta, out, c.ld, c.stride, count};
+  const Key key{transa,
+                transb,
+                m,
+                n,
+                k,
+                alpha,
+                in,
+                a.ld,
+                a.stride,
+                b.ld,
+                b.stride,
+                beta,
+                out,
+                c.ld,
+                c.stride,
+                count,
+                g_threads.load(std::memory_order_relaxed)};
   auto it = e.cache.find(key);
   if (it == e.cache.end()) {
     if (e.cache.size() >= kMaxPrimitives) e.cache.clear();
