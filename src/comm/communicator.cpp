@@ -340,11 +340,24 @@ CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t 
                              [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
-CommRequest Communicator::iall_gather(const bf16* send, bf16* recv, std::size_t count_per_rank) {
+namespace {
+
+// bf16 values travel as fp32 slots, two to one: a gather moves bits only.
+std::size_t fp32_slots(std::size_t bf16_values) {
   static_assert(sizeof(real) == 2 * sizeof(bf16), "two bf16 values fill one fp32 slot");
-  if (count_per_rank % 2 != 0)
-    throw InternalError("a bf16 all-gather moves an even count per rank, not " + std::to_string(count_per_rank));
-  return iall_gather(reinterpret_cast<const real*>(send), reinterpret_cast<real*>(recv), count_per_rank / 2);
+  if (bf16_values % 2 != 0)
+    throw InternalError("a bf16 all-gather moves an even count per rank, not " + std::to_string(bf16_values));
+  return bf16_values / 2;
+}
+
+}  // namespace
+
+void Communicator::all_gather(const bf16* send, bf16* recv, std::size_t count_per_rank) {
+  all_gather(reinterpret_cast<const real*>(send), reinterpret_cast<real*>(recv), fp32_slots(count_per_rank));
+}
+
+CommRequest Communicator::iall_gather(const bf16* send, bf16* recv, std::size_t count_per_rank) {
+  return iall_gather(reinterpret_cast<const real*>(send), reinterpret_cast<real*>(recv), fp32_slots(count_per_rank));
 }
 
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {

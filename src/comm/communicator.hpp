@@ -142,6 +142,8 @@ class Communicator {
   void all_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
   // recv holds size() * count_per_rank: rank r's `send` lands at r * count_per_rank.
   void all_gather(const real* send, real* recv, std::size_t count_per_rank);
+  // bf16 values, two to an fp32 slot (as iall_gather's bf16 form below).
+  void all_gather(const bf16* send, bf16* recv, std::size_t count_per_rank);
   // send holds size() * count_per_rank; recv gets the sum of every rank's block `rank()`.
   void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
   void broadcast(real* buf, std::size_t count, int root);

@@ -80,13 +80,18 @@ void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias) {
 
 // ---- layer norm -------------------------------------------------------------
 
-void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias) {
+namespace {
+
+// Out is fp32 or bf16 (each value rounded once); the statistics are fp32.
+template <class Out>
+void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                            ConstSlice1D bias) {
+  using T = typename Out::non_const_value_type;
   const int C = x.extent(1);
   Kokkos::parallel_for(
       "ndmini::layernorm_fwd", Range(0, x.extent(0)), KOKKOS_LAMBDA(const int row) {
         const real* xr = &x(row, 0);
-        real* yr = &out(row, 0);
+        T* yr = &out(row, 0);
         real m = 0;
         NDMINI_SIMD_REDUCTION(+ : m)
         for (int c = 0; c < C; ++c) m += xr[c];
@@ -95,10 +100,21 @@ void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, 
         NDMINI_SIMD_REDUCTION(+ : v)
         for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
         const real s = 1 / compat::sqrt(v / C + kLayerNormEps);
-        for (int c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * weight(c) + bias(c);
+        for (int c = 0; c < C; ++c) yr[c] = T((xr[c] - m) * s * weight(c) + bias(c));
         mean(row) = m;
         rstd(row) = s;
       });
+}
+
+}  // namespace
+
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                       ConstSlice1D bias) {
+  layernorm_forward_into(out, mean, rstd, x, weight, bias);
+}
+void layernorm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                       ConstSlice1D bias) {
+  layernorm_forward_into(out, mean, rstd, x, weight, bias);
 }
 
 void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,

@@ -90,6 +90,9 @@ void bias_backward(Slice1D dbias, ConstSlice2D dy);
 
 // ---- layer norm (eps 1e-5) ------------------------------------------------
 void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias);
+// Mixed precision: out rounded to bf16 (statistics fp32).
+void layernorm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                       ConstSlice1D bias);
 // dx += ..., dweight += ..., dbias += ...
 void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,
                         ConstSlice1D weight, ConstSlice1D mean, ConstSlice1D rstd);

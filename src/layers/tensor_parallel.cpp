@@ -14,7 +14,8 @@ View1D buffer(const std::string& label, std::size_t n) { return n > 0 ? View1D(l
 
 }  // namespace
 
-TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab)
+TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab,
+                               bool bf16)
     : rows_(rows), channels_(channels), vocab_(vocab) {
   if (tp != nullptr && tp->size() > 1) {
     tp_ = tp;
@@ -25,17 +26,22 @@ TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::si
   if (vocab % size_ != 0 || channels % size_ != 0 || (sp_ && rows % size_ != 0))
     throw InternalError("the model does not divide over tp (the layout check should have refused it)");
   local_rows_ = sp_ ? rows / size_ : rows;
-  const Buffers b = buffer_sizes(size_, sp_, rows_, channels_);
+  const Buffers b = buffer_sizes(size_, sp_, rows_, channels_, bf16);
   partial_ = buffer("ndmini::tp_partial", b.partial);
   xent_max_ = buffer("ndmini::xent_max", b.xent_max);
   xent_stats_ = buffer("ndmini::xent_stats", b.xent_stats);
-  ln_local_ = buffer("ndmini::sp_ln_local", b.ln_local);
+  if (bf16 && b.ln_local > 0)
+    ln_local_bf16_ = Bf16View1D("ndmini::sp_ln_local_bf16", b.ln_local);
+  else
+    ln_local_ = buffer("ndmini::sp_ln_local", b.ln_local);
   dres_full_ = buffer("ndmini::sp_dres_full", b.dres_full);
   dln_local_ = buffer("ndmini::sp_dln_local", b.dln_local);
 }
 
-TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels) {
+TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels,
+                                                     bool bf16) {
   Buffers b;
+  b.bf16 = bf16;
   const std::size_t N = rows, C = channels;
   if (tp > 1) {
     b.partial = N * C;
@@ -58,6 +64,16 @@ void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, C
   }
   kernels::layernorm_forward(as_matrix(ln_local_, local_rows_, channels_), mean, rstd, x, weight, bias);
   tp_->all_gather(ln_local_.data(), full.data(), local_rows_ * channels_);
+}
+
+void TensorParallel::layernorm_enter(Bf16Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                                     ConstSlice1D bias) {
+  if (!sp_) {
+    kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
+    return;
+  }
+  kernels::layernorm_forward(as_matrix(ln_local_bf16_, local_rows_, channels_), mean, rstd, x, weight, bias);
+  tp_->all_gather(ln_local_bf16_.data(), full.data(), local_rows_ * channels_);
 }
 
 void TensorParallel::row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias,

@@ -29,17 +29,24 @@ class TensorParallel {
  public:
   // tp: the tp group (null or size 1: no tensor parallelism; every call is
   // then the plain single-rank operation).
-  TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab);
+  // bf16: mixed precision (LayerNorm outputs entering a region are bf16,
+  // all-gathered as bf16 with SP).
+  TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab,
+                 bool bf16 = false);
 
   // The floats of the buffers a TensorParallel allocates (its constructor
   // and the memory estimate use these): partial products and cross-entropy
   // statistics with tp > 1, the sequence-parallel slices with SP.
   struct Buffers {
     std::size_t partial = 0, xent_max = 0, xent_stats = 0;   // tp > 1
-    std::size_t ln_local = 0, dres_full = 0, dln_local = 0;  // sequence parallelism
-    std::size_t total() const { return partial + xent_max + xent_stats + ln_local + dres_full + dln_local; }
+    std::size_t ln_local = 0, dres_full = 0, dln_local = 0;  // sequence parallelism (ln_local: bf16 values under bf16)
+    bool bf16 = false;
+    std::size_t bytes() const {
+      return (partial + xent_max + xent_stats + dres_full + dln_local) * sizeof(real) +
+             ln_local * (bf16 ? sizeof(ndmini::bf16) : sizeof(real));
+    }
   };
-  static Buffers buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels);
+  static Buffers buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels, bool bf16 = false);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -53,6 +60,9 @@ class TensorParallel {
   // Enters a region: the LayerNorm of the residual rows `x` into `full`
   // [N, C] (in place without SP; with SP this rank's rows, then all-gathered).
   void layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                       ConstSlice1D bias);
+  // The same under bf16: `full` rounded to bf16 (and gathered as bf16: half the bytes).
+  void layernorm_enter(Bf16Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
                        ConstSlice1D bias);
   // Leaves it: y [local rows, C] = residual + in W^T + bias for a
   // row-parallel layer: the partial products summed over tp (all-reduce; a
@@ -101,6 +111,7 @@ class TensorParallel {
   std::size_t rows_ = 0, local_rows_ = 0;
   int channels_ = 0, vocab_ = 0;
   View1D partial_, ln_local_, dres_full_, dln_local_, xent_max_, xent_stats_;
+  Bf16View1D ln_local_bf16_;  // bf16 with SP: this rank's LayerNorm rows before the gather
 };
 
 }  // namespace ndmini

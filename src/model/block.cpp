@@ -174,10 +174,11 @@ void TransformerBlock::backward(const BlockWeights& weights, const BlockTensors&
 
 // ---- bf16 mixed precision ------------------------------------------------
 // The same computation, step for step, with the products' inputs rounded to
-// bf16 once, when they are made, and kept so for the backward: the fp32
-// results land in the backward's scratch (free during a forward) and are
-// rounded into the activation. Statistics, residuals and the attention's
-// softmax stay fp32.
+// bf16 once, when they are made, and kept so for the backward: the
+// LayerNorms write bf16 (gathered as bf16 with SP); the attention output and
+// the MLP's hidden land in fp32 in the backward's scratch (free during a
+// forward) and are rounded into the activation. Statistics, residuals and
+// the attention's softmax stay fp32.
 
 ConstBf16Slice2D TransformerBlock::keep_bf16(const Bf16View1D& out, const View1D& in, std::size_t rows,
                                              std::size_t cols) const {
@@ -189,14 +190,14 @@ void TransformerBlock::forward_bf16(const BlockWeights& weights, ConstSlice2D x,
   const BlockTensors& w = weights.w;
   const BlockMatricesBf16& m = weights.bf16;
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
-  tp_.layernorm_enter(as_matrix(dln_, N, C_), a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  const ConstBf16Slice2D ln1 = keep_bf16(a.ln1_bf16, dln_, N, C_);
+  const Bf16Slice2D ln1 = as_matrix(a.ln1_bf16, N, C_);
+  tp_.layernorm_enter(ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
   kernels::linear_forward(as_matrix(qkv_, N, Q_), ln1, m.attn_w, w.attn_b);
   attention_.forward(as_matrix(datty_, N, Cl_), as_matrix(qkv_, N, Q_), {{}, a.lse, a.qkvh_bf16});
   const ConstBf16Slice2D atty = keep_bf16(a.atty_bf16, datty_, N, Cl_);
   tp_.row_parallel_forward(as_matrix(a.res2, Nr, C_), atty, m.attn_proj_w, w.attn_proj_b, x);
-  tp_.layernorm_enter(as_matrix(dln_, N, C_), a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
-  const ConstBf16Slice2D ln2 = keep_bf16(a.ln2_bf16, dln_, N, C_);
+  const Bf16Slice2D ln2 = as_matrix(a.ln2_bf16, N, C_);
+  tp_.layernorm_enter(ln2, a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
   kernels::linear_forward(as_matrix(dfc_, N, F_), ln2, m.fc_w, w.fc_b);
   kernels::gelu_forward(as_matrix(a.fch_gelu_bf16, N, F_), as_matrix(dfc_, N, F_));
   keep_bf16(a.fch_bf16, dfc_, N, F_);

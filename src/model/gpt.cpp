@@ -27,7 +27,8 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
       precision_(precision),
       chunks_(std::move(chunks)),
       units_(gpt_chunk_units(chunks_)),
-      tp_(tp, sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(cp), m.channels, m.vocab),
+      tp_(tp, sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(cp), m.channels, m.vocab,
+          precision == Precision::bf16),
       attention_(cp, attention_shape(m, micro_batch, size_of(tp), size_of(cp)), m.seq_len, true,
                  precision == Precision::bf16),
       block_(m.channels, tp_, attention_, precision == Precision::bf16) {
@@ -49,7 +50,7 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
   Kokkos::deep_copy(positions_, h);
 
   if (chunks_.back().head) {
-    lnf_ = uninitialized("ndmini::lnf", sizes.lnf);
+    if (sizes.lnf > 0) lnf_ = uninitialized("ndmini::lnf", sizes.lnf);
     lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_stats);
     lnf_rstd_ = uninitialized("ndmini::lnf_rstd", sizes.lnf_stats);
     logits_ = uninitialized("ndmini::logits", sizes.logits);
@@ -71,18 +72,19 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   Buffers b;
   // The layers' scratch, and the GEMM's row of ones for bias gradients
   // (kernels/gemm.cpp), as long as the most rows: N.
-  b.layers_bytes = (TensorParallel::buffer_sizes(tp, sp, N, m.channels).total() + N) * sizeof(real) +
+  b.layers_bytes = TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() + N * sizeof(real) +
                    ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
   b.positions = Nr;
   if (has_head) {
-    b.lnf = N * C;
     b.lnf_stats = Nr;
     b.logits = N * (m.vocab / tp);
     b.losses = N;
     b.head_dln = N * C;
-    if (precision == Precision::bf16) {
+    if (precision == Precision::bf16) {  // the final LayerNorm's output in bf16 only
       b.lnf_bf16 = N * C;
       b.dlogits_bf16 = b.logits;
+    } else {
+      b.lnf = N * C;
     }
   }
   return b;
@@ -176,14 +178,14 @@ double GptModel::head_forward(real* ln_f, UnitWeights wte_params, ConstSlice2D x
                               real grad_scale) {
   check_weights(wte_params, precision_);
   const std::size_t N = tp_.rows(), C = cfg_.channels;
-  tp_.layernorm_enter(as_matrix(lnf_, N, C), lnf_mean_, lnf_rstd_, x, Slice1D(ln_f, C),
-                      Slice1D(ln_f + lnf_bias_offset_, C));
+  const Slice1D weight(ln_f, C), bias(ln_f + lnf_bias_offset_, C);
   // The LM head is tied to the token embedding: logits = lnf wte^T (this rank's vocabulary).
   const Slice2D logits = as_matrix(logits_, N, tp_.local_vocab());
   if (precision_ == Precision::bf16) {
-    kernels::round_to_bf16(Bf16Slice1D(lnf_bf16_.data(), N * C), ConstSlice1D(lnf_.data(), N * C));
+    tp_.layernorm_enter(as_matrix(lnf_bf16_, N, C), lnf_mean_, lnf_rstd_, x, weight, bias);
     kernels::linear_forward(logits, as_matrix(lnf_bf16_, N, C), wte(wte_params.bf16_values), Slice1D());
   } else {
+    tp_.layernorm_enter(as_matrix(lnf_, N, C), lnf_mean_, lnf_rstd_, x, weight, bias);
     kernels::linear_forward(logits, as_matrix(lnf_, N, C), wte(wte_params.values), Slice1D());
   }
   // With grad_scale != 0 logits now hold dlogits: the head's backward runs at
