@@ -150,6 +150,10 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   if (layout.dims.pp > 1) std::printf("pipeline: %s\n", describe_pipeline(layout).c_str());
   if (layout.dims.cp > 1) std::printf("context: %s\n", describe_context(cfg, layout).c_str());
   if (layout.recompute == Recompute::block) std::printf("recompute: %s\n", describe_recompute(cfg, layout).c_str());
+  if (t.precision == Precision::bf16)
+    std::printf(
+        "precision: bf16 mixed: fp32 masters, gradients and AdamW; bf16 operands of every matrix product, "
+        "bf16 activations kept for the backward, bf16 FSDP gathers\n");
   std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
   std::printf("%s", kernels::gemm_machine_lines().c_str());
   if (show_mesh) std::printf("%s", describe_mesh(layout.dims, true).c_str());
