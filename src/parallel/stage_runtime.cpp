@@ -33,6 +33,8 @@ class FsdpReplay {
     if (u < 0 || u >= static_cast<int>(units_.size()) || gathered_[u]) return;
     gathered_[u] = true;
     grow(units_[u]);
+    traffic_.all_gather_floats += static_cast<double>(units_[u]);
+    ++traffic_.all_gathers;
   }
   void release(int u) {
     if (!gathered_[u]) return;
@@ -48,6 +50,8 @@ class FsdpReplay {
     open_[u] = false;
     const std::size_t part = units_[u] / shards_;
     grow(part);
+    traffic_.reduce_scatter_floats += static_cast<double>(units_[u]);
+    ++traffic_.reduce_scatters;
     reductions_.push_back(units_[u] + part);
     while (reductions_.size() > Fsdp::kReductionsInFlight) {
       held_ -= reductions_.front();
@@ -98,6 +102,7 @@ class FsdpReplay {
     }
   }
   std::size_t peak_bytes() const { return peak_ * sizeof(real); }
+  const StageRuntime::FsdpTraffic& traffic() const { return traffic_; }
 
  private:
   void grow(std::size_t floats) { peak_ = std::max(peak_, held_ += floats); }
@@ -107,7 +112,23 @@ class FsdpReplay {
   std::vector<bool> gathered_, open_;
   std::deque<std::size_t> reductions_;  // full gradients + shard part of each reduce-scatter in flight
   std::size_t held_ = 0, peak_ = 0;
+  StageRuntime::FsdpTraffic traffic_;
 };
+
+// Replays `actions` of a stage of `chunks` through `fsdp`.
+void replay(FsdpReplay& fsdp, const std::vector<Chunk>& chunks, const std::vector<PipelineAction>& actions,
+            bool reshard_after_forward) {
+  const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
+  for (const PipelineAction& a : actions) {
+    std::size_t k = 0;
+    while (k < chunks.size() && chunks[k].index != a.chunk) ++k;
+    if (k == chunks.size()) continue;
+    if (a.kind == PipelineAction::Kind::forward)
+      fsdp.forward(chunks[k], all_units[k], reshard_after_forward);
+    else
+      fsdp.backward(chunks[k], all_units[k]);
+  }
+}
 
 // The most micro-batches of `chunk` that `actions` have forwarded but not yet backwarded.
 int most_in_flight(int chunk, const std::vector<PipelineAction>& actions) {
@@ -128,6 +149,8 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
   constexpr double kRoughFloatsPerRow = 20;
   const double C = m.channels, V = m.vocab;
   MemoryEstimate e;
+  e.param_bytes = e.grad_bytes = saturated_bytes(params * sizeof(real));
+  e.optimizer_bytes = saturated_bytes(2 * params * sizeof(real));
   e.state_bytes = saturated_bytes(4 * params * sizeof(real));
   e.activation_bytes_per_micro_batch = saturated_bytes(m.layers * N * C * kRoughFloatsPerRow * sizeof(real));
   e.in_flight = in_flight;
@@ -141,17 +164,17 @@ std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::
                                           const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
   if (shards <= 1) return 0;
   FsdpReplay fsdp(layout, shards);
-  const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
-  for (const PipelineAction& a : actions) {
-    std::size_t k = 0;
-    while (k < chunks.size() && chunks[k].index != a.chunk) ++k;
-    if (k == chunks.size()) continue;
-    if (a.kind == PipelineAction::Kind::forward)
-      fsdp.forward(chunks[k], all_units[k], reshard_after_forward);
-    else
-      fsdp.backward(chunks[k], all_units[k]);
-  }
+  replay(fsdp, chunks, actions, reshard_after_forward);
   return fsdp.peak_bytes();
+}
+
+StageRuntime::FsdpTraffic StageRuntime::fsdp_traffic(const ParamLayout& layout, const std::vector<Chunk>& chunks,
+                                                     int shards, const std::vector<PipelineAction>& actions,
+                                                     bool reshard_after_forward) {
+  if (shards <= 1) return {};
+  FsdpReplay fsdp(layout, shards);
+  replay(fsdp, chunks, actions, reshard_after_forward);
+  return fsdp.traffic();
 }
 
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
@@ -175,7 +198,9 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp);
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
   const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
-  e.state_bytes = saturated_bytes(4.0 * shard * sizeof(real));
+  e.param_bytes = e.grad_bytes = saturated_bytes(1.0 * shard * sizeof(real));
+  e.optimizer_bytes = saturated_bytes(2.0 * shard * sizeof(real));
+  e.state_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes;
   const BlockSizes block = GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
   // each chunk, the most of its micro-batches the schedule has in flight at once.
@@ -200,10 +225,11 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   if (recompute == Recompute::block) scratch += block.activation_floats(false) * sizeof(real);
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
-  scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(
+  const double fsdp_bytes = static_cast<double>(StageRuntime::fsdp_peak_bytes(
       layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
       reshard_after_forward));
-  e.scratch_bytes = saturated_bytes(scratch);
+  e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes);
+  e.comm_buffer_bytes = saturated_bytes(fsdp_bytes);
   return e;
 }
 
