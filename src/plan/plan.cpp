@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "core/regular_file.hpp"
 #include "plan/search_request.hpp"
+#include "train/budget.hpp"
 
 namespace ndmini {
 namespace {
@@ -28,6 +30,13 @@ std::vector<std::pair<ScheduleKind, int>> schedules(int pp, int layers) {
   std::vector<std::pair<ScheduleKind, int>> out = {{ScheduleKind::gpipe, 1}, {ScheduleKind::one_f_one_b, 1}};
   for (int v = 2; v * pp <= layers; ++v) out.push_back({ScheduleKind::interleaved, v});
   return out;
+}
+
+// 80, 0.0001: as a person writes it.
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
 }
 
 std::string gib(double bytes) {
@@ -256,9 +265,9 @@ std::string run_plan(const PlanRequest& r) {
                 " over the pipeline stages); choose a world size that divides them");
     require(!search.fitting.empty(),
             "--world " + to_string(r.world) + ": none of the " + to_string(search.valid) +
-                " layouts that divide the deck fits device.memory_gib = " + gib(cluster.memory_bytes()) +
-                " of cluster file '" + cluster.origin + "': the smallest needs " + gib(search.least_bytes) +
-                " GiB per device; use more devices, a smaller train.global_batch or a smaller model");
+                " layouts that divide the deck fits device.memory_gib = " + number_text(cluster.memory_gib) +
+                " of cluster file '" + cluster.origin + "': the smallest needs " + bytes_text(search.least_bytes) +
+                " per device; use more devices, a smaller train.global_batch or a smaller model");
   } else {
     RunLayout layout = resolve_layout(cfg, r.world);
     StepPrediction prediction = predict_step(cfg, layout, cluster, precision);

@@ -89,7 +89,7 @@ PY
     expect_exit2 "--world 7: no layout of 7 devices divides the deck" tiny.toml --cluster "$A100" --world 7 --search ;;
   none_fits)
     cluster_with 's/^memory_gib = 80 /memory_gib = 0.0001 /'
-    expect_exit2 "fits device.memory_gib = 0.00 of cluster file 'bad.toml'" tiny.toml --cluster bad.toml --world 2 --search ;;
+    expect_exit2 "fits device.memory_gib = 0.0001 of cluster file 'bad.toml'" tiny.toml --cluster bad.toml --world 2 --search ;;
   layout_does_not_split)
     # The deck's own layout: tp = 3 does not divide the 4 heads.
     expect_exit2 "model.heads = 4 is not divisible by parallel.tp = 3" tiny.toml --cluster "$A100" --world 3 \
