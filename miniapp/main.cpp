@@ -26,6 +26,7 @@
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "ndmini_git_sha.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/plan.hpp"
 #include "train/budget.hpp"
 #include "train/layout.hpp"
@@ -251,6 +252,12 @@ int main(int argc, char** argv) {
   plan->add_flag("--search", plan_request.search, "Rank every valid layout, whatever degrees the deck gives");
   plan->add_option("--set", plan_request.overrides, "Override a deck key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
+  bool plan_calibrate = false;
+  std::string plan_out;
+  plan->add_flag("--calibrate", plan_calibrate,
+                 "Measure this machine (GEMM rates, memory bandwidth, collectives over the launched ranks: at least 2) "
+                 "and print its cluster file");
+  plan->add_option("--out", plan_out, "With --calibrate: write the cluster file to FILE instead")->option_text("FILE");
 
   // Set last, so the subcommands' help does not repeat it.
   app.footer(
@@ -274,6 +281,22 @@ int main(int argc, char** argv) {
     return code;
   }
 
+  if (*plan && plan_calibrate) {
+    // Every rank measures; rank 0 writes the file (whole, or not at all).
+    int status = 0;
+    try {
+      const std::string text = ndmini::calibrate_cluster(MPI_COMM_WORLD);
+      if (rank == 0 && plan_out.empty()) std::printf("%s", text.c_str());
+      if (rank == 0 && !plan_out.empty()) ndmini::write_cluster_file(plan_out, text);
+    } catch (const ndmini::Error& e) {
+      if (rank == 0) std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+      status = 2;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &status, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    Kokkos::finalize();
+    MPI_Finalize();
+    return status;
+  }
   if (*plan) {
     // One process does the work (no MPI needed); the others only learn the
     // outcome. Every problem is bad input: exit 2, as for a command-line error.

@@ -3,7 +3,10 @@
 
 #include <toml++/toml.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <utility>
@@ -140,6 +143,19 @@ std::string cluster_toml(const ClusterSpec& spec, const std::string& header,
        << "\n";
   }
   return os.str();
+}
+
+void write_cluster_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) throw Error("--out '" + path + "': cannot write '" + tmp + "': " + std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error("--out '" + path + "': cannot write it: " + why);
+  }
 }
 
 }  // namespace ndmini

@@ -54,4 +54,8 @@ ClusterSpec load_cluster(const std::string& path);
 std::string cluster_toml(const ClusterSpec& spec, const std::string& header,
                          const std::vector<std::pair<std::string, std::string>>& notes = {});
 
+// Writes `text` to `path` whole or not at all (a temporary name, then a
+// rename); throws Error naming the file.
+void write_cluster_file(const std::string& path, const std::string& text);
+
 }  // namespace ndmini

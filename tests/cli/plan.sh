@@ -94,5 +94,16 @@ PY
     # The deck's own layout: tp = 3 does not divide the 4 heads.
     expect_exit2 "model.heads = 4 is not divisible by parallel.tp = 3" tiny.toml --cluster "$A100" --world 3 \
       --set parallel.tp=3 ;;
+  calibrate)
+    # Two ranks measure this machine; the file they write reads back and plans.
+    run 2 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
+    cat here.toml
+    [ ! -e here.toml.tmp ] || fail "the temporary file was left behind"
+    run 1 plan tiny.toml --cluster here.toml --world 2 --search --top 3 >out.txt 2>&1 || { cat out.txt; fail "here.toml was refused"; }
+    grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
+    # One rank has no collective to ping: refused, nothing written.
+    rm here.toml
+    expect_exit2 "launch at least 2" --calibrate --out here.toml
+    [ ! -e here.toml ] || fail "a refused calibration wrote a file" ;;
   *) fail "unknown case $1" ;;
 esac
