@@ -252,6 +252,11 @@ int main(int argc, char** argv) {
   plan->add_flag("--search", plan_request.search, "Rank every valid layout, whatever degrees the deck gives");
   plan->add_option("--set", plan_request.overrides, "Override a deck key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
+  plan->add_option("--precision", plan_request.precision,
+                   "fp32 or bf16: the matrix products' precision to plan for (default: the deck's train.precision); "
+                   "bf16 takes the bf16 peak and halves activation and parameter-gather bytes")
+      ->option_text("P")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   bool plan_calibrate = false;
   std::string plan_out;
   plan->add_flag("--calibrate", plan_calibrate,

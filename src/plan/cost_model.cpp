@@ -80,16 +80,20 @@ class TrafficCounter {
   GroupTraffic traffic_[kGroups];
 };
 
-constexpr double kFloat = sizeof(real);
+constexpr double kGradFloat = sizeof(real);  // gradient reductions: fp32 in every precision
 
 // Counts what the layers (layers/tensor_parallel.cpp, layers/context_parallel.cpp),
 // FSDP, data parallelism, the pipeline and the trainer send in one step of `stage`.
-TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster) {
+// `half`: bf16 compute (activations, their gradients and the gathered
+// parameters travel in 2 bytes; gradient reductions stay fp32).
+TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
+                             bool half = false) {
   const ParallelDims& d = l.dims;
   const ModelConfig& m = cfg.model;
   TrafficCounter t(d, cluster);
   const BlockSizes bs = GptModel::block_sizes_of(m, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   const double N = static_cast<double>(bs.rows), NC = static_cast<double>(bs.full());
+  const double kFloat = half ? 2.0 : sizeof(real);                    // an activation element's bytes
   const double part = static_cast<double>(bs.attention.part_size());  // one of q, k, v on this rank
   const double activation = static_cast<double>(bs.residual());       // what the pipeline sends
   const bool tp = d.tp > 1, sp = tp && d.sequence_parallel, cp = d.cp > 1;
@@ -150,27 +154,28 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   if (sp)  // the tp-replicated tensors' gradients are partial sums over tp
     for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
       if (layout.params[piece.param].split == TpSplit::replicated)
-        t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kFloat);
+        t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kGradFloat);
   if (fsdp > 1) {
     const StageRuntime::FsdpTraffic f =
         StageRuntime::fsdp_traffic(layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
     if (f.all_gathers > 0)
       t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kFloat);
     if (f.reduce_scatters > 0)
-      t.add(kFsdp, Collective::reduce_scatter, f.reduce_scatters, f.reduce_scatter_floats / f.reduce_scatters * kFloat);
+      t.add(kFsdp, Collective::reduce_scatter, f.reduce_scatters,
+            f.reduce_scatter_floats / f.reduce_scatters * kGradFloat);
   }
   if (d.dp_replicate > 1) {
     if (fsdp > 1)  // HSDP: the reduced shard summed over the replicas
       t.add(kDpReplicate, Collective::all_reduce, 1,
-            static_cast<double>(ParamStore::shard_elements(layout, fsdp)) * kFloat);
+            static_cast<double>(ParamStore::shard_elements(layout, fsdp)) * kGradFloat);
     else  // one bucket per unit, issued as the last micro-batch's backward finishes it
       t.add(kDpReplicate, Collective::all_reduce, static_cast<std::int64_t>(layout.unit_size.size()),
-            static_cast<double>(layout.total) / layout.unit_size.size() * kFloat);
+            static_cast<double>(layout.total) / layout.unit_size.size() * kGradFloat);
   }
   if (d.pp > 1)
     for (const ChunkUnits& u : gpt_chunk_units(chunks))
       if (u.wte >= 0)  // the tied embedding's gradients summed over the pipeline's two ends
-        t.add(kTied, Collective::all_reduce, 1, static_cast<double>(layout.unit_size[u.wte]) / fsdp * kFloat);
+        t.add(kTied, Collective::all_reduce, 1, static_cast<double>(layout.unit_size[u.wte]) / fsdp * kGradFloat);
   t.add(kBatch, Collective::all_reduce, 1, sizeof(double));  // the step's loss
   t.add(kNorm, Collective::all_reduce, 1, sizeof(double));   // the gradient norm
   return t;
@@ -230,6 +235,24 @@ std::vector<GroupTraffic> traffic_per_step(const Config& cfg, const RunLayout& l
   return count_traffic(cfg, layout, stage, nullptr).groups(layout.dims);
 }
 
+double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
+  const ParallelDims& d = l.dims;
+  const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
+  double total = 0;  // per micro-batch, summed over the stages
+  for (int s = 0; s < d.pp; ++s)
+    for (const Chunk& c : l.plan.chunks_of(s)) {
+      total += 3 * forward_flops(cfg.model, c, cfg.train.micro_batch, d) / rate;
+      if (l.recompute == Recompute::block) {
+        Chunk blocks_only = c;
+        blocks_only.head = false;
+        total += forward_flops(cfg.model, blocks_only, cfg.train.micro_batch, d) / rate;
+      }
+    }
+  const double average = total / d.pp;
+  const int v = l.schedule.kind() == ScheduleKind::interleaved ? d.virtual_stages : 1;
+  return l.micro_batches * average + (d.pp > 1 ? (d.pp - 1.0) / v * average : 0.0);
+}
+
 StepPrediction predict_step(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
   const ParallelDims& d = l.dims;
   const ModelConfig& m = cfg.model;
@@ -238,6 +261,9 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
   const double memory_rate = cluster.memory_bandwidth_gbs * 1e6;                         // bytes per ms
   const BlockSizes bs = GptModel::block_sizes_of(m, B, d.tp, d.sequence_parallel, d.cp);
+  // bf16 halves the activations' and the gathered parameters' bytes in the
+  // time model; the memory figures follow the allocating code's size functions.
+  const bool half = precision == Precision::bf16;
 
   StepPrediction p;
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
@@ -270,9 +296,9 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
       if (c.head)
         bytes += static_cast<double>(GptModel::buffer_sizes(m, B, true, d.tp, d.sequence_parallel, d.cp).logits) *
                  sizeof(real);
-      st.kernels += kActivationPasses * bytes / memory_rate;
+      st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / memory_rate;
     }
-    TrafficCounter t = count_traffic(cfg, l, s, &cluster);
+    TrafficCounter t = count_traffic(cfg, l, s, &cluster, half);
     // Blocking collectives inside the compute: tp always; the pipeline's
     // receives (half its transfers; the sends overlap); the ring exchange
     // where it takes longer than the attention it hides behind.

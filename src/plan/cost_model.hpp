@@ -74,6 +74,12 @@ struct StepPrediction {
 StepPrediction predict_step(const Config& cfg, const RunLayout& layout, const ClusterSpec& cluster,
                             Precision precision = Precision::fp32);
 
+// A bound no predict_step of the layout falls below, cheap to compute (no
+// replay, no memory): the average stage's compute and recomputation per
+// micro-batch times the micro-batches, plus the bubble of that average.
+double step_ms_lower_bound(const Config& cfg, const RunLayout& layout, const ClusterSpec& cluster,
+                           Precision precision = Precision::fp32);
+
 // Which groups of the mesh span nodes when `devices_per_node` consecutive
 // ranks share a node (tp innermost: the mesh order of mesh/dims.hpp).
 bool group_spans_nodes(const ParallelDims& dims, const AxisSet& axes, int devices_per_node);

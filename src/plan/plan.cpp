@@ -9,6 +9,9 @@
 
 #include "core/error.hpp"
 #include "core/regular_file.hpp"
+#include "model/gpt.hpp"
+#include "parallel/param_store.hpp"
+#include "parallel/stage_runtime.hpp"
 #include "plan/search_request.hpp"
 #include "train/budget.hpp"
 
@@ -24,11 +27,17 @@ std::vector<int> divisors(long long n) {
   return out;
 }
 
-// The schedules a pipeline of `pp` stages can run: (kind, virtual stages).
+// Interleaving's gain, (p-1)/(v m), flattens fast while its point-to-point
+// traffic grows with v: the search tries up to this many virtual stages.
+constexpr int kMostVirtualStages = 8;
+
+// The schedules a pipeline of `pp` stages can run: (kind, virtual stages);
+// interleaved with chunks of equal layers (v divides layers / pp).
 std::vector<std::pair<ScheduleKind, int>> schedules(int pp, int layers) {
   if (pp == 1) return {{ScheduleKind::one_f_one_b, 1}};
   std::vector<std::pair<ScheduleKind, int>> out = {{ScheduleKind::gpipe, 1}, {ScheduleKind::one_f_one_b, 1}};
-  for (int v = 2; v * pp <= layers; ++v) out.push_back({ScheduleKind::interleaved, v});
+  for (int v = 2; v <= kMostVirtualStages && v * pp <= layers; ++v)
+    if (layers % (v * pp) == 0) out.push_back({ScheduleKind::interleaved, v});
   return out;
 }
 
@@ -130,16 +139,58 @@ nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
   return j;
 }
 
+// A bound below the memory estimate of a layout, cheap (one stage's
+// schedule, no replay): the first stage's model state and its micro-batch
+// records in flight, each at the smallest record of its chunks.
+double memory_lower_bound(const Config& cfg, const RunLayout& l) {
+  const ParallelDims& d = l.dims;
+  const std::vector<Chunk> chunks = l.plan.chunks_of(0);
+  const ParamLayout layout = gpt_param_layout(cfg.model, chunks, d.tp, 0, d.fsdp());
+  const BlockSizes block = GptModel::block_sizes_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
+  double smallest = -1;
+  for (const Chunk& c : chunks) {
+    const double bytes = static_cast<double>(StageRuntime::record_bytes(c, block, l.recompute));
+    if (smallest < 0 || bytes < smallest) smallest = bytes;
+  }
+  return 4.0 * static_cast<double>(ParamStore::shard_elements(layout, d.fsdp())) * sizeof(real) +
+         l.schedule.max_in_flight(0) * smallest;
+}
+
 }  // namespace
 
 bool degrees_unset(const ParallelConfig& p) {
   return p.pp == 0 && p.dp_replicate == 0 && p.dp_shard == 0 && p.cp == 0 && p.tp == 0;
 }
 
-PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& cluster, Precision precision) {
+PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& cluster, Precision precision,
+                          std::size_t top) {
   PlanSearch out;
   out.least_bytes = -1;
-  const int layers = base.model.layers;
+  // One layout's choices, and the bound no prediction of it falls below.
+  struct Choice {
+    int pp, dpr, dps, cp, tp, micro_batch, v;
+    bool sp;
+    Recompute recompute;
+    ScheduleKind kind;
+    double bound_ms;
+  };
+  Config cfg = base;
+  cfg.toml.clear();  // not needed here, and copied with every candidate otherwise
+  auto apply = [&cfg](const Choice& c) {
+    ParallelConfig& p = cfg.parallel;
+    p.pp = c.pp;
+    p.dp_replicate = c.dpr;
+    p.dp_shard = c.dps;
+    p.cp = c.cp;
+    p.tp = c.tp;
+    p.sequence_parallel = c.sp;
+    p.schedule = c.kind;
+    p.virtual_stages = c.v;
+    cfg.train.micro_batch = c.micro_batch;
+    cfg.train.recompute = c.recompute;
+  };
+  // Every layout that resolves, with its bound (cheap: no replay, no memory).
+  std::vector<Choice> choices;
   for (int pp : divisors(world))
     for (int dpr : divisors(world / pp))
       for (int dps : divisors(world / pp / dpr))
@@ -154,35 +205,42 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
               for (Recompute recompute : {Recompute::none, Recompute::block})
-                for (const auto& [kind, v] : schedules(pp, layers)) {
+                for (const auto& [kind, v] : schedules(pp, base.model.layers)) {
                   ++out.considered;
-                  Config cfg = base;
-                  ParallelConfig& p = cfg.parallel;
-                  p.pp = pp;
-                  p.dp_replicate = dpr;
-                  p.dp_shard = dps;
-                  p.cp = cp;
-                  p.tp = tp;
-                  p.sequence_parallel = sp;
-                  p.schedule = kind;
-                  p.virtual_stages = v;
-                  cfg.train.micro_batch = micro_batch;
-                  cfg.train.recompute = recompute;
-                  std::optional<RunLayout> layout;
+                  Choice c{pp, dpr, dps, cp, tp, micro_batch, v, sp, recompute, kind, 0};
+                  apply(c);
                   try {
-                    layout.emplace(resolve_layout(cfg, world));
+                    c.bound_ms = step_ms_lower_bound(cfg, resolve_layout(cfg, world), cluster, precision);
                   } catch (const Error&) {
                     continue;  // does not divide the world or the model
                   }
-                  ++out.valid;
-                  const double bytes = static_cast<double>(estimate_memory(cfg, *layout).total());
-                  if (out.least_bytes < 0 || bytes < out.least_bytes) out.least_bytes = bytes;
-                  if (bytes > cluster.memory_bytes()) continue;
-                  StepPrediction prediction = predict_step(cfg, *layout, cluster, precision);
-                  out.fitting.push_back({std::move(cfg), std::move(*layout), std::move(prediction)});
+                  choices.push_back(c);
                 }
             }
         }
+  out.valid = static_cast<long long>(choices.size());
+  // In the order of their bounds: once `top` layouts that fit are faster
+  // than the next bound, no layout left can enter the top.
+  std::stable_sort(choices.begin(), choices.end(),
+                   [](const Choice& a, const Choice& b) { return a.bound_ms < b.bound_ms; });
+  std::vector<double> best;  // step times of the fitting layouts, ascending
+  for (const Choice& c : choices) {
+    if (best.size() >= top && c.bound_ms > best[top - 1]) break;
+    ++out.evaluated;
+    apply(c);
+    RunLayout layout = resolve_layout(cfg, world);
+    // Too large already by the bound: the estimate, which is larger, is not needed.
+    const double bound = memory_lower_bound(cfg, layout);
+    const double bytes =
+        bound > cluster.memory_bytes() ? bound : static_cast<double>(estimate_memory(cfg, layout).total());
+    if (out.least_bytes < 0 || bytes < out.least_bytes) out.least_bytes = bytes;
+    if (bytes > cluster.memory_bytes()) continue;
+    StepPrediction prediction = predict_step(cfg, layout, cluster, precision);
+    best.insert(std::upper_bound(best.begin(), best.end(), prediction.step_ms), prediction.step_ms);
+    Config kept = cfg;
+    kept.toml = base.toml;
+    out.fitting.push_back({std::move(kept), std::move(layout), std::move(prediction)});
+  }
   std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
     return a.prediction.step_ms < b.prediction.step_ms;
   });
@@ -202,10 +260,10 @@ std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int w
     return out;
   }
   std::snprintf(buf, sizeof buf,
-                "%lld layouts considered, %lld divide the world and the model, %zu fit in %s GiB per device; the "
-                "fastest %zu:\n",
-                search.considered, search.valid, search.fitting.size(), gib(cluster.memory_bytes()).c_str(),
-                std::min(top, search.fitting.size()));
+                "%lld layouts considered, %lld divide the world and the model; %lld examined (the others "
+                "cannot be among the fastest), %zu of them fit in %s GiB per device; the fastest %zu:\n",
+                search.considered, search.valid, search.evaluated, search.fitting.size(),
+                gib(cluster.memory_bytes()).c_str(), std::min(top, search.fitting.size()));
   out += buf;
   out +=
       "rank  pp dp_r dp_s  cp  tp sp recompute  mb    m schedule          v   mem GiB    step ms     tokens/s    "
@@ -236,6 +294,7 @@ std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int w
   j["search"] = searched;
   j["considered"] = search.considered;
   j["valid"] = search.valid;
+  j["evaluated"] = search.evaluated;
   j["fitting"] = search.fitting.size();
   nlohmann::ordered_json layouts = nlohmann::ordered_json::array();
   for (std::size_t k = 0; k < top && k < search.fitting.size(); ++k)
@@ -251,10 +310,15 @@ std::string run_plan(const PlanRequest& r) {
   const std::string text = read_small_file(r.deck, kDeckMaxBytes, use);
   const bool searched = r.search || deck_asks_for_search(text, r.overrides);
   const Config cfg = parse_config(text, r.deck, searched ? with_degrees_set(r.overrides) : r.overrides);
-  const Precision precision = cfg.train.precision;  // the peak and (with bf16) the bytes follow it
+  // The peak and (with bf16) the activation and gather bytes follow it.
+  Precision precision = cfg.train.precision;
+  if (!r.precision.empty()) {
+    require(r.precision == "fp32" || r.precision == "bf16", "--precision " + r.precision + ": must be fp32 or bf16");
+    precision = r.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  }
   PlanSearch search;
   if (searched) {
-    search = search_layouts(cfg, r.world, cluster, precision);
+    search = search_layouts(cfg, r.world, cluster, precision, r.top);
     const ModelConfig& m = cfg.model;
     require(search.valid > 0,
             "--world " + to_string(r.world) + ": no layout of " + to_string(r.world) + " devices divides the deck '" +
@@ -263,10 +327,11 @@ std::string run_plan(const PlanRequest& r) {
                 " and model.vocab = " + to_string(m.vocab) + " over tp, model.seq_len = " + to_string(m.seq_len) +
                 " over 2 cp, model.layers = " + to_string(m.layers) +
                 " over the pipeline stages); choose a world size that divides them");
-    require(!search.fitting.empty(),
+    require(!search.fitting.empty(),  // then every valid layout was evaluated
             "--world " + to_string(r.world) + ": none of the " + to_string(search.valid) +
                 " layouts that divide the deck fits device.memory_gib = " + number_text(cluster.memory_gib) +
-                " of cluster file '" + cluster.origin + "': the smallest needs " + bytes_text(search.least_bytes) +
+                " of cluster file '" + cluster.origin + "': the smallest needs at least " +
+                bytes_text(search.least_bytes) +
                 " per device; use more devices, a smaller train.global_batch or a smaller model");
   } else {
     RunLayout layout = resolve_layout(cfg, r.world);

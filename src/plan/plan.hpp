@@ -23,7 +23,8 @@ struct PlanSearch {
   std::vector<PlanCandidate> fitting;  // fastest first
   long long considered = 0;            // layouts tried
   long long valid = 0;                 // of which divide the world and the model
-  double least_bytes = 0;              // the smallest memory per device among the valid ones
+  long long evaluated = 0;             // of which were examined (memory, then time); the rest cannot be in the top
+  double least_bytes = 0;              // a bound below the memory per device of every valid layout
 };
 
 // Whether the deck asks for a search: all five degrees 0.
@@ -32,8 +33,11 @@ bool degrees_unset(const ParallelConfig& p);
 // Every layout of `world` devices: the five degrees, sequence parallelism,
 // recompute, the micro-batch size (so the count), the schedule and the
 // virtual stages. Keeps those that resolve (resolve_layout) and fit the
-// cluster's device memory, fastest first.
-PlanSearch search_layouts(const Config& cfg, int world, const ClusterSpec& cluster, Precision precision);
+// cluster's device memory, fastest first: at least the `top` fastest (a
+// layout whose lower bound, step_ms_lower_bound, exceeds the top-th
+// fastest prediction is not evaluated further).
+PlanSearch search_layouts(const Config& cfg, int world, const ClusterSpec& cluster, Precision precision,
+                          std::size_t top);
 
 // What `ndmini plan DECK --cluster FILE --world N` asks.
 struct PlanRequest {
@@ -44,6 +48,9 @@ struct PlanRequest {
   std::size_t top = 10;
   bool json = false;
   bool search = false;  // also when the deck's five degrees are all 0
+  // "fp32" or "bf16": the precision of the matrix products to plan for;
+  // empty: the deck's train.precision.
+  std::string precision;
 };
 // The report (text or JSON). Throws Error naming the key or file for a bad
 // deck or cluster file, a layout that does not resolve (evaluation), or a

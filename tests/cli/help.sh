@@ -24,7 +24,7 @@ done
 
 # Each subcommand's help: its usage and every option it takes.
 declare -A options=([train]="--set --metrics --resume --show-mesh" [check]="--set --world" [ckpt]="info verify"
-                    ["ckpt info"]="path" ["ckpt verify"]="path" [plan]="--cluster --world --top --json --search --set")
+                    ["ckpt info"]="path" ["ckpt verify"]="path" [plan]="--cluster --world --top --json --search --precision --set --calibrate --out")
 for sub in train check ckpt "ckpt info" "ckpt verify" plan; do
   # shellcheck disable=SC2086
   run 1 $sub --help >sub.txt 2>&1 || fail "$sub --help exited non-zero"
