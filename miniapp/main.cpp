@@ -26,6 +26,8 @@
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "ndmini_git_sha.hpp"
+#include "plan/calibrate.hpp"
+#include "plan/plan.hpp"
 #include "train/budget.hpp"
 #include "train/layout.hpp"
 #include "train/report.hpp"
@@ -231,6 +233,37 @@ int main(int argc, char** argv) {
   ckpt_verify->add_option("path", ckpt_path, "A step folder, its checkpoint.h5, or a checkpoint.dir (its 'latest')")
       ->required();
 
+  ndmini::PlanRequest plan_request;
+  int plan_top = 10;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "Predict memory per device, traffic and step time of the deck's layout on a cluster, or rank every layout of "
+      "--world devices (the deck's five parallel degrees 0, or --search); docs/planner.md. One process, no job needed");
+  plan->add_option("deck", plan_request.deck, "Input deck (TOML), e.g. inputs/gpt2-124m.toml");
+  plan->add_option("--cluster", plan_request.cluster, "Cluster file (TOML), e.g. inputs/clusters/dgx-a100-80gb.toml")
+      ->option_text("FILE");
+  plan->add_option("--world", plan_request.world, "Number of devices the layout runs on")
+      ->option_text("N")
+      ->check(whole_number_in(1, kMaxWorld, "must be a whole number between 1 and " + std::to_string(kMaxWorld)));
+  plan->add_option("--top", plan_top, "With a search: how many of the fastest layouts to print (default 10)")
+      ->option_text("K")
+      ->check(whole_number_in(1, 1000000, "must be a whole number between 1 and 1000000"));
+  plan->add_flag("--json", plan_request.json, "Print one JSON document (keys in docs/planner.md) instead of the table");
+  plan->add_flag("--search", plan_request.search, "Rank every valid layout, whatever degrees the deck gives");
+  plan->add_option("--set", plan_request.overrides, "Override a deck key: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  plan->add_option("--precision", plan_request.precision,
+                   "fp32 or bf16: the matrix products' precision to plan for (default: the deck's train.precision); "
+                   "bf16 takes the bf16 peak and halves activation and parameter-gather bytes")
+      ->option_text("P")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  bool plan_calibrate = false;
+  std::string plan_out;
+  plan->add_flag("--calibrate", plan_calibrate,
+                 "Measure this machine (GEMM rates, memory bandwidth, collectives over the launched ranks: at least 2) "
+                 "and print its cluster file");
+  plan->add_option("--out", plan_out, "With --calibrate: write the cluster file to FILE instead")->option_text("FILE");
+
   // Set last, so the subcommands' help does not repeat it.
   app.footer(
       "--kokkos-* options (the thread count, the device, tools) are passed to Kokkos; --kokkos-help lists them.\n"
@@ -251,6 +284,50 @@ int main(int argc, char** argv) {
     Kokkos::finalize();
     MPI_Finalize();
     return code;
+  }
+
+  if (*plan && plan_calibrate) {
+    // Every rank measures; rank 0 writes the file (whole, or not at all).
+    int status = 0;
+    try {
+      const std::string text = ndmini::calibrate_cluster(MPI_COMM_WORLD);
+      if (rank == 0 && plan_out.empty()) std::printf("%s", text.c_str());
+      if (rank == 0 && !plan_out.empty()) ndmini::write_cluster_file(plan_out, text);
+    } catch (const ndmini::Error& e) {
+      if (rank == 0) std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+      status = 2;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &status, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    Kokkos::finalize();
+    MPI_Finalize();
+    return status;
+  }
+  if (*plan) {
+    // One process does the work (no MPI needed); the others only learn the
+    // outcome. Every problem is bad input: exit 2, as for a command-line error.
+    int status = 0;
+    if (rank == 0) {
+      try {
+        plan_request.top = static_cast<std::size_t>(plan_top);
+        std::string missing;
+        if (plan_request.deck.empty())
+          missing = "a deck (ndmini plan DECK.toml ...)";
+        else if (plan_request.cluster.empty())
+          missing = "--cluster FILE (e.g. inputs/clusters/dgx-a100-80gb.toml)";
+        else if (plan_request.world == 0)
+          missing = "--world N (the number of devices)";
+        if (!missing.empty())
+          throw ndmini::Error("ndmini plan needs " + missing + "; 'ndmini plan --help' lists the options");
+        std::printf("%s", ndmini::run_plan(plan_request).c_str());
+      } catch (const ndmini::Error& e) {
+        std::fprintf(stderr, "ndmini: error: %s\n", e.what());
+        status = 2;
+      }
+    }
+    MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    Kokkos::finalize();
+    MPI_Finalize();
+    return status;
   }
 
   // `check` and `ckpt` have no step boundary to stop at: a signal ends them

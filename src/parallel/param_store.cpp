@@ -29,16 +29,7 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups, Pre
   shard_params_ = View1D("ndmini::params", total);
   shard_grads_ = View1D("ndmini::grads", total);
 
-  // Each parameter's part of this rank's shard of its unit.
-  for (int k = 0; k < static_cast<int>(layout_.params.size()); ++k) {
-    const ParamInfo& p = layout_.params[k];
-    const std::size_t unit_begin = layout_.unit_offset[p.unit];
-    const std::size_t part = layout_.unit_size[p.unit] / shards_;
-    const std::size_t shard_begin = shard_rank * part, shard_end = shard_begin + part;
-    const std::size_t p_begin = p.offset - unit_begin, p_end = p_begin + p.size;
-    const std::size_t lo = std::max(shard_begin, p_begin), hi = std::min(shard_end, p_end);
-    if (lo < hi) pieces_.push_back({k, shard_offset_[p.unit] + (lo - shard_begin), lo - p_begin, hi - lo});
-  }
+  pieces_ = pieces_of(layout_, shards_, shard_rank);
   if (precision_ == Precision::bf16) {
     working_bf16_ = uninitialized_bf16("ndmini::working_params_bf16", total);
     if (shards_ == 1) working_rounded_ = uninitialized("ndmini::working_params", total);
@@ -86,6 +77,24 @@ const bf16* ParamStore::params_bf16(int u) {
 
 std::size_t ParamStore::shard_elements(const ParamLayout& layout, int shards) {
   return layout.total / shards;  // every unit is padded to split evenly
+}
+
+std::vector<ParamStore::Piece> ParamStore::pieces_of(const ParamLayout& layout, int shards, int shard_rank) {
+  std::vector<std::size_t> shard_offset(layout.unit_size.size());
+  for (std::size_t u = 1; u < shard_offset.size(); ++u)
+    shard_offset[u] = shard_offset[u - 1] + layout.unit_size[u - 1] / shards;
+  // Each parameter's part of this rank's shard of its unit.
+  std::vector<Piece> pieces;
+  for (int k = 0; k < static_cast<int>(layout.params.size()); ++k) {
+    const ParamInfo& p = layout.params[k];
+    const std::size_t unit_begin = layout.unit_offset[p.unit];
+    const std::size_t part = layout.unit_size[p.unit] / shards;
+    const std::size_t shard_begin = shard_rank * part, shard_end = shard_begin + part;
+    const std::size_t p_begin = p.offset - unit_begin, p_end = p_begin + p.size;
+    const std::size_t lo = std::max(shard_begin, p_begin), hi = std::min(shard_end, p_end);
+    if (lo < hi) pieces.push_back({k, shard_offset[p.unit] + (lo - shard_begin), lo - p_begin, hi - lo});
+  }
+  return pieces;
 }
 
 void ParamStore::prefetch(int u) {

@@ -89,6 +89,9 @@ class ParamStore {
     std::size_t length;
   };
   const std::vector<Piece>& pieces() const { return pieces_; }
+  // The pieces of shard `shard_rank` of `layout` split over `shards` ranks
+  // (what pieces() holds on that rank; no allocation).
+  static std::vector<Piece> pieces_of(const ParamLayout& layout, int shards, int shard_rank);
   // Counts in the global gradient norm: each unique element once, so
   // tp-replicated tensors count on tp rank 0 only and the tied copy of wte
   // not at all.

@@ -39,6 +39,8 @@ class FsdpReplay {
     if (u < 0 || u >= static_cast<int>(units_.size()) || gathered_[u]) return;
     gathered_[u] = true;
     grow(units_[u] * gathered_bytes_);
+    traffic_.all_gather_floats += static_cast<double>(units_[u]);
+    ++traffic_.all_gathers;
   }
   void release(int u) {
     if (!gathered_[u]) return;
@@ -54,6 +56,8 @@ class FsdpReplay {
     open_[u] = false;
     const std::size_t part = units_[u] / shards_;
     grow(part * sizeof(real));
+    traffic_.reduce_scatter_floats += static_cast<double>(units_[u]);
+    ++traffic_.reduce_scatters;
     reductions_.push_back((units_[u] + part) * sizeof(real));
     while (reductions_.size() > Fsdp::kReductionsInFlight) {
       held_ -= reductions_.front();
@@ -104,6 +108,7 @@ class FsdpReplay {
     }
   }
   std::size_t peak_bytes() const { return peak_; }
+  const StageRuntime::FsdpTraffic& traffic() const { return traffic_; }
 
  private:
   void grow(std::size_t bytes) { peak_ = std::max(peak_, held_ += bytes); }
@@ -113,7 +118,23 @@ class FsdpReplay {
   std::vector<bool> gathered_, open_;
   std::deque<std::size_t> reductions_;  // bytes of full gradients + shard part of each reduce-scatter in flight
   std::size_t held_ = 0, peak_ = 0;
+  StageRuntime::FsdpTraffic traffic_;
 };
+
+// Replays `actions` of a stage of `chunks` through `fsdp`.
+void replay(FsdpReplay& fsdp, const std::vector<Chunk>& chunks, const std::vector<PipelineAction>& actions,
+            bool reshard_after_forward) {
+  const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
+  for (const PipelineAction& a : actions) {
+    std::size_t k = 0;
+    while (k < chunks.size() && chunks[k].index != a.chunk) ++k;
+    if (k == chunks.size()) continue;
+    if (a.kind == PipelineAction::Kind::forward)
+      fsdp.forward(chunks[k], all_units[k], reshard_after_forward);
+    else
+      fsdp.backward(chunks[k], all_units[k]);
+  }
+}
 
 // The most micro-batches of `chunk` that `actions` have forwarded but not yet backwarded.
 int most_in_flight(int chunk, const std::vector<PipelineAction>& actions) {
@@ -134,6 +155,8 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
   constexpr double kRoughFloatsPerRow = 20;
   const double C = m.channels, V = m.vocab;
   MemoryEstimate e;
+  e.param_bytes = e.grad_bytes = saturated_bytes(params * sizeof(real));
+  e.optimizer_bytes = saturated_bytes(2 * params * sizeof(real));
   e.state_bytes = saturated_bytes(4 * params * sizeof(real));
   e.activation_bytes_per_micro_batch = saturated_bytes(m.layers * N * C * kRoughFloatsPerRow * sizeof(real));
   e.in_flight = in_flight;
@@ -148,17 +171,17 @@ std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::
                                           Precision precision) {
   if (shards <= 1) return 0;
   FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::transient_working_bytes_per_element(precision));
-  const std::vector<ChunkUnits> all_units = gpt_chunk_units(chunks);
-  for (const PipelineAction& a : actions) {
-    std::size_t k = 0;
-    while (k < chunks.size() && chunks[k].index != a.chunk) ++k;
-    if (k == chunks.size()) continue;
-    if (a.kind == PipelineAction::Kind::forward)
-      fsdp.forward(chunks[k], all_units[k], reshard_after_forward);
-    else
-      fsdp.backward(chunks[k], all_units[k]);
-  }
+  replay(fsdp, chunks, actions, reshard_after_forward);
   return fsdp.peak_bytes();
+}
+
+StageRuntime::FsdpTraffic StageRuntime::fsdp_traffic(const ParamLayout& layout, const std::vector<Chunk>& chunks,
+                                                     int shards, const std::vector<PipelineAction>& actions,
+                                                     bool reshard_after_forward) {
+  if (shards <= 1) return {};
+  FsdpReplay fsdp(layout, shards, sizeof(real));
+  replay(fsdp, chunks, actions, reshard_after_forward);
+  return fsdp.traffic();
 }
 
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
@@ -183,8 +206,11 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp);
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
   const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
-  e.state_bytes = saturated_bytes(4.0 * shard * sizeof(real) +
-                                  1.0 * shard * ParamStore::working_bytes_per_element(precision, fsdp > 1));
+  // Under bf16 the parameters add their working copy (ParamStore).
+  e.param_bytes = saturated_bytes(1.0 * shard * (sizeof(real) + ParamStore::working_bytes_per_element(precision, fsdp > 1)));
+  e.grad_bytes = saturated_bytes(1.0 * shard * sizeof(real));
+  e.optimizer_bytes = saturated_bytes(2.0 * shard * sizeof(real));
+  e.state_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes;
   const BlockSizes block =
       GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp, precision);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
@@ -211,10 +237,11 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   if (recompute == Recompute::block) scratch += block.activation_bytes(false);
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
-  scratch += static_cast<double>(StageRuntime::fsdp_peak_bytes(
+  const double fsdp_bytes = static_cast<double>(StageRuntime::fsdp_peak_bytes(
       layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
       reshard_after_forward, precision));
-  e.scratch_bytes = saturated_bytes(scratch);
+  e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes);
+  e.comm_buffer_bytes = saturated_bytes(fsdp_bytes);
   return e;
 }
 

@@ -46,6 +46,12 @@ struct MemoryEstimate {
   std::int64_t in_flight = 0;
   std::int64_t scratch_bytes = 0;
   std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
+  // The same bytes by category (ndmini plan's table): state_bytes is
+  // parameters + gradients + optimizer state; comm_buffer_bytes is the part
+  // of scratch_bytes that communication holds (FSDP's gathered units, full
+  // gradients and reduce-scatters in flight; the pipeline's send buffers),
+  // the rest of scratch is workspace.
+  std::int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, comm_buffer_bytes = 0;
 };
 // `actions`: the stage's schedule for one step, or its first micro-batches
 // when the step has very many (the records of each chunk, FSDP's gathered
@@ -139,6 +145,15 @@ class StageRuntime {
   static std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
                                      const std::vector<PipelineAction>& actions, bool reshard_after_forward,
                                      Precision precision = Precision::fp32);
+  // The floats FSDP all-gathers and reduce-scatters (gathered sizes) when
+  // that stage runs `actions`: the same replay, counting each collective.
+  // (Under bf16 the all-gathers move bf16 values: half the bytes.)
+  struct FsdpTraffic {
+    double all_gather_floats = 0, reduce_scatter_floats = 0;
+    std::int64_t all_gathers = 0, reduce_scatters = 0;
+  };
+  static FsdpTraffic fsdp_traffic(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+                                  const std::vector<PipelineAction>& actions, bool reshard_after_forward);
 
  private:
   // What one micro-batch keeps between the forward and the backward of one chunk.

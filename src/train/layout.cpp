@@ -62,10 +62,13 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
                                            l.schedule.max_in_flight(stage), l.recompute, replay.actions(stage),
                                            cfg.parallel.reshard_after_forward, cfg.train.precision);
     // The pipeline's buffers for the input gradients it sends.
-    if (d.pp > 1)
-      e.scratch_bytes += static_cast<std::int64_t>(
+    if (d.pp > 1) {
+      const auto sends = static_cast<std::int64_t>(
           std::min(9.0e18, static_cast<double>(PipelineRunner::most_grad_buffers(l.plan, stage, l.micro_batches)) *
                                activation * sizeof(real)));
+      e.scratch_bytes += sends;
+      e.comm_buffer_bytes += sends;
+    }
     out.push_back(e);
   }
   // Every stage also holds the tokens of its micro-batches: one feed, and

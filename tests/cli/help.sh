@@ -17,15 +17,15 @@ run 1 --help >help.txt 2>&1 || fail "--help exited non-zero"
 cat help.txt
 no_kokkos_list help.txt
 grep -qF "Usage: ndmini [OPTIONS] SUBCOMMAND" help.txt || fail "no usage line"
-for word in train check ckpt --version --build-info "--kokkos-help lists them"; do
+for word in train check ckpt plan --version --build-info "--kokkos-help lists them"; do
   grep -qF -- "$word" help.txt || fail "--help does not mention $word"
 done
 [ "$(wc -l <help.txt)" -le 25 ] || fail "--help is $(wc -l <help.txt) lines long"
 
 # Each subcommand's help: its usage and every option it takes.
 declare -A options=([train]="--set --metrics --resume --show-mesh" [check]="--set --world" [ckpt]="info verify"
-                    ["ckpt info"]="path" ["ckpt verify"]="path")
-for sub in train check ckpt "ckpt info" "ckpt verify"; do
+                    ["ckpt info"]="path" ["ckpt verify"]="path" [plan]="--cluster --world --top --json --search --precision --set --calibrate --out")
+for sub in train check ckpt "ckpt info" "ckpt verify" plan; do
   # shellcheck disable=SC2086
   run 1 $sub --help >sub.txt 2>&1 || fail "$sub --help exited non-zero"
   no_kokkos_list sub.txt

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// ndmini plan --calibrate: the cluster file of the machine ndmini runs on,
+// measured (docs/planner.md): the GEMM rate per precision from the start-up
+// calibration (train/calibration.hpp), the memory bandwidth from a copy,
+// and the collectives' latency and bandwidth from a short ping of the comm
+// layer over the launched ranks, inverted through the same cost formula the
+// planner predicts with (plan/cost_model.hpp).
+#include <mpi.h>
+
+#include <string>
+
+#include "plan/cluster.hpp"
+
+namespace ndmini {
+
+// Collective over `world` (at least 2 ranks, for the ping). Returns the
+// cluster file's text on rank 0 (empty elsewhere). Throws Error with one
+// rank.
+std::string calibrate_cluster(MPI_Comm world);
+
+}  // namespace ndmini

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// A cluster file (TOML): what ndmini plan needs to know of the machine a
+// layout would run on. docs/planner.md lists the keys; inputs/clusters/
+// holds examples. Every key is required but the efficiencies, so a
+// prediction never rests on a silent default for the machine itself.
+//
+//   name = "DGX A100 80GB"
+//   [device]     per_node = 8   memory_gib = 80   memory_bandwidth_gbs = 2039
+//                peak_tflops_fp32 = 19.5   peak_tflops_bf16 = 312
+//   [intra_node] bandwidth_gbs = 300   latency_us = 3     # one direction, per device
+//   [inter_node] bandwidth_gbs = 25    latency_us = 8
+//   [efficiency] compute = 0.6   network = 0.8           # optional, see kDefault*Efficiency
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace ndmini {
+
+// The fraction of the dense peak the model's matrix products reach, and
+// of a link's bandwidth a collective reaches (nccl-tests' bus bandwidth
+// against the datasheet's), when the cluster file does not say.
+inline constexpr double kDefaultComputeEfficiency = 0.6;
+inline constexpr double kDefaultNetworkEfficiency = 0.8;
+
+struct ClusterSpec {
+  std::string name;
+  std::string origin;  // the file it was read from
+  int devices_per_node = 0;
+  double memory_gib = 0;  // per device
+  double peak_tflops_fp32 = 0, peak_tflops_bf16 = 0;
+  double memory_bandwidth_gbs = 0;
+  // The links, per device and per direction: GB/s (1e9 bytes per second)
+  // and microseconds per message, inside a node and between nodes.
+  double intra_bandwidth_gbs = 0, intra_latency_us = 0;
+  double inter_bandwidth_gbs = 0, inter_latency_us = 0;
+  double compute_efficiency = kDefaultComputeEfficiency;
+  double network_efficiency = kDefaultNetworkEfficiency;
+
+  // Dense peak in FLOP/s of one device for matrix products in `precision`.
+  double peak_flops(Precision precision) const;
+  double memory_bytes() const;
+};
+
+// Reads and checks a cluster file; throws Error naming the key and the
+// file for a missing, mistyped, unknown or impossible value.
+ClusterSpec parse_cluster(const std::string& text, const std::string& origin);
+ClusterSpec load_cluster(const std::string& path);
+
+// The cluster file of `spec` as TOML text, each value preceded by its
+// comment from `notes` (keyed "device.per_node", ...; absent: no comment).
+std::string cluster_toml(const ClusterSpec& spec, const std::string& header,
+                         const std::vector<std::pair<std::string, std::string>>& notes = {});
+
+// Writes `text` to `path` whole or not at all (a temporary name, then a
+// rename); throws Error naming the file.
+void write_cluster_file(const std::string& path, const std::string& text);
+
+}  // namespace ndmini

@@ -1,0 +1,356 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The cost model (docs/planner.md): the traffic of every communicator, as
+// the layers, FSDP and the pipeline issue it, and the time of each part.
+#include "plan/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/gpt.hpp"
+#include "parallel/param_store.hpp"
+#include "parallel/stage_runtime.hpp"
+
+namespace ndmini {
+namespace {
+
+// AdamW per element of the shard: reads parameter, gradient and both
+// moments and writes parameter and moments (28 bytes); the gradient norm
+// reads the gradient (4) and zeroing it for the next step writes it (4).
+constexpr double kOptimizerBytesPerElement = 36;
+// Memory-bound kernels (LayerNorm, GELU, softmax, residual adds, the loss)
+// move each activation byte about this many times per micro-batch: written
+// in the forward, read and its gradient written in the backward.
+constexpr double kActivationPasses = 3;
+
+// The reported groups of ParallelContext::reported(), in its order, and the axes each spans.
+struct GroupAxes {
+  const char* name;
+  AxisSet axes;
+};
+constexpr AxisSet kAxisSets[kNumAxes] = {{true, false, false, false, false},
+                                         {false, true, false, false, false},
+                                         {false, false, true, false, false},
+                                         {false, false, false, true, false},
+                                         {false, false, false, false, true}};
+const AxisSet& only(Axis a) { return kAxisSets[static_cast<int>(a)]; }
+
+enum Group { kDpReplicate, kFsdp, kTp, kCp, kPp, kTied, kBatch, kNorm, kGroups };
+
+// One stage's traffic, and with a cluster the time of each collective.
+class TrafficCounter {
+ public:
+  TrafficCounter(const ParallelDims& d, const ClusterSpec* cluster) : cluster_(cluster) {
+    const GroupAxes groups[kGroups] = {{"dp_replicate", only(Axis::dp_replicate)},
+                                       {"fsdp", kFsdpAxes},
+                                       {"tp", only(Axis::tp)},
+                                       {"cp", only(Axis::cp)},
+                                       {"pp", only(Axis::pp)},
+                                       {"tied_wte", only(Axis::pp)},
+                                       {"batch", kBatchAxes},
+                                       {"norm", kNormAxes}};
+    for (int g = 0; g < kGroups; ++g) {
+      GroupTraffic& t = traffic_[g];
+      t.name = groups[g].name;
+      t.size = g == kTied ? 2 : d.span(groups[g].axes);
+      t.inter_node = cluster != nullptr && group_spans_nodes(d, groups[g].axes, cluster->devices_per_node);
+    }
+  }
+  // `calls` collectives of `bytes` each (the comm layer's count).
+  void add(Group g, Collective kind, std::int64_t calls, double bytes) {
+    if (calls <= 0) return;
+    GroupTraffic& t = traffic_[g];
+    t.calls += calls;
+    t.bytes += calls * bytes;
+    if (cluster_ == nullptr) return;
+    const double bandwidth =
+        (t.inter_node ? cluster_->inter_bandwidth_gbs : cluster_->intra_bandwidth_gbs) * cluster_->network_efficiency;
+    const double latency = t.inter_node ? cluster_->inter_latency_us : cluster_->intra_latency_us;
+    t.ms += calls * collective_ms(kind, bytes, t.size, bandwidth, latency);
+  }
+  GroupTraffic& operator[](Group g) { return traffic_[g]; }
+  std::vector<GroupTraffic> groups(const ParallelDims& d) const {
+    std::vector<GroupTraffic> out;
+    for (int g = 0; g < kGroups; ++g)
+      if (g != kTied || d.pp > 1) out.push_back(traffic_[g]);  // tied_wte is a group only with a pipeline
+    return out;
+  }
+
+ private:
+  const ClusterSpec* cluster_;
+  GroupTraffic traffic_[kGroups];
+};
+
+constexpr double kGradFloat = sizeof(real);  // gradient reductions: fp32 in every precision
+
+// Counts what the layers (layers/tensor_parallel.cpp, layers/context_parallel.cpp),
+// FSDP, data parallelism, the pipeline and the trainer send in one step of `stage`.
+// `half`: bf16 compute (activations, their gradients and the gathered
+// parameters travel in 2 bytes; gradient reductions stay fp32).
+TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
+                             bool half = false) {
+  const ParallelDims& d = l.dims;
+  const ModelConfig& m = cfg.model;
+  TrafficCounter t(d, cluster);
+  const BlockSizes bs = GptModel::block_sizes_of(m, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
+  const double N = static_cast<double>(bs.rows), NC = static_cast<double>(bs.full());
+  const double kFloat = half ? 2.0 : sizeof(real);                    // an activation element's bytes
+  const double part = static_cast<double>(bs.attention.part_size());  // one of q, k, v on this rank
+  const double activation = static_cast<double>(bs.residual());       // what the pipeline sends
+  const bool tp = d.tp > 1, sp = tp && d.sequence_parallel, cp = d.cp > 1;
+  const bool recompute = l.recompute == Recompute::block;
+  const int S = l.plan.chunks();
+  const std::vector<Chunk> chunks = l.plan.chunks_of(stage);
+  const std::vector<PipelineAction> actions = l.schedule.actions(stage);
+
+  // One block: forward (twice per micro-batch with recomputation) and backward.
+  auto block_tp = [&](std::int64_t blocks) {
+    if (!tp) return;
+    if (sp) {  // LayerNorm outputs gathered, row-parallel outputs reduce-scattered
+      t.add(kTp, Collective::all_gather, 2 * blocks, NC * kFloat);
+      t.add(kTp, Collective::reduce_scatter, 2 * blocks, NC * kFloat);
+    } else {  // the two row-parallel outputs (forward) or the two input gradients (backward)
+      t.add(kTp, Collective::all_reduce, 2 * blocks, NC * kFloat);
+    }
+  };
+  auto block_cp_forward = [&](std::int64_t blocks) {
+    if (cp) t.add(kCp, Collective::p2p, blocks * (d.cp - 1), 4 * part * kFloat);  // K/V out and in, cp - 1 times
+  };
+  auto block_cp_backward = [&](std::int64_t blocks) {
+    if (!cp) return;
+    // K/V and dK/dV around the ring, then the dK/dV sums home: cp + 1 batches, (8 cp - 4) parts.
+    t.add(kCp, Collective::p2p, blocks * (d.cp + 1), (8.0 * d.cp - 4) / (d.cp + 1) * part * kFloat);
+  };
+  for (const PipelineAction& a : actions) {
+    const auto it = std::find_if(chunks.begin(), chunks.end(), [&](const Chunk& c) { return c.index == a.chunk; });
+    const Chunk& c = *it;
+    const std::int64_t blocks = c.layers();
+    if (a.kind == PipelineAction::Kind::forward) {
+      if (tp && c.embedding)  // the vocabulary-parallel lookup summed over tp
+        t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kFloat);
+      block_tp(blocks);
+      block_cp_forward(blocks);
+      if (tp && c.head) {
+        if (sp) t.add(kTp, Collective::all_gather, 1, NC * kFloat);  // ln_f's output
+        t.add(kTp, Collective::all_reduce, 1, N * kFloat);           // the logits' row maxima
+        t.add(kTp, Collective::all_reduce, 1, 2 * N * kFloat);       // the softmax sums and target logits
+        // The head's backward runs inside the forward: d(ln_f input) summed over tp.
+        t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kFloat);
+      }
+      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation * kFloat);      // receive the input
+      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation * kFloat);  // send the output
+    } else {
+      block_tp(blocks * (recompute ? 2 : 1));
+      if (recompute) block_cp_forward(blocks);
+      block_cp_backward(blocks);
+      if (sp && c.embedding) t.add(kTp, Collective::all_gather, 1, NC * kFloat);  // d(embedding output)
+      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation * kFloat);   // receive d(output)
+      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation * kFloat);       // send d(input)
+    }
+  }
+
+  // After the last backward (StageRuntime::finish_grads).
+  const int fsdp = d.fsdp();
+  const ParamLayout layout = gpt_param_layout(m, chunks, d.tp, 0, fsdp);
+  if (sp)  // the tp-replicated tensors' gradients are partial sums over tp
+    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
+      if (layout.params[piece.param].split == TpSplit::replicated)
+        t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kGradFloat);
+  if (fsdp > 1) {
+    const StageRuntime::FsdpTraffic f =
+        StageRuntime::fsdp_traffic(layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
+    if (f.all_gathers > 0)
+      t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kFloat);
+    if (f.reduce_scatters > 0)
+      t.add(kFsdp, Collective::reduce_scatter, f.reduce_scatters,
+            f.reduce_scatter_floats / f.reduce_scatters * kGradFloat);
+  }
+  if (d.dp_replicate > 1) {
+    if (fsdp > 1)  // HSDP: the reduced shard summed over the replicas
+      t.add(kDpReplicate, Collective::all_reduce, 1,
+            static_cast<double>(ParamStore::shard_elements(layout, fsdp)) * kGradFloat);
+    else  // one bucket per unit, issued as the last micro-batch's backward finishes it
+      t.add(kDpReplicate, Collective::all_reduce, static_cast<std::int64_t>(layout.unit_size.size()),
+            static_cast<double>(layout.total) / layout.unit_size.size() * kGradFloat);
+  }
+  if (d.pp > 1)
+    for (const ChunkUnits& u : gpt_chunk_units(chunks))
+      if (u.wte >= 0)  // the tied embedding's gradients summed over the pipeline's two ends
+        t.add(kTied, Collective::all_reduce, 1, static_cast<double>(layout.unit_size[u.wte]) / fsdp * kGradFloat);
+  t.add(kBatch, Collective::all_reduce, 1, sizeof(double));  // the step's loss
+  t.add(kNorm, Collective::all_reduce, 1, sizeof(double));   // the gradient norm
+  return t;
+}
+
+// FLOPs of one micro-batch's forward through `c` on one device: the matrix
+// products (2 per weight and token) and attention (4 C T per layer and
+// token), split over tp and cp.
+double forward_flops(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d) {
+  const double C = m.channels, T = m.seq_len, V = m.vocab;
+  const double tokens = static_cast<double>(micro_batch) * T / d.cp / d.tp;
+  double per_token = c.layers() * (2 * (12 * C * C + 13 * C) + 4 * C * T);
+  if (c.head) per_token += 2 * V * C;
+  return tokens * per_token;
+}
+
+}  // namespace
+
+PlanMemory plan_memory(const MemoryEstimate& e) {
+  PlanMemory p;
+  p.params = e.param_bytes;
+  p.grads = e.grad_bytes;
+  p.optimizer = e.optimizer_bytes;
+  p.in_flight = e.in_flight;
+  p.activations = e.in_flight * e.activation_bytes_per_micro_batch;
+  p.comm_buffers = e.comm_buffer_bytes;
+  p.workspace = e.scratch_bytes - e.comm_buffer_bytes;
+  return p;
+}
+
+bool group_spans_nodes(const ParallelDims& dims, const AxisSet& axes, int devices_per_node) {
+  // The group of rank 0: its farthest member is the sum of (degree - 1) x stride over its axes.
+  const auto degrees = dims.degrees();
+  long long stride = 1, farthest = 0;
+  for (int i = kNumAxes - 1; i >= 0; --i) {
+    if (axes[i]) farthest += (degrees[i] - 1) * stride;
+    stride *= degrees[i];
+  }
+  return farthest >= devices_per_node;
+}
+
+double collective_ms(Collective kind, double bytes, int n, double bandwidth_gbs, double latency_us) {
+  // nccl-tests' definitions: a ring all-reduce moves 2 (n-1)/n of the
+  // buffer over each link, an all-gather or reduce-scatter (n-1)/n of the
+  // gathered size; a tree all-reduce needs 2 log2(n) latencies, the ring 2 (n-1).
+  const double beta = bytes / (bandwidth_gbs * 1e9) * 1e3;  // ms for the whole buffer
+  const double alpha = latency_us * 1e-3;
+  if (kind == Collective::p2p) return beta + alpha;
+  if (n <= 1) return 0;
+  const double steps = n - 1.0, f = steps / n;
+  if (kind == Collective::all_reduce)
+    return 2 * f * beta + std::min(2 * steps, 2 * std::ceil(std::log2(static_cast<double>(n)))) * alpha;
+  return f * beta + steps * alpha;
+}
+
+std::vector<GroupTraffic> traffic_per_step(const Config& cfg, const RunLayout& layout, int stage) {
+  return count_traffic(cfg, layout, stage, nullptr).groups(layout.dims);
+}
+
+double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
+  const ParallelDims& d = l.dims;
+  const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
+  double total = 0;  // per micro-batch, summed over the stages
+  for (int s = 0; s < d.pp; ++s)
+    for (const Chunk& c : l.plan.chunks_of(s)) {
+      total += 3 * forward_flops(cfg.model, c, cfg.train.micro_batch, d) / rate;
+      if (l.recompute == Recompute::block) {
+        Chunk blocks_only = c;
+        blocks_only.head = false;
+        total += forward_flops(cfg.model, blocks_only, cfg.train.micro_batch, d) / rate;
+      }
+    }
+  const double average = total / d.pp;
+  const int v = l.schedule.kind() == ScheduleKind::interleaved ? d.virtual_stages : 1;
+  return l.micro_batches * average + (d.pp > 1 ? (d.pp - 1.0) / v * average : 0.0);
+}
+
+StepPrediction predict_step(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
+  const ParallelDims& d = l.dims;
+  const ModelConfig& m = cfg.model;
+  const int B = cfg.train.micro_batch, mb = l.micro_batches;
+  const int v = l.schedule.kind() == ScheduleKind::interleaved ? d.virtual_stages : 1;
+  const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
+  const double memory_rate = cluster.memory_bandwidth_gbs * 1e6;                         // bytes per ms
+  const BlockSizes bs = GptModel::block_sizes_of(m, B, d.tp, d.sequence_parallel, d.cp);
+  // bf16 halves the activations' and the gathered parameters' bytes in the
+  // time model; the memory figures follow the allocating code's size functions.
+  const bool half = precision == Precision::bf16;
+
+  StepPrediction p;
+  const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
+  p.model_flops = gpt_flops_per_token(m) * tokens;
+  p.hardware_flops = p.model_flops;
+  const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(cfg, l);
+
+  // Per stage: the time of one micro-batch through its chunks (compute and
+  // what blocks it), and what the step adds once.
+  struct StageTime {
+    double compute = 0, recompute = 0, kernels = 0, per_micro_batch = 0, once = 0, optimizer = 0;
+    std::vector<GroupTraffic> comm;
+  };
+  std::vector<StageTime> stages(d.pp);
+  double slowest_micro_batch = 0;
+  for (int s = 0; s < d.pp; ++s) {
+    StageTime& st = stages[s];
+    double attention = 0;  // of the compute: what ring attention's K/V exchange hides behind
+    for (const Chunk& c : l.plan.chunks_of(s)) {
+      const double fwd = forward_flops(m, c, B, d);
+      st.compute += 3 * fwd / rate;
+      attention += 3 * c.layers() * (4.0 * m.channels * m.seq_len) * B * m.seq_len / d.cp / d.tp / rate;
+      if (l.recompute == Recompute::block) {
+        Chunk blocks_only = c;
+        blocks_only.head = false;
+        st.recompute += forward_flops(m, blocks_only, B, d) / rate;
+        p.hardware_flops += forward_flops(m, blocks_only, B, d) * mb * d.data_parallel() * d.cp * d.tp;
+      }
+      double bytes = static_cast<double>(StageRuntime::record_bytes(c, bs, Recompute::none));
+      if (c.head)
+        bytes += static_cast<double>(GptModel::buffer_sizes(m, B, true, d.tp, d.sequence_parallel, d.cp).logits) *
+                 sizeof(real);
+      st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / memory_rate;
+    }
+    TrafficCounter t = count_traffic(cfg, l, s, &cluster, half);
+    // Blocking collectives inside the compute: tp always; the pipeline's
+    // receives (half its transfers; the sends overlap); the ring exchange
+    // where it takes longer than the attention it hides behind.
+    t[kTp].exposed_ms = t[kTp].ms;
+    t[kPp].exposed_ms = t[kPp].ms / 2;
+    t[kCp].exposed_ms = std::max(0.0, t[kCp].ms - attention * mb);
+    st.per_micro_batch =
+        st.compute + st.recompute + st.kernels + (t[kTp].exposed_ms + t[kPp].exposed_ms + t[kCp].exposed_ms) / mb;
+    const double work = mb * (st.compute + st.recompute + st.kernels);
+    // FSDP: each unit's all-gather is prefetched behind the unit before it and
+    // its reduce-scatter runs behind the units after: exposed is what the
+    // compute cannot cover, plus the first unit's gather.
+    if (t[kFsdp].calls > 0) t[kFsdp].exposed_ms = std::max(0.0, t[kFsdp].ms - work) + t[kFsdp].ms / t[kFsdp].calls;
+    // Data parallelism: buckets start as the last micro-batch's backward
+    // finishes each unit; HSDP's shard all-reduce follows FSDP's reductions.
+    if (t[kDpReplicate].calls > 0) {
+      const double last_backward = 2.0 / 3 * (st.compute + st.kernels) + st.recompute;
+      t[kDpReplicate].exposed_ms =
+          d.fsdp() > 1 ? t[kDpReplicate].ms
+                       : std::max(t[kDpReplicate].ms / t[kDpReplicate].calls, t[kDpReplicate].ms - last_backward);
+    }
+    for (Group g : {kTied, kBatch, kNorm}) t[g].exposed_ms = t[g].ms;
+    st.comm = t.groups(d);
+    for (const GroupTraffic& g : st.comm)
+      if (g.name != "tp" && g.name != "pp" && g.name != "cp") st.once += g.exposed_ms;
+    st.optimizer = kOptimizerBytesPerElement * (memory[s].param_bytes / sizeof(real)) / memory_rate;
+    st.once += st.optimizer;
+    slowest_micro_batch = std::max(slowest_micro_batch, st.per_micro_batch);
+  }
+  // The pipeline's idle time: (pp - 1) micro-batch times of the slowest
+  // stage, shortened v times by interleaving (GPipe and 1F1B alike).
+  p.bubble_ms = d.pp > 1 ? (d.pp - 1.0) / v * slowest_micro_batch : 0.0;
+  for (int s = 0; s < d.pp; ++s) {
+    const double ms = mb * stages[s].per_micro_batch + stages[s].once + p.bubble_ms;
+    if (s == 0 || ms > p.step_ms) {
+      p.step_ms = ms;
+      p.stage = s;
+    }
+  }
+  const StageTime& st = stages[p.stage];
+  p.compute_ms = mb * st.compute;
+  p.recompute_ms = mb * st.recompute;
+  p.kernels_ms = mb * st.kernels;
+  p.optimizer_ms = st.optimizer;
+  p.comm = st.comm;
+  for (const GroupTraffic& g : p.comm) p.exposed_comm_ms += g.exposed_ms;
+  p.tokens_per_s = tokens / (p.step_ms / 1e3);
+  p.mfu = p.model_flops / (p.step_ms / 1e3) / (d.size() * cluster.peak_flops(precision));
+  const MemoryEstimate busiest = estimate_memory(cfg, l);
+  p.memory = plan_memory(busiest);
+  p.fits = static_cast<double>(p.memory.total()) <= cluster.memory_bytes();
+  return p;
+}
+
+}  // namespace ndmini

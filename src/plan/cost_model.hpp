@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+// The cost model of one layout (docs/planner.md has the equations): memory
+// per device by category, FLOPs, bytes per communicator and the predicted
+// time of each part of an optimizer step on a cluster (plan/cluster.hpp).
+//
+// Sizes are not modelled here: memory comes from the estimate the trainer
+// refuses decks with (train/layout.hpp, built from each buffer owner's size
+// function), the bytes of each communicator from the shapes the layers, FSDP
+// (its own replay) and the pipeline send, as the comm layer counts them
+// (comm/communicator.hpp). Only times are a model.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "plan/cluster.hpp"
+#include "train/layout.hpp"
+
+namespace ndmini {
+
+// Bytes per device of one pipeline stage, by category; total() is the
+// estimate that `train` and `check` refuse a deck by (the busiest stage's).
+struct PlanMemory {
+  std::int64_t params = 0, grads = 0, optimizer = 0;  // this rank's shards (AdamW: two moments)
+  std::int64_t activations = 0;                       // records of the micro-batches in flight
+  std::int64_t in_flight = 0;                         // how many micro-batch records (summed over chunks)
+  std::int64_t comm_buffers = 0;                      // FSDP's gathered units and gradients, pipeline sends
+  std::int64_t workspace = 0;                         // the layers' and the head's buffers, feeds, recompute
+  std::int64_t total() const { return params + grads + optimizer + activations + comm_buffers + workspace; }
+};
+PlanMemory plan_memory(const MemoryEstimate& e);
+
+// One communicator's traffic in one optimizer step on one rank, as the comm
+// layer counts it (calls, and bytes: the full buffer for all-reduce, the
+// gathered size for all-gather and reduce-scatter, sends plus receives for
+// point-to-point), and its predicted time.
+struct GroupTraffic {
+  std::string name;  // as the trainer reports it: dp_replicate, fsdp, tp, cp, pp, tied_wte, batch, norm
+  int size = 1;
+  bool inter_node = false;  // its group spans nodes of the cluster
+  std::int64_t calls = 0;
+  double bytes = 0;
+  double ms = 0;          // predicted time of all its collectives
+  double exposed_ms = 0;  // of which not hidden behind compute
+};
+
+// The traffic of a rank of pipeline stage `stage` (its first rank: tp,
+// cp and FSDP rank 0) per step, one entry per reported group in the
+// trainer's order. Exact: the comm layer's counts of a training step.
+std::vector<GroupTraffic> traffic_per_step(const Config& cfg, const RunLayout& layout, int stage);
+
+struct StepPrediction {
+  int stage = 0;              // the slowest pipeline stage: the figures below are its
+  PlanMemory memory;          // the busiest stage's
+  double model_flops = 0;     // per step, whole job: FLOPs per token x tokens (what MFU counts)
+  double hardware_flops = 0;  // also the forwards recomputation runs again
+  std::vector<GroupTraffic> comm;
+  // Milliseconds per step.
+  double compute_ms = 0;    // matrix products and attention: FLOPs / (peak x efficiency), recompute excluded
+  double recompute_ms = 0;  // the forwards recompute = block runs again
+  double kernels_ms = 0;    // memory-bound kernels: activation bytes / memory bandwidth
+  double bubble_ms = 0;     // the pipeline's idle time, (pp - 1) / v micro-batch times
+  double optimizer_ms = 0;  // AdamW and the gradient norm: bytes / memory bandwidth
+  double exposed_comm_ms = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;  // model FLOPs per second over the devices' dense peak
+  bool fits = false;
+};
+
+// `precision`: the matrix products' (peak, activation and gather bytes
+// follow it once bf16 training exists; fp32 today).
+StepPrediction predict_step(const Config& cfg, const RunLayout& layout, const ClusterSpec& cluster,
+                            Precision precision = Precision::fp32);
+
+// A bound no predict_step of the layout falls below, cheap to compute (no
+// replay, no memory): the average stage's compute and recomputation per
+// micro-batch times the micro-batches, plus the bubble of that average.
+double step_ms_lower_bound(const Config& cfg, const RunLayout& layout, const ClusterSpec& cluster,
+                           Precision precision = Precision::fp32);
+
+// Which groups of the mesh span nodes when `devices_per_node` consecutive
+// ranks share a node (tp innermost: the mesh order of mesh/dims.hpp).
+bool group_spans_nodes(const ParallelDims& dims, const AxisSet& axes, int devices_per_node);
+
+// Predicted time of one collective of `bytes` (the comm layer's count)
+// over `n` ranks on links of `bandwidth_gbs` and `latency_us` (per message).
+enum class Collective { all_reduce, all_gather, reduce_scatter, p2p };
+double collective_ms(Collective kind, double bytes, int n, double bandwidth_gbs, double latency_us);
+
+}  // namespace ndmini

@@ -1,0 +1,348 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "plan/plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/regular_file.hpp"
+#include "model/gpt.hpp"
+#include "parallel/param_store.hpp"
+#include "parallel/stage_runtime.hpp"
+#include "plan/search_request.hpp"
+#include "train/budget.hpp"
+
+namespace ndmini {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::vector<int> divisors(long long n) {
+  std::vector<int> out;
+  for (long long k = 1; k <= n; ++k)
+    if (n % k == 0) out.push_back(static_cast<int>(k));
+  return out;
+}
+
+// Interleaving's gain, (p-1)/(v m), flattens fast while its point-to-point
+// traffic grows with v: the search tries up to this many virtual stages.
+constexpr int kMostVirtualStages = 8;
+
+// The schedules a pipeline of `pp` stages can run: (kind, virtual stages);
+// interleaved with chunks of equal layers (v divides layers / pp).
+std::vector<std::pair<ScheduleKind, int>> schedules(int pp, int layers) {
+  if (pp == 1) return {{ScheduleKind::one_f_one_b, 1}};
+  std::vector<std::pair<ScheduleKind, int>> out = {{ScheduleKind::gpipe, 1}, {ScheduleKind::one_f_one_b, 1}};
+  for (int v = 2; v <= kMostVirtualStages && v * pp <= layers; ++v)
+    if (layers % (v * pp) == 0) out.push_back({ScheduleKind::interleaved, v});
+  return out;
+}
+
+// 80, 0.0001: as a person writes it.
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", bytes / kGiB);
+  return buf;
+}
+
+std::string layout_words(const PlanCandidate& c) {
+  const ParallelDims& d = c.layout.dims;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s sp=%s recompute=%s micro_batch=%d (x%d) schedule=%s v=%d", d.str().c_str(),
+                d.sequence_parallel ? "on" : "off", name_of(c.layout.recompute), c.cfg.train.micro_batch,
+                c.layout.micro_batches, name_of(c.layout.schedule.kind()), d.virtual_stages);
+  return buf;
+}
+
+void details(std::string& out, const PlanCandidate& c, const ClusterSpec& cluster) {
+  const StepPrediction& p = c.prediction;
+  const PlanMemory& mem = p.memory;
+  char buf[512];
+  auto line = [&](const char* fmt, auto... args) {
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    out += buf;
+  };
+  out += "layout            " + layout_words(c) + "\n";
+  line("memory per device %s GiB of %s GiB (%s): parameters %s, gradients %s, optimizer state %s,\n",
+       gib(static_cast<double>(mem.total())).c_str(), gib(cluster.memory_bytes()).c_str(),
+       p.fits ? "fits" : "DOES NOT FIT", gib(static_cast<double>(mem.params)).c_str(),
+       gib(static_cast<double>(mem.grads)).c_str(), gib(static_cast<double>(mem.optimizer)).c_str());
+  line(
+      "                  activations %s (%lld micro-batch records in flight), communication buffers %s, "
+      "workspace %s\n",
+      gib(static_cast<double>(mem.activations)).c_str(), static_cast<long long>(mem.in_flight),
+      gib(static_cast<double>(mem.comm_buffers)).c_str(), gib(static_cast<double>(mem.workspace)).c_str());
+  line("FLOPs per step    %.4g model, %.4g with recomputation\n", p.model_flops, p.hardware_flops);
+  line(
+      "time per step     %.3f ms = compute %.3f + recompute %.3f + memory-bound kernels %.3f + exposed comm %.3f + "
+      "bubble %.3f + optimizer %.3f (pipeline stage %d)\n",
+      p.step_ms, p.compute_ms, p.recompute_ms, p.kernels_ms, p.exposed_comm_ms, p.bubble_ms, p.optimizer_ms, p.stage);
+  line("throughput        %.4g tokens/s, MFU %.3f\n", p.tokens_per_s, p.mfu);
+  out += "communication     group          ranks  link        calls        bytes/step       ms  exposed ms\n";
+  for (const GroupTraffic& g : p.comm) {
+    if (g.calls == 0) continue;
+    line("                  %-13s %6d  %-10s %6lld %16.0f %8.3f %11.3f\n", g.name.c_str(), g.size,
+         g.size <= 1    ? "-"
+         : g.inter_node ? "inter_node"
+                        : "intra_node",
+         static_cast<long long>(g.calls), g.bytes, g.ms, g.exposed_ms);
+  }
+}
+
+nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
+  const StepPrediction& p = c.prediction;
+  const ParallelDims& d = c.layout.dims;
+  nlohmann::ordered_json j;
+  j["layout"] = {{"pp", d.pp},
+                 {"dp_replicate", d.dp_replicate},
+                 {"dp_shard", d.dp_shard},
+                 {"cp", d.cp},
+                 {"tp", d.tp},
+                 {"sequence_parallel", d.sequence_parallel},
+                 {"recompute", name_of(c.layout.recompute)},
+                 {"micro_batch", c.cfg.train.micro_batch},
+                 {"micro_batches", c.layout.micro_batches},
+                 {"schedule", name_of(c.layout.schedule.kind())},
+                 {"virtual_stages", d.virtual_stages}};
+  j["memory_bytes"] = {{"params", p.memory.params},       {"grads", p.memory.grads},
+                       {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
+                       {"in_flight", p.memory.in_flight}, {"comm_buffers", p.memory.comm_buffers},
+                       {"workspace", p.memory.workspace}, {"total", p.memory.total()}};
+  j["fits"] = p.fits;
+  j["flops_per_step"] = {{"model", p.model_flops}, {"hardware", p.hardware_flops}};
+  nlohmann::ordered_json comm = nlohmann::ordered_json::array();
+  for (const GroupTraffic& g : p.comm)
+    comm.push_back({{"group", g.name},
+                    {"size", g.size},
+                    {"inter_node", g.inter_node},
+                    {"calls", g.calls},
+                    {"bytes", g.bytes},
+                    {"ms", g.ms},
+                    {"exposed_ms", g.exposed_ms}});
+  j["comm"] = comm;
+  j["time_ms"] = {{"compute", p.compute_ms}, {"recompute", p.recompute_ms},
+                  {"kernels", p.kernels_ms}, {"exposed_comm", p.exposed_comm_ms},
+                  {"bubble", p.bubble_ms},   {"optimizer", p.optimizer_ms},
+                  {"step", p.step_ms}};
+  j["stage"] = p.stage;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["mfu"] = p.mfu;
+  return j;
+}
+
+// A bound below the memory estimate of a layout, cheap (one stage's
+// schedule, no replay): the first stage's model state and its micro-batch
+// records in flight, each at the smallest record of its chunks.
+double memory_lower_bound(const Config& cfg, const RunLayout& l) {
+  const ParallelDims& d = l.dims;
+  const std::vector<Chunk> chunks = l.plan.chunks_of(0);
+  const ParamLayout layout = gpt_param_layout(cfg.model, chunks, d.tp, 0, d.fsdp());
+  const BlockSizes block = GptModel::block_sizes_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
+  double smallest = -1;
+  for (const Chunk& c : chunks) {
+    const double bytes = static_cast<double>(StageRuntime::record_bytes(c, block, l.recompute));
+    if (smallest < 0 || bytes < smallest) smallest = bytes;
+  }
+  return 4.0 * static_cast<double>(ParamStore::shard_elements(layout, d.fsdp())) * sizeof(real) +
+         l.schedule.max_in_flight(0) * smallest;
+}
+
+}  // namespace
+
+bool degrees_unset(const ParallelConfig& p) {
+  return p.pp == 0 && p.dp_replicate == 0 && p.dp_shard == 0 && p.cp == 0 && p.tp == 0;
+}
+
+PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& cluster, Precision precision,
+                          std::size_t top) {
+  PlanSearch out;
+  out.least_bytes = -1;
+  // One layout's choices, and the bound no prediction of it falls below.
+  struct Choice {
+    int pp, dpr, dps, cp, tp, micro_batch, v;
+    bool sp;
+    Recompute recompute;
+    ScheduleKind kind;
+    double bound_ms;
+  };
+  Config cfg = base;
+  cfg.toml.clear();  // not needed here, and copied with every candidate otherwise
+  auto apply = [&cfg](const Choice& c) {
+    ParallelConfig& p = cfg.parallel;
+    p.pp = c.pp;
+    p.dp_replicate = c.dpr;
+    p.dp_shard = c.dps;
+    p.cp = c.cp;
+    p.tp = c.tp;
+    p.sequence_parallel = c.sp;
+    p.schedule = c.kind;
+    p.virtual_stages = c.v;
+    cfg.train.micro_batch = c.micro_batch;
+    cfg.train.recompute = c.recompute;
+  };
+  // Every layout that resolves, with its bound (cheap: no replay, no memory).
+  std::vector<Choice> choices;
+  for (int pp : divisors(world))
+    for (int dpr : divisors(world / pp))
+      for (int dps : divisors(world / pp / dpr))
+        for (int cp : divisors(world / pp / dpr / dps)) {
+          const int tp = world / pp / dpr / dps / cp;
+          const long long dp = static_cast<long long>(dpr) * dps;
+          if (base.train.global_batch % dp != 0) {
+            ++out.considered;
+            continue;
+          }
+          for (int micro_batch : divisors(base.train.global_batch / dp))
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              for (Recompute recompute : {Recompute::none, Recompute::block})
+                for (const auto& [kind, v] : schedules(pp, base.model.layers)) {
+                  ++out.considered;
+                  Choice c{pp, dpr, dps, cp, tp, micro_batch, v, sp, recompute, kind, 0};
+                  apply(c);
+                  try {
+                    c.bound_ms = step_ms_lower_bound(cfg, resolve_layout(cfg, world), cluster, precision);
+                  } catch (const Error&) {
+                    continue;  // does not divide the world or the model
+                  }
+                  choices.push_back(c);
+                }
+            }
+        }
+  out.valid = static_cast<long long>(choices.size());
+  // In the order of their bounds: once `top` layouts that fit are faster
+  // than the next bound, no layout left can enter the top.
+  std::stable_sort(choices.begin(), choices.end(),
+                   [](const Choice& a, const Choice& b) { return a.bound_ms < b.bound_ms; });
+  std::vector<double> best;  // step times of the fitting layouts, ascending
+  for (const Choice& c : choices) {
+    if (best.size() >= top && c.bound_ms > best[top - 1]) break;
+    ++out.evaluated;
+    apply(c);
+    RunLayout layout = resolve_layout(cfg, world);
+    // Too large already by the bound: the estimate, which is larger, is not needed.
+    const double bound = memory_lower_bound(cfg, layout);
+    const double bytes =
+        bound > cluster.memory_bytes() ? bound : static_cast<double>(estimate_memory(cfg, layout).total());
+    if (out.least_bytes < 0 || bytes < out.least_bytes) out.least_bytes = bytes;
+    if (bytes > cluster.memory_bytes()) continue;
+    StepPrediction prediction = predict_step(cfg, layout, cluster, precision);
+    best.insert(std::upper_bound(best.begin(), best.end(), prediction.step_ms), prediction.step_ms);
+    Config kept = cfg;
+    kept.toml = base.toml;
+    out.fitting.push_back({std::move(kept), std::move(layout), std::move(prediction)});
+  }
+  std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    return a.prediction.step_ms < b.prediction.step_ms;
+  });
+  return out;
+}
+
+std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
+                      const PlanSearch& search, std::size_t top, bool searched) {
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "ndmini plan: %s on %d device%s of %s (%s; %d per node), %s\n", deck.c_str(), world,
+                world == 1 ? "" : "s", cluster.name.c_str(), cluster.origin.c_str(), cluster.devices_per_node,
+                name_of(precision));
+  out += buf;
+  if (!searched) {
+    details(out, search.fitting.front(), cluster);
+    return out;
+  }
+  std::snprintf(buf, sizeof buf,
+                "%lld layouts considered, %lld divide the world and the model; %lld examined (the others "
+                "cannot be among the fastest), %zu of them fit in %s GiB per device; the fastest %zu:\n",
+                search.considered, search.valid, search.evaluated, search.fitting.size(),
+                gib(cluster.memory_bytes()).c_str(), std::min(top, search.fitting.size()));
+  out += buf;
+  out +=
+      "rank  pp dp_r dp_s  cp  tp sp recompute  mb    m schedule          v   mem GiB    step ms     tokens/s    "
+      "MFU\n";
+  for (std::size_t k = 0; k < top && k < search.fitting.size(); ++k) {
+    const PlanCandidate& c = search.fitting[k];
+    const ParallelDims& d = c.layout.dims;
+    std::snprintf(buf, sizeof buf, "%4zu %3d %4d %4d %3d %3d %-2s %-9s %4d %4d %-16s %2d %9s %10.3f %12.4g %6.3f\n",
+                  k + 1, d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp, d.sequence_parallel ? "on" : "-",
+                  name_of(c.layout.recompute), c.cfg.train.micro_batch, c.layout.micro_batches,
+                  name_of(c.layout.schedule.kind()), d.virtual_stages,
+                  gib(static_cast<double>(c.prediction.memory.total())).c_str(), c.prediction.step_ms,
+                  c.prediction.tokens_per_s, c.prediction.mfu);
+    out += buf;
+  }
+  out += "\nthe fastest in detail:\n";
+  details(out, search.fitting.front(), cluster);
+  return out;
+}
+
+std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
+                      const PlanSearch& search, std::size_t top, bool searched) {
+  nlohmann::ordered_json j;
+  j["deck"] = deck;
+  j["cluster"] = {{"file", cluster.origin}, {"name", cluster.name}, {"devices_per_node", cluster.devices_per_node}};
+  j["world"] = world;
+  j["precision"] = name_of(precision);
+  j["search"] = searched;
+  j["considered"] = search.considered;
+  j["valid"] = search.valid;
+  j["evaluated"] = search.evaluated;
+  j["fitting"] = search.fitting.size();
+  nlohmann::ordered_json layouts = nlohmann::ordered_json::array();
+  for (std::size_t k = 0; k < top && k < search.fitting.size(); ++k)
+    layouts.push_back(candidate_json(search.fitting[k]));
+  j["layouts"] = layouts;
+  return j.dump(2) + "\n";
+}
+
+std::string run_plan(const PlanRequest& r) {
+  using std::to_string;
+  const ClusterSpec cluster = load_cluster(r.cluster);
+  const FileUse use{"deck '" + r.deck + "'", "name a .toml file (e.g. inputs/tiny.toml)"};
+  const std::string text = read_small_file(r.deck, kDeckMaxBytes, use);
+  const bool searched = r.search || deck_asks_for_search(text, r.overrides);
+  Config cfg = parse_config(text, r.deck, searched ? with_degrees_set(r.overrides) : r.overrides);
+  // The peak, the memory (the trainer's own sizes per precision) and, with
+  // bf16, the activation and gather bytes follow it.
+  if (!r.precision.empty()) {
+    require(r.precision == "fp32" || r.precision == "bf16", "--precision " + r.precision + ": must be fp32 or bf16");
+    cfg.train.precision = r.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  }
+  const Precision precision = cfg.train.precision;
+  PlanSearch search;
+  if (searched) {
+    search = search_layouts(cfg, r.world, cluster, precision, r.top);
+    const ModelConfig& m = cfg.model;
+    require(search.valid > 0,
+            "--world " + to_string(r.world) + ": no layout of " + to_string(r.world) + " devices divides the deck '" +
+                r.deck + "' (train.global_batch = " + to_string(cfg.train.global_batch) +
+                " over the data-parallel ranks, model.heads = " + to_string(m.heads) +
+                " and model.vocab = " + to_string(m.vocab) + " over tp, model.seq_len = " + to_string(m.seq_len) +
+                " over 2 cp, model.layers = " + to_string(m.layers) +
+                " over the pipeline stages); choose a world size that divides them");
+    require(!search.fitting.empty(),  // then every valid layout was evaluated
+            "--world " + to_string(r.world) + ": none of the " + to_string(search.valid) +
+                " layouts that divide the deck fits device.memory_gib = " + number_text(cluster.memory_gib) +
+                " of cluster file '" + cluster.origin + "': the smallest needs at least " +
+                bytes_text(search.least_bytes) +
+                " per device; use more devices, a smaller train.global_batch or a smaller model");
+  } else {
+    RunLayout layout = resolve_layout(cfg, r.world);
+    StepPrediction prediction = predict_step(cfg, layout, cluster, precision);
+    search.considered = search.valid = 1;
+    search.fitting.push_back({cfg, std::move(layout), std::move(prediction)});
+  }
+  const std::size_t top = searched ? r.top : 1;
+  return r.json ? plan_json(r.deck, cluster, r.world, precision, search, top, searched)
+                : plan_text(r.deck, cluster, r.world, precision, search, top, searched);
+}
+
+}  // namespace ndmini

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# ndmini plan end to end (the case name is $1): the shipped cluster files
+# read, a layout evaluated and a search ranked (table and JSON), and each
+# bad input refused with one `ndmini: error:` line naming the key or file,
+# exit status 2.
+source "$(dirname "$0")/lib.sh"
+
+A100="$SOURCE_DIR/inputs/clusters/dgx-a100-80gb.toml"
+
+# expect_exit2 SUBSTRING ARGS...: ndmini plan exits 2 with one error line holding SUBSTRING.
+expect_exit2() {
+  local want=$1
+  shift
+  local rc=0
+  run 1 plan "$@" >out.txt 2>&1 || rc=$?
+  cat out.txt
+  [ "$rc" -eq 2 ] || fail "expected exit status 2, got $rc for: ndmini plan $*"
+  [ "$(grep -c . out.txt)" -eq 1 ] || fail "expected one line of output for: ndmini plan $*"
+  grep -q "^ndmini: error: " out.txt || fail "the message does not begin with 'ndmini: error:'"
+  grep -qF -- "$want" out.txt || fail "expected the message to contain: $want"
+  echo "ok: exit 2 with '$want'"
+}
+
+# A copy of the A100 file with one line changed (sed expression $1).
+cluster_with() { sed -E "$1" "$A100" >bad.toml; }
+
+case "$1" in
+  clusters)
+    for f in "$SOURCE_DIR"/inputs/clusters/*.toml; do
+      run 1 plan tiny.toml --cluster "$f" --world 1 >out.txt 2>&1 || { cat out.txt; fail "$f was refused"; }
+      grep -q "fits" out.txt || fail "no memory line for $f"
+      echo "ok: $f"
+    done ;;
+  evaluate)
+    # The deck's layout exactly: its degrees, memory, FLOPs, traffic and times.
+    run 1 plan tiny.toml --cluster "$A100" --world 4 --set parallel.tp=2 --set parallel.pp=2 \
+      --set model.layers=4 >out.txt 2>&1 || { cat out.txt; fail "evaluation refused"; }
+    cat out.txt
+    grep -qF "pp=2 dp_replicate=1 dp_shard=1 cp=1 tp=2" out.txt || fail "not the deck's layout"
+    for word in "memory per device" "FLOPs per step" "time per step" "MFU" " tp " " pp " "tied_wte"; do
+      grep -qF -- "$word" out.txt || fail "the report lacks '$word'"
+    done ;;
+  search_json)
+    # Degrees 0: every layout of 8 devices, ranked; JSON with the documented keys, fastest first.
+    run 1 plan tiny.toml --cluster "$A100" --world 8 --top 5 --json --set parallel.pp=0 --set parallel.dp_replicate=0 \
+      --set parallel.dp_shard=0 --set parallel.cp=0 --set parallel.tp=0 >out.json 2>err.txt || { cat err.txt; fail "search refused"; }
+    python3 - out.json <<'PY' || fail "the JSON is not what docs/planner.md says"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["search"] is True and doc["world"] == 8 and doc["fitting"] > 1, doc
+layouts = doc["layouts"]
+assert len(layouts) == 5
+steps = [l["time_ms"]["step"] for l in layouts]
+assert steps == sorted(steps), steps
+for l in layouts:
+    d = l["layout"]
+    assert d["pp"] * d["dp_replicate"] * d["dp_shard"] * d["cp"] * d["tp"] == 8, d
+    m = l["memory_bytes"]
+    assert m["total"] == sum(m[k] for k in ("params", "grads", "optimizer", "activations", "comm_buffers", "workspace"))
+    t = l["time_ms"]
+    parts = sum(t[k] for k in ("compute", "recompute", "kernels", "exposed_comm", "bubble", "optimizer"))
+    assert abs(parts - t["step"]) <= 1e-9 * t["step"] + 1e-12, t
+    assert 0 < l["mfu"] <= 1 and l["tokens_per_s"] > 0 and l["fits"]
+    assert {c["group"] for c in l["comm"]} >= {"dp_replicate", "fsdp", "tp", "cp", "pp", "batch", "norm"}
+print("json ok")
+PY
+    # --search does the same whatever the deck's degrees.
+    run 1 plan tiny.toml --cluster "$A100" --world 8 --search >out.txt 2>&1 || { cat out.txt; fail "--search refused"; }
+    grep -qE "^ +1 " out.txt || fail "no ranked table" ;;
+  missing_key)
+    cluster_with '/^peak_tflops_bf16/d'
+    expect_exit2 "cluster file 'bad.toml': missing key device.peak_tflops_bf16" tiny.toml --cluster bad.toml --world 1 ;;
+  impossible_value)
+    cluster_with 's/^bandwidth_gbs = 25 /bandwidth_gbs = -25 /'
+    expect_exit2 "inter_node.bandwidth_gbs = -25 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
+  fractional_devices)
+    cluster_with 's/^per_node = 8 /per_node = 7.5 /'
+    expect_exit2 "device.per_node = 7.5 must be a whole number" tiny.toml --cluster bad.toml --world 1 ;;
+  unknown_key)
+    cluster_with 's/^latency_us = 8 /latncy_us = 8 /'
+    expect_exit2 "unknown key 'inter_node.latncy_us'" tiny.toml --cluster bad.toml --world 1 ;;
+  missing_cluster_file)
+    expect_exit2 "cluster file 'nowhere.toml' does not exist" tiny.toml --cluster nowhere.toml --world 1 ;;
+  no_cluster)
+    expect_exit2 "ndmini plan needs --cluster FILE" tiny.toml --world 1 ;;
+  no_layout_divides)
+    # 7 devices: 7 divides neither the batch (8), the heads (4), 2 x seq_len (64) nor the 2 layers.
+    expect_exit2 "--world 7: no layout of 7 devices divides the deck" tiny.toml --cluster "$A100" --world 7 --search ;;
+  none_fits)
+    cluster_with 's/^memory_gib = 80 /memory_gib = 0.0001 /'
+    expect_exit2 "fits device.memory_gib = 0.0001 of cluster file 'bad.toml'" tiny.toml --cluster bad.toml --world 2 --search ;;
+  layout_does_not_split)
+    # The deck's own layout: tp = 3 does not divide the 4 heads.
+    expect_exit2 "model.heads = 4 is not divisible by parallel.tp = 3" tiny.toml --cluster "$A100" --world 3 \
+      --set parallel.tp=3 ;;
+  calibrate)
+    # Two ranks measure this machine; the file they write reads back and plans.
+    run 2 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
+    cat here.toml
+    [ ! -e here.toml.tmp ] || fail "the temporary file was left behind"
+    run 1 plan tiny.toml --cluster here.toml --world 2 --search --top 3 >out.txt 2>&1 || { cat out.txt; fail "here.toml was refused"; }
+    grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
+    # One rank has no collective to ping: refused, nothing written.
+    rm here.toml
+    expect_exit2 "launch at least 2" --calibrate --out here.toml
+    [ ! -e here.toml ] || fail "a refused calibration wrote a file" ;;
+  *) fail "unknown case $1" ;;
+esac

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// ndmini plan's exact parts against what training really allocates and
+// sends, for every layout of the equivalence suite on this many ranks:
+//   - the bytes and calls of every communicator in a step equal the comm
+//     layer's own counters of a real training step (the rank's figures, on
+//     ranks that are FSDP rank 0: those the plan describes);
+//   - the model state per rank (parameters, gradients, AdamW) equals what
+//     the trainer holds, and the categories add up to the estimate;
+//   - the memory predicted per rank covers the high-water mark of the
+//     rank's Kokkos allocations (allocation_tracker.hpp) and is within 10%.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "allocation_tracker.hpp"
+#include "config/config.hpp"
+#include "equivalence_layouts.hpp"
+#include "model/gpt.hpp"
+#include "plan/cost_model.hpp"
+#include "train/layout.hpp"
+#include "train/trainer.hpp"
+
+using namespace ndmini;
+using namespace ndmini::equivalence;
+using ndmini::test_support::AllocationTracker;
+
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// The tiny deck as the equivalence suite runs it: 3 steps (the first is the
+// warm-up the timed figures leave out), the validation loss at steps 0 and
+// 2 (its traffic is not the step's: the trainer resets the counters), no
+// GEMM calibration.
+Config deck(const Layout& layout) {
+  std::vector<std::string> all = {"train.steps=3",      "train.micro_batch=1",  "train.log_every=100",
+                                  "train.eval_every=2", "train.eval_batches=1", "perf.peak_gflops=30"};
+  const std::vector<std::string> more = joined(layout);
+  all.insert(all.end(), more.begin(), more.end());
+  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+}
+
+}  // namespace
+
+TEST(Plan, TrafficStateAndMemoryEqualATrainingRunForEveryLayout) {
+  AllocationTracker& tracker = AllocationTracker::get();
+  int tested = 0;
+  for (const Layout& layout : layouts()) {
+    if (layout.ranks != world_size()) continue;
+    ++tested;
+    const Config cfg = deck(layout);
+    const RunLayout run = resolve_layout(cfg, world_size());
+    const auto coords = run.dims.coords_of(world_rank());
+    const int stage = coords[static_cast<int>(Axis::pp)];
+    const bool fsdp_rank_0 = coords[static_cast<int>(Axis::dp_shard)] == 0 && coords[static_cast<int>(Axis::cp)] == 0;
+    const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run)[stage];
+    const PlanMemory memory = plan_memory(estimate);
+    const std::vector<GroupTraffic> predicted = traffic_per_step(cfg, run, stage);
+
+    TrainOptions opts;
+    opts.quiet = true;
+    MPI_Barrier(MPI_COMM_WORLD);
+    tracker.reset();
+    tracker.install();
+    const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
+    tracker.uninstall();
+    const std::string what = label(layout) + ", rank " + std::to_string(world_rank());
+    ASSERT_EQ(result.timed.size(), 2u) << what;
+
+    // Traffic: every reported group, both timed steps.
+    if (fsdp_rank_0)
+      for (const StepStats& step : result.timed) {
+        ASSERT_EQ(step.comm.size(), predicted.size()) << what;
+        for (std::size_t g = 0; g < predicted.size(); ++g) {
+          EXPECT_EQ(step.comm[g].first, predicted[g].name) << what;
+          EXPECT_EQ(static_cast<double>(step.comm[g].second.bytes), predicted[g].bytes)
+              << what << ": bytes of " << predicted[g].name;
+          EXPECT_EQ(step.comm[g].second.calls, predicted[g].calls) << what << ": calls of " << predicted[g].name;
+        }
+      }
+
+    // Model state, and the categories against the estimate the trainer refuses decks by.
+    EXPECT_EQ(memory.params + memory.grads + memory.optimizer, result.state_bytes) << what;
+    EXPECT_EQ(memory.total(), estimate.total()) << what;
+
+    // Memory: the planner's figure against the high-water mark of the allocations.
+    const double peak = static_cast<double>(tracker.peak()), planned = static_cast<double>(memory.total());
+    EXPECT_GE(planned, peak) << what << ": the plan misses allocations" << tracker.peak_breakdown();
+    EXPECT_LE(planned, 1.1 * peak) << what << ": the plan is over 10% above the peak" << tracker.peak_breakdown();
+    if (world_rank() == 0)
+      std::printf("[plan] %d ranks, %-72s memory plan / peak %.1f / %.1f KiB, traffic checked\n", layout.ranks,
+                  label(layout).c_str(), planned / 1024, peak / 1024);
+  }
+  EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
+}
+
+TEST(Plan, ParameterCountOfTheStagesIsTheModels) {
+  // The planner's parameter shards, over every stage and tp rank, unpadded,
+  // count each parameter of the model once (tp-replicated tensors once, the
+  // tied copy of wte not at all).
+  const Config cfg = load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml",
+                                 {"model.layers=4", "parallel.pp=2", "parallel.tp=2"});
+  const RunLayout run = resolve_layout(cfg, 4);
+  std::int64_t count = 0;
+  for (int stage = 0; stage < run.dims.pp; ++stage)
+    for (int tp_rank = 0; tp_rank < run.dims.tp; ++tp_rank)
+      for (const ParamInfo& p : gpt_param_layout(cfg.model, run.plan.chunks_of(stage), run.dims.tp, tp_rank, 1).params)
+        if (!p.tied_copy && (p.split != TpSplit::replicated || tp_rank == 0))
+          count += static_cast<std::int64_t>(p.size);
+  EXPECT_EQ(count, gpt_param_count(cfg.model));
+}
