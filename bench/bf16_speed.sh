@@ -62,8 +62,9 @@ declare -a decks steps batches
 for c in "${cases[@]}"; do
   IFS=: read -r deck nsteps batch <<<"$c"
   [ -f "$root/inputs/$deck.toml" ] || die "'$c': no deck inputs/$deck.toml"
-  [[ "${nsteps:-}" =~ ^[0-9]+$ ]] && [ "$nsteps" -ge 2 ] ||
+  if ! [[ "${nsteps:-}" =~ ^[0-9]+$ ]] || [ "$nsteps" -lt 2 ]; then
     die "'$c': give DECK:STEPS with at least 2 steps (the first is left out of the medians as warm-up)"
+  fi
   [[ -z "${batch:-}" || "$batch" =~ ^[1-9][0-9]*$ ]] || die "'$c': GLOBAL_BATCH must be a positive number"
   decks+=("$deck")
   steps+=("$nsteps")
