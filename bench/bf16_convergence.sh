@@ -95,6 +95,7 @@ for c in "${cases[@]}"; do
   done
 done
 
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The binary's commit (its --build-info), not the checkout's.
+commit=$("$exe" --build-info 2>/dev/null | sed -n 's/.*"git_sha": *"\([0-9a-f]\{7\}\).*/\1/p')
 "$PYTHON" "$root/bench/bf16_convergence_plot.py" --png "$png" --tolerance "${TOLERANCE:-0.01}" \
-  --note "$(date -u '+%Y-%m-%d'), ndmini commit $commit, $np rank(s)" "${runs[@]}"
+  --note "$(date -u '+%Y-%m-%d'), ndmini commit ${commit:-unknown}, $np rank(s)" "${runs[@]}"
