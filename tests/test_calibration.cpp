@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "config/config.hpp"
+#include "kernels/gemm_library.hpp"
 #include "train/calibration.hpp"
 
 using namespace ndmini;
@@ -37,6 +38,19 @@ void expect_best_of_runs(Precision precision) {
 TEST(Calibration, PeakIsTheBestOfItsRunsFp32) { expect_best_of_runs(Precision::fp32); }
 
 TEST(Calibration, PeakIsTheBestOfItsRunsBf16) { expect_best_of_runs(Precision::bf16); }
+
+TEST(Calibration, TimesProductsOnOneThreadByItsCpuTime) {
+  // With OPENBLAS_NUM_THREADS=1 (fp32) and a Serial build's one oneDNN
+  // thread (bf16), products run on the calling thread: its CPU time, which
+  // other jobs on the core do not lengthen, times them; the report says so.
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(name_of(p));
+    const bool one_thread = kernels::host_products_on_one_thread(p == Precision::bf16);
+    EXPECT_EQ(calibrate_gemm(p, 3).thread_cpu_time, one_thread);
+    const PeakFlops peak = peak_flops(PerfConfig{}, MPI_COMM_WORLD, p);
+    EXPECT_EQ(peak.source.find("CPU time") != std::string::npos, one_thread) << peak.source;
+  }
+}
 
 TEST(Calibration, PeakGivenInTheDeckSkipsCalibration) {
   PerfConfig perf;

@@ -66,6 +66,19 @@ void use_rank_threads() {
 #endif
 }
 
+bool host_products_on_one_thread(bool bf16) {
+  if constexpr (kDeviceMemory) return false;
+  if (bf16) {
+#ifdef NDMINI_HAVE_ONEDNN
+    use_rank_threads();
+    return Kokkos::DefaultHostExecutionSpace().concurrency() == 1;
+#else
+    return false;  // emulated through the fp32 route, with a widening pass on Kokkos' threads
+#endif
+  }
+  return openblas_get_num_threads != nullptr && openblas_get_num_threads() == 1;
+}
+
 std::string describe_gemm_libraries() {
   std::string s = "gemm: ";
 #if defined(KOKKOS_ENABLE_CUDA) && defined(NDMINI_HAVE_CUBLAS)

@@ -38,6 +38,11 @@ std::string openblas_core();
 // Nothing to do without oneDNN.
 void use_rank_threads();
 
+// Whether a host product of `precision` runs on the calling thread alone
+// (OpenBLAS on 1 thread for fp32, oneDNN on 1 for bf16; never in a GPU
+// build): then that thread's CPU time is the product's time, whatever else
+// shares the core.
+bool host_products_on_one_thread(bool bf16);
 // What a run's banner and `ndmini check` print: describe_gemm_libraries(),
 // then the warning if there is one ("warning: ..."), each line ending in '\n'.
 std::string gemm_machine_lines();

@@ -15,6 +15,7 @@ namespace ndmini {
 struct GemmCalibration {
   double best_flops = 0;          // the peak: the fastest of the timed runs
   std::vector<double> run_flops;  // every timed run (the warm-up excluded), in order
+  bool thread_cpu_time = false;   // runs timed by the calling thread's CPU time (products on it alone)
 };
 // Times `runs` products of 1024 x 1024 matrices in `precision` (bf16: bf16
 // inputs, fp32 accumulation, as the model's bf16 products) through the
