@@ -183,13 +183,13 @@ TEST(Config, OutOfRangeNamesTheKey) {
   expect_error("[model]\nlayers = 0\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n", {"model.layers"});
 }
 
-TEST(Config, PrecisionIsFp32AndBf16IsRefusedUntilBuilt) {
+TEST(Config, PrecisionIsFp32ByDefaultOrBf16) {
   EXPECT_EQ(parse_config(kModel, "deck.toml").train.precision, Precision::fp32);
   EXPECT_EQ(parse_config(with_model("[train]\nprecision = \"fp32\"\n"), "deck.toml").train.precision, Precision::fp32);
-  // bf16 must not run as a silent fp32: refused by name, from the deck or --set.
-  expect_error(with_model("[train]\nprecision = \"bf16\"\n"), {"train.precision", "bf16", "not built yet", "fp32"});
-  expect_error(kModel, {"train.precision", "not built yet"}, {"train.precision=bf16"});
-  expect_error(with_model("[train]\nprecision = \"fp16\"\n"), {"train.precision", "\"fp16\"", "fp32"});
+  // bf16 from the deck or --set; any other name refused with the choices.
+  EXPECT_EQ(parse_config(with_model("[train]\nprecision = \"bf16\"\n"), "deck.toml").train.precision, Precision::bf16);
+  EXPECT_EQ(parse_config(kModel, "deck.toml", {"train.precision=bf16"}).train.precision, Precision::bf16);
+  expect_error(with_model("[train]\nprecision = \"fp16\"\n"), {"train.precision", "\"fp16\"", "fp32", "bf16"});
 }
 
 // One name table per enum parses the deck and prints the value: every name a

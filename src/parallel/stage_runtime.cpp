@@ -207,7 +207,8 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
   const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
   // Under bf16 the parameters add their working copy (ParamStore).
-  e.param_bytes = saturated_bytes(1.0 * shard * (sizeof(real) + ParamStore::working_bytes_per_element(precision, fsdp > 1)));
+  e.param_bytes =
+      saturated_bytes(1.0 * shard * (sizeof(real) + ParamStore::working_bytes_per_element(precision, fsdp > 1)));
   e.grad_bytes = saturated_bytes(1.0 * shard * sizeof(real));
   e.optimizer_bytes = saturated_bytes(2.0 * shard * sizeof(real));
   e.state_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes;
