@@ -1,11 +1,26 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // The layouts of the equivalence suite (test_equivalence.cpp), shared with
-// the memory test (test_memory.cpp) so both cover the same list.
+// the memory and planner tests (test_memory.cpp, test_plan.cpp) so all cover
+// the same list, with the world helpers they share.
+#include <mpi.h>
+
 #include <string>
 #include <vector>
 
 namespace ndmini::equivalence {
+
+// This process's world: the suite picks the layouts of its size.
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
 
 struct Layout {
   int ranks;

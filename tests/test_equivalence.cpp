@@ -46,17 +46,6 @@ using namespace ndmini::equivalence;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 // The tiny deck, with micro_batch 1 so up to 8 data-parallel ranks fit.
 Config deck(const std::vector<std::string>& overrides) {
   std::vector<std::string> all = {"train.steps=10", "train.micro_batch=1", "train.log_every=100"};

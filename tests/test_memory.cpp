@@ -34,17 +34,6 @@ using ndmini::test_support::AllocationTracker;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 // The tiny deck as the equivalence suite runs it, for 3 steps with the
 // validation loss at steps 0 and 2 (no GEMM calibration: its matrices are no training buffer).
 Config deck(const Layout& layout, const std::string& precision) {

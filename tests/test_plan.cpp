@@ -29,17 +29,6 @@ using ndmini::test_support::AllocationTracker;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 // The tiny deck as the equivalence suite runs it: 3 steps (the first is the
 // warm-up the timed figures leave out), the validation loss at steps 0 and
 // 2 (its traffic is not the step's: the trainer resets the counters), no

@@ -58,22 +58,23 @@ TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_paral
 
 void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
                                      ConstSlice1D bias) {
-  if (!sp_) {
-    kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
-    return;
-  }
-  kernels::layernorm_forward(as_matrix(ln_local_, local_rows_, channels_), mean, rstd, x, weight, bias);
-  tp_->all_gather(ln_local_.data(), full.data(), local_rows_ * channels_);
+  enter(full, ln_local_, mean, rstd, x, weight, bias);
 }
 
 void TensorParallel::layernorm_enter(Bf16Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
                                      ConstSlice1D bias) {
+  enter(full, ln_local_bf16_, mean, rstd, x, weight, bias);
+}
+
+template <class Full, class Local>
+void TensorParallel::enter(Full full, const Local& local, Slice1D mean, Slice1D rstd, ConstSlice2D x,
+                           ConstSlice1D weight, ConstSlice1D bias) {
   if (!sp_) {
     kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
     return;
   }
-  kernels::layernorm_forward(as_matrix(ln_local_bf16_, local_rows_, channels_), mean, rstd, x, weight, bias);
-  tp_->all_gather(ln_local_bf16_.data(), full.data(), local_rows_ * channels_);
+  kernels::layernorm_forward(as_matrix(local, local_rows_, channels_), mean, rstd, x, weight, bias);
+  tp_->all_gather(local.data(), full.data(), local_rows_ * channels_);
 }
 
 void TensorParallel::row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias,

@@ -104,6 +104,10 @@ class TensorParallel {
  private:
   template <class Input, class Weight>
   void row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual);
+  // layernorm_enter in fp32 or bf16; `local`: this rank's rows with SP.
+  template <class Full, class Local>
+  void enter(Full full, const Local& local, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+             ConstSlice1D bias);
 
   Communicator* tp_ = nullptr;
   int size_ = 1, rank_ = 0;
