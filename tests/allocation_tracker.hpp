@@ -3,6 +3,8 @@
 // Live bytes of Kokkos allocations and their peak, tracked through Kokkos
 // Tools' allocation callbacks (not RSS): what the memory estimate is held
 // to (test_memory.cpp, test_plan.cpp).
+#include <mpi.h>
+
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <utility>
 
 #include "core/types.hpp"
+#include "train/trainer.hpp"
 
 namespace ndmini::test_support {
 
@@ -82,5 +85,18 @@ class AllocationTracker {
   std::map<std::string, std::uint64_t> live_by_label_, peak_by_label_;
   std::uint64_t live_ = 0, peak_ = 0, allocations_ = 0;
 };
+
+// Trains `cfg` quietly over the world with the tracker counting every
+// allocation from a common start on all ranks.
+inline TrainResult train_tracked(const Config& cfg, AllocationTracker& tracker) {
+  TrainOptions opts;
+  opts.quiet = true;
+  MPI_Barrier(MPI_COMM_WORLD);
+  tracker.reset();
+  tracker.install();
+  const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
+  tracker.uninstall();
+  return result;
+}
 
 }  // namespace ndmini::test_support

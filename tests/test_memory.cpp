@@ -31,6 +31,7 @@
 using namespace ndmini;
 using namespace ndmini::equivalence;
 using ndmini::test_support::AllocationTracker;
+using ndmini::test_support::train_tracked;
 
 namespace {
 
@@ -63,13 +64,7 @@ TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
       }
       const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run_layout)[stage];
 
-      TrainOptions opts;
-      opts.quiet = true;
-      MPI_Barrier(MPI_COMM_WORLD);
-      tracker.reset();
-      tracker.install();
-      const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
-      tracker.uninstall();
+      const TrainResult result = train_tracked(cfg, tracker);
       ASSERT_EQ(result.losses.size(), 3u) << label(layout);
       EXPECT_GT(tracker.allocations(), 0u) << "the allocation callbacks saw nothing";
 

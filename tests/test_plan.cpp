@@ -26,6 +26,7 @@
 using namespace ndmini;
 using namespace ndmini::equivalence;
 using ndmini::test_support::AllocationTracker;
+using ndmini::test_support::train_tracked;
 
 namespace {
 
@@ -58,13 +59,7 @@ TEST(Plan, TrafficStateAndMemoryEqualATrainingRunForEveryLayout) {
     const PlanMemory memory = plan_memory(estimate);
     const std::vector<GroupTraffic> predicted = traffic_per_step(cfg, run, stage);
 
-    TrainOptions opts;
-    opts.quiet = true;
-    MPI_Barrier(MPI_COMM_WORLD);
-    tracker.reset();
-    tracker.install();
-    const TrainResult result = train(cfg, opts, MPI_COMM_WORLD);
-    tracker.uninstall();
+    const TrainResult result = train_tracked(cfg, tracker);
     const std::string what = label(layout) + ", rank " + std::to_string(world_rank());
     ASSERT_EQ(result.timed.size(), 2u) << what;
 
