@@ -324,7 +324,8 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     st.comm = t.groups(d);
     for (const GroupTraffic& g : st.comm)
       if (g.name != "tp" && g.name != "pp" && g.name != "cp") st.once += g.exposed_ms;
-    st.optimizer = kOptimizerBytesPerElement * (memory[s].param_bytes / sizeof(real)) / memory_rate;
+    // The shard's elements: the fp32 gradients (the parameters also hold bf16 working copies).
+    st.optimizer = kOptimizerBytesPerElement * (memory[s].grad_bytes / sizeof(real)) / memory_rate;
     st.once += st.optimizer;
     slowest_micro_batch = std::max(slowest_micro_batch, st.per_micro_batch);
   }
