@@ -55,15 +55,31 @@ BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
   return t;
 }
 
-std::size_t BlockSizes::activation_bytes(bool output_only) const {
-  if (output_only) return residual() * sizeof(real);
+std::vector<BlockSizes::Kept> BlockSizes::kept_tensors(bool output_only) const {
   // What TransformerBlock::allocate takes; under bf16 the products' inputs
   // (ln1, q k v, atty, ln2, fch_gelu) and fch take 2 bytes each.
-  const std::size_t halved =
-      full() + ContextParallelAttention::qkvh_size(attention) + attention_out() + full() + hidden() + hidden();
-  const std::size_t fp32 =
-      residual() + 2 * stats() + ContextParallelAttention::lse_size(attention) + residual() + 2 * stats();
-  return fp32 * sizeof(real) + halved * (bf16 ? sizeof(ndmini::bf16) : sizeof(real));
+  const std::size_t half = bf16 ? sizeof(ndmini::bf16) : sizeof(real), single = sizeof(real);
+  std::vector<Kept> kept = {{"res3", residual() * single}};
+  if (output_only) return kept;
+  kept.insert(kept.end(), {{"ln1", full() * half},
+                           {"ln1_mean", stats() * single},
+                           {"ln1_rstd", stats() * single},
+                           {"qkvh", ContextParallelAttention::qkvh_size(attention) * half},
+                           {"lse", ContextParallelAttention::lse_size(attention) * single},
+                           {"atty", attention_out() * half},
+                           {"res2", residual() * single},
+                           {"ln2", full() * half},
+                           {"ln2_mean", stats() * single},
+                           {"ln2_rstd", stats() * single},
+                           {"fch", hidden() * half},
+                           {"fch_gelu", hidden() * half}});
+  return kept;
+}
+
+std::size_t BlockSizes::activation_bytes(bool output_only) const {
+  std::size_t bytes = 0;
+  for (const Kept& k : kept_tensors(output_only)) bytes += k.bytes;
+  return bytes;
 }
 
 std::size_t BlockSizes::scratch_bytes() const {

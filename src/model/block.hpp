@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <vector>
 
 #include "core/types.hpp"
 #include "layers/context_parallel.hpp"
@@ -112,6 +113,13 @@ struct BlockSizes {
   // Bytes of one block's activations (BlockActivations): all of them, or
   // only the output res3 (output_only, with recomputation).
   std::size_t activation_bytes(bool output_only) const;
+  // The same, tensor by tensor (named as in BlockActivations): what
+  // activation_bytes adds up, for a term-by-term account (ndmini plan --json).
+  struct Kept {
+    const char* name;
+    std::size_t bytes;
+  };
+  std::vector<Kept> kept_tensors(bool output_only) const;
   // Bytes of the scratch one TransformerBlock holds (shared by all blocks):
   // under bf16 also the fp32 attention output for its backward and the
   // bf16 rounding of a product's output gradient.

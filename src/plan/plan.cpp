@@ -118,6 +118,14 @@ nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
                        {"in_flight", p.memory.in_flight}, {"comm_buffers", p.memory.comm_buffers},
                        {"workspace", p.memory.workspace}, {"total", p.memory.total()}};
   j["fits"] = p.fits;
+  // One block's records of one micro-batch, tensor by tensor, from the size
+  // function the activation records are allocated by.
+  const BlockSizes block = GptModel::block_sizes_of(c.cfg.model, c.cfg.train.micro_batch, d.tp, d.sequence_parallel,
+                                                    d.cp, c.cfg.train.precision);
+  nlohmann::ordered_json kept = nlohmann::ordered_json::object();
+  for (const BlockSizes::Kept& k : block.kept_tensors(c.layout.recompute == Recompute::block)) kept[k.name] = k.bytes;
+  j["block_activations"] = {{"bytes", block.activation_bytes(c.layout.recompute == Recompute::block)},
+                            {"tensors", kept}};
   j["flops_per_step"] = {{"model", p.model_flops}, {"hardware", p.hardware_flops}};
   nlohmann::ordered_json comm = nlohmann::ordered_json::array();
   for (const GroupTraffic& g : p.comm)
