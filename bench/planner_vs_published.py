@@ -1,84 +1,122 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""ndmini plan's predicted iteration times next to published ones at scale.
+"""ndmini plan's predictions next to published runs at scale, and its
+activation bytes per layer next to Korthikanti et al.'s Table 2, term by term.
 
-Runs `ndmini plan --json --precision bf16` on the DGX A100 80GB cluster file
-(inputs/clusters/dgx-a100-80gb.toml, datasheet figures and the default
-efficiencies: nothing here is fitted) for two published tables, and prints
-one Markdown table each, predicted next to published, with the error.
+Usage: planner_vs_published.py [NDMINI] [--out FILE] [--check]
+  NDMINI   the executable (default build/miniapp/ndmini)
+  --out    also write the Markdown to FILE (bench/results/planner_vs_published.md)
+  --check  only the Table 2 account and its assertions (quick; the CTest)
 
-1. Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-   Transformer Models", Table 5: iteration time in seconds of the 22B,
-   175B, 530B and 1T GPT models on A100 80GB GPUs with tensor parallelism 8,
-   for full activation recomputation and for the paper's selective
-   recomputation with sequence parallelism. ndmini has no selective
-   recomputation: that column is planned with no recomputation and sequence
-   parallelism (selective recomputation re-runs only the attention's
-   softmax part, a few percent of the FLOPs), so it is a lower bound.
-   Model shapes, GPU counts and batch sizes are the paper's (Table 3 there);
-   the interleaved schedule's virtual stages for 175B and 530B are this
-   script's assumption (3 each), the paper does not restate them there.
-2. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
-   Clusters Using Megatron-LM", SC'21, Table 1: achieved teraFLOP/s per GPU
-   of ten GPT models from 1.7B to 1T parameters on 32 to 3072 A100 80GB
-   GPUs. Converted from the predicted step time with the paper's own FLOP
-   count, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) (with recomputation).
-   Micro-batch 1 and the non-interleaved 1F1B schedule are this script's
-   assumption (Table 1 gives neither).
+Standard library only. Every figure comes from `ndmini plan --json
+--precision bf16` on inputs/clusters/dgx-a100-80gb.toml (with the fitted
+constants written into a copy of it); the output is deterministic.
 
-The published figures below were transcribed from those tables by hand.
-
-Printed twice: with the cluster file as shipped (nothing fitted), and with
-one constant, efficiency.compute, fitted to Korthikanti's 8 iteration times
-(Narayanan's rows then use the same constants, not refitted).
-
-Usage: planner_vs_published.py [NDMINI] [--out FILE]   (NDMINI: the
-executable, default build/miniapp/ndmini; FILE gets the Markdown too.)
+1. Table 2 of Korthikanti et al. 2022 (activation bytes per transformer
+   layer): each tensor the paper counts, its bytes, and the ndmini tensor
+   that holds the same values with the bytes ndmini's own size function gives
+   (BlockSizes::kept_tensors, reported by plan --json as block_activations).
+   Asserted: the shared tensors agree byte for byte (the residual stream,
+   fp32 in ndmini, at twice the paper's 2 bytes), and ndmini's total equals
+   the paper's formula minus the tensors ndmini does not keep plus those only
+   ndmini keeps, exactly, for every model and layout below.
+2. Korthikanti et al. 2022, Table 5 (iteration time, 8 runs): predicted with
+   the cluster file as shipped, then with three constants of it fitted to
+   these 8 points (minimax of the relative error).
+3. Narayanan et al. SC'21, Table 1 (teraFLOP/s per GPU, 10 runs): predicted
+   with the same constants, not refitted.
 """
+from fractions import Fraction
+import itertools
 import json
-import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLUSTER = os.path.join(HERE, "..", "inputs", "clusters", "dgx-a100-80gb.toml")
-SEQ, VOCAB = 2048, 51200
+SEQ, VOCAB = 2048, 51200  # both papers: sequence length 2048, vocabulary 51,200
 
-# Korthikanti et al. 2022, Table 5 (with Table 3's configurations):
-# name, heads, hidden, layers, tp, pp, GPUs, global batch, virtual stages,
-# iteration seconds with full recompute, with selective recompute + sequence parallelism.
+# Korthikanti et al. 2022, Table 5 (iteration seconds: full recompute, and
+# selective recompute + sequence parallelism), with Table 3's configurations:
+# name, heads, hidden, layers, tp, pp, GPUs, global batch, virtual stages, full, selective.
+# Micro-batch 1 and 3 virtual stages (175B, 530B) are this script's reading, see KORTHIKANTI_CHECKED.
 KORTHIKANTI = [
     ("22B", 64, 6144, 48, 8, 1, 8, 4, 1, 1.42, 1.10),
     ("175B", 96, 12288, 96, 8, 8, 64, 64, 3, 18.13, 13.75),
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 3, 49.05, 37.83),
     ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 94.42, 71.49),
 ]
+# Model FLOPs utilization of the selective + SP runs, in the same authors' Megatron-LM README
+# (commit 2e90a342f5, 2022-05-19, "Update numbers in README", citing arXiv 2205.05198).
+KORTHIKANTI_MFU = {"22B": 41.5, "175B": 51.4, "530B": 56.0, "1T": 56.3}
 
-# Narayanan et al. SC'21, Table 1: name, heads, hidden, layers, tp, pp, GPUs,
-# global batch, achieved teraFLOP/s per GPU.
+# Narayanan et al. SC'21, Table 1, with the authors' own reproduction script
+# (Megatron-LM examples/sc21/run_table_1.sh) for heads, micro-batch and interleaving:
+# name, heads, hidden, layers, tp, pp, GPUs, global batch, micro-batch, virtual stages, teraFLOP/s per GPU.
 NARAYANAN = [
-    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    ("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 1, 137),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 16, 1, 138),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 16, 1, 142),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 8, 1, 135),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 4, 1, 138),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 2, 3, 140),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 2, 2, 148),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 1, 2, 155),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 3, 163),
+    ("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, 163),
 ]
 
+SOURCES = """\
+## Where the published numbers were checked
 
-def plan(ndmini, folder, cluster, heads, hidden, layers, tp, pp, gpus, batch, recompute, sp, v):
+| table | figures | checked against | result |
+|---|---|---|---|
+| Narayanan et al. SC'21, Table 1 | hidden, layers, parameters, model-parallel size (tp x pp), GPUs, batch, teraFLOP/s per GPU, % of peak, aggregate petaFLOP/s | the table as the authors published it in the Megatron-LM README (`images/cases_april2021.png`, README of NVIDIA/Megatron-LM before commit 2e90a342f5; read from the repository's history) | all ten rows as in this script |
+| Narayanan et al. SC'21, Table 1 | heads, tp and pp separately, micro-batch size, virtual stages, recomputation, DDP | the authors' reproduction script `examples/sc21/run_table_1.sh` and `CONFIG.sh` (Megatron-LM, added 2021-08-10, for commit 6985e58938): `--num-attention-heads`, `--micro-batch-size` 16/16/16/8/4/2/2/1/1/1, `--num-layers-per-virtual-pipeline-stage` 5 (76B: v = 3), 5 (145B: v = 2), 3 (310B: v = 2), 1 (530B: v = 3), `--activations-checkpoint-method uniform` (full recompute) on every row, `--fp16`, `--seq-length 2048` | heads as before; micro-batch and interleaving CORRECTED (this script planned micro-batch 1 and no interleaving before) |
+| Narayanan et al. SC'21, Eq. 3 | `F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))` | secondary notes of the paper (several agree); not read in the paper itself | used to convert step time to teraFLOP/s |
+| Korthikanti et al. 2022, Table 5 | selective + SP iteration times 1.10, 13.75, 37.83, 71.49 s | the MFU the same authors published (Megatron-LM README, commit 2e90a342f5: 41.5, 51.4, 56.0, 56.3%): `72 B s l h^2 (1 + s/(6h) + V/(12 l h)) / (t N 312e12)` gives 41.6, 51.4, 56.0, 56.3% from these times, so times, GPUs, batch, hidden and layers agree to the MFU's 3 digits (printed below) | consistent |
+| Korthikanti et al. 2022, Table 5 | full-recompute iteration times 1.42, 18.13, 49.05, 94.42 s | no primary text could be read here (the paper's text is not in the stores this session could search) | NOT checked |
+| Korthikanti et al. 2022, Table 3 | heads, micro-batch 1, the virtual stages of 175B and 530B (3) | not found in any readable source | NOT checked (assumptions) |
+| Korthikanti et al. 2022, Table 2 | `sbh(34 + 5as/h)`, `sbh(10 + 24/t + 5as/(ht))`, `sbh(34/t + 5as/(ht))`, `sbh(10 + 24/t)`, `sbh(34/t)`, `2sbh`, and the tensor-by-tensor account of Section 4.1 | the two selective rows against the same authors' code (Megatron-LM `megatron/training/theoretical_memory_usage.py`: `sbh (18 + 4 x 4)/t` "using formula in Table 2", and `sbh (10 + 24/t)` without SP); the other rows and the per-tensor terms against several secondary accounts of the paper, which agree | as used below |
+"""
+
+
+def write_cluster(folder, constants):
+    """A copy of the A100 file with `constants` ({(section, key): value}) set; None: the file as shipped."""
+    if not constants:
+        return CLUSTER
+    with open(CLUSTER) as f:
+        lines = f.read().splitlines()
+    section, done, out = "", set(), []
+    for line in lines:
+        header = re.match(r"\s*\[(\w+)\]", line)
+        if header:
+            section = header.group(1)
+        key = re.match(r"\s*(\w+)\s*=", line)
+        if key and (section, key.group(1)) in constants:
+            line = f"{key.group(1)} = {constants[(section, key.group(1))]!r}"
+            done.add((section, key.group(1)))
+        out.append(line)
+    for section in sorted({s for s, _ in constants if (s, _) not in done}):
+        out.append(f"[{section}]")
+        out += [f"{k} = {v!r}" for (s, k), v in sorted(constants.items()) if s == section and (s, k) not in done]
+    path = os.path.join(folder, "a100-fitted.toml")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    return path
+
+
+def plan(ndmini, folder, cluster, heads, hidden, layers, tp, pp, gpus, batch, micro_batch, recompute, sp, v):
+    """`ndmini plan --json` of one layout: its first (only) layouts[] entry."""
     dp = gpus // (tp * pp)
     schedule = "interleaved_1f1b" if v > 1 else "1f1b"
     deck = os.path.join(folder, "deck.toml")
     with open(deck, "w") as f:
         f.write(f"[model]\nlayers = {layers}\nchannels = {hidden}\nheads = {heads}\nvocab = {VOCAB}\nseq_len = {SEQ}\n"
-                f"[train]\nglobal_batch = {batch}\nmicro_batch = 1\nrecompute = \"{recompute}\"\n"
+                f"[train]\nglobal_batch = {batch}\nmicro_batch = {micro_batch}\nrecompute = \"{recompute}\"\n"
                 f"[parallel]\ntp = {tp}\npp = {pp}\ndp_replicate = {dp}\nsequence_parallel = {str(sp).lower()}\n"
                 f"schedule = \"{schedule}\"\nvirtual_stages = {v}\n")
     out = subprocess.run([ndmini, "plan", deck, "--cluster", cluster, "--world", str(gpus), "--precision", "bf16",
@@ -88,96 +126,401 @@ def plan(ndmini, folder, cluster, heads, hidden, layers, tp, pp, gpus, batch, re
     return json.loads(out.stdout)["layouts"][0]
 
 
-def cluster_with_efficiency(folder, efficiency):
-    """The A100 file, with efficiency.compute set (None: the file as shipped)."""
-    if efficiency is None:
-        return CLUSTER
-    path = os.path.join(folder, f"a100-{efficiency:.3f}.toml")
-    with open(CLUSTER) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write(text + f"\n[efficiency]\ncompute = {efficiency}\n")
-    return path
+# ---------------------------------------------------------------- Table 2 --
+
+# Korthikanti et al. 2022, Section 4.1: what one layer keeps, in bytes (2-byte
+# activations, 1-byte dropout masks), as multiples of sbh or of as^2 b, and
+# whether tensor parallelism (tp) splits it; sequence parallelism splits all.
+# Each with the ndmini tensor (BlockActivations) that holds the same values.
+MEGATRON_TERMS = [
+    # (term, sbh multiple, as^2 b multiple, split by tp, ndmini tensor or None, why)
+    ("LayerNorm 1 input (the layer input)", 2, 0, False, "res3", "the previous block's output; fp32"),
+    ("QKV product input (LayerNorm 1 output)", 2, 0, False, "ln1", "kept gathered (all s rows) under SP"),
+    ("Q and K (for Q K^T)", 4, 0, True, "qkvh", "q, k, v head-major in one buffer"),
+    ("V (for attention over V)", 2, 0, True, "qkvh", ""),
+    ("softmax output", 0, 2, True, None, "flash-style attention: recomputed from lse"),
+    ("softmax dropout mask", 0, 1, True, None, "no dropout"),
+    ("softmax dropout output", 0, 2, True, None, "no dropout; no s x s tensor kept"),
+    ("output projection input", 2, 0, True, "atty", ""),
+    ("attention dropout mask", 1, 0, False, None, "no dropout"),
+    ("LayerNorm 2 input", 2, 0, False, "res2", "the residual after attention; fp32"),
+    ("MLP first product input (LayerNorm 2 output)", 2, 0, False, "ln2", "kept gathered (all s rows) under SP"),
+    ("GeLU input", 8, 0, True, "fch", ""),
+    ("MLP second product input (GeLU output)", 8, 0, True, "fch_gelu", ""),
+    ("MLP dropout mask", 1, 0, False, None, "no dropout"),
+]
+NDMINI_ONLY = {"lse": "log-sum-exp per head and row (flash-style backward)",
+               "ln1_mean": "LayerNorm statistics", "ln1_rstd": "", "ln2_mean": "", "ln2_rstd": ""}
+FP32_RESIDUALS = ("res2", "res3")  # ndmini keeps the residual stream in fp32: 4 bytes for the paper's 2
 
 
-def korthikanti(ndmini, folder, cluster):
-    """Rows (name, gpus, pp, v, published full, predicted full, published sel, predicted sel)."""
-    rows = []
-    for name, heads, hidden, layers, tp, pp, gpus, batch, v, full, sel in KORTHIKANTI:
-        a = plan(ndmini, folder, cluster, heads, hidden, layers, tp, pp, gpus, batch, "block", False, v)
-        b = plan(ndmini, folder, cluster, heads, hidden, layers, tp, pp, gpus, batch, "none", True, v)
-        rows.append((name, gpus, pp, v, full, a["time_ms"]["step"] / 1e3, sel, b["time_ms"]["step"] / 1e3))
-    return rows
+def table2_formula(s, b, h, a, t, sp, selective):
+    """Korthikanti Table 2, bytes per layer (t = 1: no parallelism)."""
+    attention = 0 if selective else Fraction(5 * a * s, h)
+    linear = Fraction(34, t) if sp else 10 + Fraction(24, t)
+    return s * b * h * (linear + attention / t)  # exact: a Fraction
 
 
-def narayanan(ndmini, folder, cluster):
-    """Rows (name, gpus, tp, pp, dp, published, predicted teraFLOP/s per GPU)."""
-    rows = []
-    for name, heads, h, l, tp, pp, gpus, batch, tflops in NARAYANAN:
-        step = plan(ndmini, folder, cluster, heads, h, l, tp, pp, gpus, batch, "block", False, 1)["time_ms"]["step"]
-        flops = 96 * batch * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * l * h))
-        rows.append((name, gpus, tp, pp, gpus // (tp * pp), tflops, flops / (step / 1e3) / gpus / 1e12))
-    return rows
+def megatron_term_bytes(term, s, b, h, a, t, sp):
+    _, sbh, as2b, split, _, _ = term
+    return Fraction(sbh * s * b * h + as2b * a * s * s * b, t if (split or sp) else 1)
 
 
-def tables(ndmini, folder, efficiency, what):
-    cluster = cluster_with_efficiency(folder, efficiency)
-    lines = [f"### {what}", ""]
-    lines.append("Korthikanti et al. 2022, Table 5: iteration time (s), A100 80GB, tp 8")
-    lines.append("")
-    lines.append("| model | GPUs | pp | v | full recompute: published | predicted | error | "
-                 "selective + SP: published | predicted (none + SP) | error |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    errors = []
-    for name, gpus, pp, v, full, a, sel, b in korthikanti(ndmini, folder, cluster):
-        ea, eb = (a - full) / full, (b - sel) / sel
-        errors += [abs(ea), abs(eb)]
-        lines.append(f"| {name} | {gpus} | {pp} | {v} | {full:.2f} | {a:.2f} | {100 * ea:+.1f}% | {sel:.2f} | "
-                     f"{b:.2f} | {100 * eb:+.1f}% |")
-    lines += ["", f"mean |error| {100 * sum(errors) / len(errors):.1f}%, worst {100 * max(errors):.1f}%", ""]
-    lines.append("Narayanan et al. SC'21, Table 1: achieved teraFLOP/s per GPU, A100 80GB, full recompute")
-    lines.append("")
-    lines.append("| model | GPUs | tp | pp | dp | published | predicted | error |")
-    lines.append("|---|---|---|---|---|---|---|---|")
-    errors = []
-    for name, gpus, tp, pp, dp, tflops, predicted in narayanan(ndmini, folder, cluster):
-        e = (predicted - tflops) / tflops
-        errors.append(abs(e))
-        lines.append(f"| {name} | {gpus} | {tp} | {pp} | {dp} | {tflops} | {predicted:.0f} | {100 * e:+.1f}% |")
-    lines += ["", f"mean |error| {100 * sum(errors) / len(errors):.1f}%, worst {100 * max(errors):.1f}%", ""]
+def table2_account(ndmini, folder):
+    """The term-by-term table and the per-model totals; asserts the identity (raises on a mismatch)."""
+    lines, totals, checked = [], [], 0
+    layouts = [("tp", False, "none", False), ("tp + SP", True, "none", False),
+               ("tp + selective", False, "none", True), ("tp + SP + selective", True, "none", True),
+               ("full recompute", False, "block", None)]
+    first = None
+    for name, heads, h, layers, tp, _, _, _, _, _, _ in KORTHIKANTI:
+        s, b, a, t = SEQ, 1, heads, tp
+        sbh = s * b * h
+        for label, sp, recompute, selective in layouts:
+            got = plan(ndmini, folder, CLUSTER, heads, h, layers, tp, 1, tp, 1, 1, recompute, sp, 1)["block_activations"]
+            kept = got["tensors"]
+            assert got["bytes"] == sum(kept.values()), (name, label, "block_activations.bytes is not its tensors' sum")
+            if recompute == "block":  # full recomputation: both keep only the layer input (res3: fp32)
+                paper = 2 * sbh
+                assert kept == {"res3": 2 * paper}, (name, label, kept)
+                totals.append((name, label, paper, got["bytes"], "res3 = the layer input, fp32: 2 x the paper's"))
+                checked += 1
+                continue
+            # Shared tensors: byte for byte, the residuals at 2x (fp32), ln1/ln2 at t x under SP (gathered).
+            by_tensor = {}
+            for term in MEGATRON_TERMS:
+                if term[4]:
+                    by_tensor[term[4]] = by_tensor.get(term[4], 0) + megatron_term_bytes(term, s, b, h, a, t, sp)
+            for tensor, paper in by_tensor.items():
+                scale = 2 if tensor in FP32_RESIDUALS else (t if sp and tensor in ("ln1", "ln2") else 1)
+                assert kept[tensor] == scale * paper, (name, label, tensor, kept[tensor], paper, scale)
+                checked += 1
+            # The identity: ndmini = Table 2 - not kept + ndmini-only + fp32 residuals' and SP gathers' extra.
+            formula = table2_formula(s, b, h, a, t, sp, selective)
+            not_kept = sum(megatron_term_bytes(term, s, b, h, a, t, sp) for term in MEGATRON_TERMS
+                           if term[4] is None and not (selective and term[2]))
+            only = sum(kept[k] for k in NDMINI_ONLY)
+            extra = sum(kept[k] - by_tensor[k] for k in by_tensor)
+            gathered = sum(kept[k] - by_tensor[k] for k in ("ln1", "ln2"))
+            assert got["bytes"] == formula - not_kept + only + extra, (name, label, got["bytes"], formula)
+            checked += 1
+            totals.append((name, label, formula, got["bytes"],
+                           f"- {float(not_kept / sbh):.4g} sbh not kept + {float(Fraction(only, sbh)):.4g} sbh ndmini-only "
+                           f"+ {float((extra - gathered) / sbh):.4g} sbh fp32 residuals"
+                           + (f" + {float(gathered / sbh):.4g} sbh LN outputs kept gathered" if sp else "")))
+            if first is None and label == "tp":
+                first = (name, kept, s, b, h, a, t)
+    # The term table, for the first model, tp 8 without SP (Table 2's tensor-parallel row).
+    name, kept, s, b, h, a, t = first
+    lines += ["## Activation bytes per layer: Korthikanti et al. Table 2, term by term", "",
+              f"One transformer layer, one micro-batch (b = 1), s = {s}; figures for the {name} model (h = {h}, "
+              f"a = {a}) with tp = {t}, no sequence parallelism (the paper's `sbh(10 + 24/t + 5as/(ht))` row). "
+              "Paper: 2-byte activations, 1-byte masks (Section 4.1). ndmini: `plan --json` "
+              "`block_activations` (BlockSizes::kept_tensors, the size function the activation records are "
+              "allocated by), bf16 training: products' inputs in 2 bytes, residual stream and statistics in 4.", "",
+              "| paper's tensor | paper's bytes | bytes here | ndmini tensor | ndmini bytes | same? |",
+              "|---|---|---|---|---|---|"]
+    shared = {}
+    for term in MEGATRON_TERMS:
+        label, sbh_k, as2b_k, split, tensor, why = term
+        formula = (f"{sbh_k}sbh" if sbh_k else f"{as2b_k}as²b") + ("/t" if split else "")
+        paper = megatron_term_bytes(term, s, b, h, a, t, False)
+        if tensor is None:
+            lines.append(f"| {label} | {formula} | {float(paper):,.0f} | not kept | 0 | no: {why} |")
+            continue
+        first_of_tensor = tensor not in shared
+        shared[tensor] = shared.get(tensor, 0) + paper
+        scale = 2 if tensor in FP32_RESIDUALS else 1
+        if tensor == "qkvh":
+            cell = f"{kept[tensor]:,} (q, k, v together)" if first_of_tensor else "(above)"
+            same = "yes, byte for byte (6sbh/t together)"
+        else:
+            cell = f"{kept[tensor]:,}"
+            same = "yes, byte for byte" if scale == 1 else "same tensor, fp32: 2x"
+        lines.append(f"| {label} | {formula} | {float(paper):,.0f} | `{tensor}` | {cell} | {same}{'; ' + why if why else ''} |")
+    for tensor, why in NDMINI_ONLY.items():
+        lines.append(f"| (not in the paper) | | | `{tensor}` | {kept[tensor]:,} | ndmini only{': ' + why if why else ''} |")
+    total_paper = table2_formula(s, b, h, a, t, False, False)
+    lines.append(f"| **total** | sbh(10 + 24/t + 5as/(ht)) | {float(total_paper):,.0f} | | {sum(kept.values()):,} | |")
+    lines += ["", "Per model and layout: the paper's Table 2 formula next to ndmini's bytes per layer (tp = 8, b = 1). "
+              "ndmini has no selective recomputation: its layout without recomputation keeps no s x s tensor, "
+              "so it stands next to both the paper's plain and selective rows. `ndmini` = formula - tensors "
+              "ndmini does not keep + tensors only ndmini keeps + the fp32 residuals' second half (+ under SP the "
+              "LayerNorm outputs ndmini keeps gathered): asserted equal to the byte for every row below.", "",
+              "| model | layout | Table 2 formula (bytes) | ndmini (bytes) | ndmini / formula | difference, exactly |",
+              "|---|---|---|---|---|---|"]
+    for name, label, formula, got, why in totals:
+        ndmini_layout = "(recompute = none)" if "selective" in label else ""
+        lines.append(f"| {name} | {label} {ndmini_layout} | {float(formula):,.0f} | {got:,} | {float(got / formula):.3f} | {why} |")
+    lines += ["", f"{checked} assertions held: every shared tensor's bytes, and every row's identity.", ""]
     return lines
 
 
-def fit_compute_efficiency(ndmini, folder):
-    """The one constant fitted: efficiency.compute minimising the mean |log error| over
-    Korthikanti's 8 iteration times (a grid of 0.01 from 0.40 to 0.90)."""
+# ------------------------------------------------------------- iteration time --
+
+# The fitted constants: the products' fraction of the peak, the collectives'
+# fraction of the link bandwidth, and the memory bandwidth the memory-bound
+# kernels see (the one constant of the file that prices activation traffic).
+FIT_KEYS = [("efficiency", "compute"), ("efficiency", "network"), ("device", "memory_bandwidth_gbs")]
+SHIPPED = {("efficiency", "compute"): 0.6, ("efficiency", "network"): 0.8, ("device", "memory_bandwidth_gbs"): 2039}
+# Where each is searched. PHYSICAL: what the constants can mean (GEMMs at up to the peak, NCCL's
+# bus bandwidth at half the link's or better, streaming kernels at 70% of HBM's or better);
+# FREE: anything from near 0 up to the datasheet.
+PHYSICAL = {("efficiency", "compute"): (0.3, 1.0), ("efficiency", "network"): (0.5, 1.0),
+            ("device", "memory_bandwidth_gbs"): (0.7 * 2039, 2039.0)}
+FREE = {("efficiency", "compute"): (0.3, 1.0), ("efficiency", "network"): (0.1, 1.0),
+        ("device", "memory_bandwidth_gbs"): (100.0, 2039.0)}
+
+
+def korthikanti_points():
+    for name, heads, h, l, tp, pp, gpus, batch, v, full, sel in KORTHIKANTI:
+        yield f"{name} full", full, (heads, h, l, tp, pp, gpus, batch, 1, "block", False, v)
+        # ndmini has no selective recompute: planned without recomputation, with SP (a lower bound)
+        yield f"{name} sel+SP", sel, (heads, h, l, tp, pp, gpus, batch, 1, "none", True, v)
+
+
+def step_s(ndmini, folder, constants, args):
+    return plan(ndmini, folder, write_cluster(folder, constants), *args)["time_ms"]["step"] / 1e3
+
+
+def linear_form(ndmini, folder):
+    """Minimax of |predicted / published - 1| over Korthikanti's 8 points in the three constants.
+
+    The step time is linear in 1 / constant for these layouts (dp = 1: no max() in the model),
+    so each point is evaluated at the shipped values and once with each constant changed, and
+    the minimax is searched on that linear form (a grid refined three times); the predictions
+    printed are ndmini's own with the fitted values."""
+    rows = []
+    for _, published, args in korthikanti_points():
+        base = step_s(ndmini, folder, SHIPPED, args)
+        slopes = []
+        for key in FIT_KEYS:
+            changed = dict(SHIPPED)
+            changed[key] = SHIPPED[key] * 0.8
+            slopes.append((step_s(ndmini, folder, changed, args) - base) / (1 / changed[key] - 1 / SHIPPED[key]))
+        rows.append((published, base, slopes))
+    return rows
+
+
+def fit(rows, bounds):
+    """The minimax constants within `bounds` on the linear form of `rows` (linear_form)."""
+
+    def worst(values):
+        return max(abs((base + sum(k * (1 / x - 1 / SHIPPED[key]) for k, x, key in zip(slopes, values, FIT_KEYS)))
+                       / published - 1) for published, base, slopes in rows)
+
+    ranges = [bounds[k] for k in FIT_KEYS]
     best = None
-    for k in range(40, 91):
-        e = k / 100
-        rows = korthikanti(ndmini, folder, cluster_with_efficiency(folder, e))
-        cost = sum(abs(math.log(a / full)) + abs(math.log(b / sel)) for _, _, _, _, full, a, sel, b in rows)
-        if best is None or cost < best[0]:
-            best = (cost, e)
-    return best[1]
+    for _ in range(4):
+        grids = [[lo + (hi - lo) * i / 24 for i in range(25)] for lo, hi in ranges]
+        for values in itertools.product(*grids):
+            e = worst(values)
+            if best is None or e < best[0] - 1e-12:
+                best = (e, values)
+        ranges = [(max(bounds[k][0], x - (hi - lo) / 12), min(bounds[k][1], x + (hi - lo) / 12))
+                  for k, x, (lo, hi) in zip(FIT_KEYS, best[1], ranges)]
+    return {k: round(x, 3 if k[0] == "efficiency" else 0) for k, x in zip(FIT_KEYS, best[1])}
+
+
+def unmodelled_attention_s(heads, layers, tp, pp, gpus, batch, micro_batch, recompute):
+    """Seconds per iteration of one stage moving Megatron's s x s attention tensors (5as^2 b/t bytes per
+    layer and micro-batch; 3 passes, a 4th when recomputed) at the datasheet bandwidth: an estimate of
+    what ndmini's model cannot count, since ndmini's attention keeps no such tensor."""
+    micro_batches = batch // (gpus // (tp * pp)) // micro_batch
+    moved = (4 if recompute else 3) * 5 * heads * SEQ * SEQ * micro_batch / tp
+    return moved * layers / pp * micro_batches / 2039e9
+
+
+def korthikanti_table(ndmini, folder, constants):
+    lines = ["| model | GPUs | pp | v | full recompute: published | predicted | error | "
+             "selective + SP: published | predicted (none + SP) | error | s x s traffic (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    errors, points = [], list(korthikanti_points())
+    cluster = write_cluster(folder, constants)
+    for (name, heads, h, l, tp, pp, gpus, batch, v, full, sel), k in zip(KORTHIKANTI, range(0, 8, 2)):
+        a = plan(ndmini, folder, cluster, *points[k][2])["time_ms"]["step"] / 1e3
+        b = plan(ndmini, folder, cluster, *points[k + 1][2])["time_ms"]["step"] / 1e3
+        ea, eb = a / full - 1, b / sel - 1
+        errors += [ea, eb]
+        # Both runs move the s x s tensors 4 times: selective recomputation recomputes exactly them.
+        traffic = unmodelled_attention_s(heads, l, tp, pp, gpus, batch, 1, True)
+        lines.append(f"| {name} | {gpus} | {pp} | {v} | {full:.2f} | {a:.2f} | {100 * ea:+.1f}% | {sel:.2f} | "
+                     f"{b:.2f} | {100 * eb:+.1f}% | {traffic:.2f} |")
+    lines += ["", summary(errors), ""]
+    return lines, errors
+
+
+def narayanan_table(ndmini, folder, constants):
+    lines = ["| model | GPUs | tp | pp | dp | micro-batch | v | published | predicted | error | fits in 80 GB (ndmini) "
+             "| s x s traffic / published step |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    errors = []
+    cluster = write_cluster(folder, constants)
+    for name, heads, h, l, tp, pp, gpus, batch, mb, v, tflops in NARAYANAN:
+        r = plan(ndmini, folder, cluster, heads, h, l, tp, pp, gpus, batch, mb, "block", False, v)
+        flops = 96 * batch * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * l * h))  # the paper's Eq. 3
+        predicted = flops / (r["time_ms"]["step"] / 1e3) / gpus / 1e12
+        e = predicted / tflops - 1
+        errors.append(e)
+        share = unmodelled_attention_s(heads, l, tp, pp, gpus, batch, mb, True) / (flops / (tflops * 1e12 * gpus))
+        lines.append(f"| {name} | {gpus} | {tp} | {pp} | {gpus // (tp * pp)} | {mb} | {v} | {tflops} | "
+                     f"{predicted:.0f} | {100 * e:+.1f}% | {'yes' if r['fits'] else 'no'} | {100 * share:.1f}% |")
+    lines += ["", summary(errors), ""]
+    return lines, errors
+
+
+def summary(errors):
+    worst = max(errors, key=abs)
+    within = sum(abs(e) <= 0.10 for e in errors), sum(abs(e) <= 0.15 for e in errors)
+    return (f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst {100 * worst:+.1f}%; "
+            f"within 10%: {within[0]} of {len(errors)}, within 15%: {within[1]} of {len(errors)}")
+
+
+def mfu_check():
+    lines = ["Korthikanti's selective + SP times against the MFU the authors published: "
+             "`72 B s l h^2 (1 + s/(6h) + V/(12 l h)) / (time x GPUs x 312 TFLOP/s)`", "",
+             "| model | time (s) | MFU from the time | MFU published |", "|---|---|---|---|"]
+    for name, heads, h, l, tp, pp, gpus, batch, v, full, sel in KORTHIKANTI:
+        flops = 72 * batch * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * l * h))
+        mfu = 100 * flops / (sel * gpus * 312e12)
+        assert abs(mfu - KORTHIKANTI_MFU[name]) < 0.2, (name, mfu)
+        lines.append(f"| {name} | {sel} | {mfu:.1f}% | {KORTHIKANTI_MFU[name]}% |")
+    return lines + [""]
+
+
+def breakdown(ndmini, folder, constants):
+    """Where the fitted model's time goes, per Korthikanti point: what the constants trade against."""
+    lines = ["| point | compute + recompute | memory-bound kernels | exposed tp | exposed pp | bubble | optimizer | step |",
+             "|---|---|---|---|---|---|---|---|"]
+    cluster = write_cluster(folder, constants)
+    for label, _, args in korthikanti_points():
+        r = plan(ndmini, folder, cluster, *args)
+        t = r["time_ms"]
+        exposed = {c["group"]: c["exposed_ms"] for c in r["comm"]}
+        lines.append(f"| {label} | {(t['compute'] + t['recompute']) / 1e3:.2f} | {t['kernels'] / 1e3:.2f} | "
+                     f"{exposed.get('tp', 0) / 1e3:.2f} | {exposed.get('pp', 0) / 1e3:.2f} | {t['bubble'] / 1e3:.2f} | "
+                     f"{t['optimizer'] / 1e3:.2f} | {t['step'] / 1e3:.2f} |")
+    return lines + [""]
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--out"]
-    out_file = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
-    if out_file in args:
-        args.remove(out_file)
+    args = sys.argv[1:]
+    out_file = None
+    if "--out" in args:
+        i = args.index("--out")
+        out_file = args[i + 1]
+        del args[i:i + 2]
+    check_only = "--check" in args
+    args = [a for a in args if a != "--check"]
     ndmini = args[0] if args else os.path.join(HERE, "..", "build", "miniapp", "ndmini")
     with tempfile.TemporaryDirectory() as folder:
-        lines = tables(ndmini, folder, None, "Datasheet figures and the default efficiencies (nothing fitted)")
-        fitted = fit_compute_efficiency(ndmini, folder)
-        lines += tables(ndmini, folder, fitted,
-                        f"efficiency.compute = {fitted} fitted on Korthikanti's 8 points (one constant); "
-                        "Narayanan's rows with the same constants, no refitting")
+        lines = ["# ndmini plan against published runs", "",
+                 "Written by `python3 bench/planner_vs_published.py build/miniapp/ndmini --out "
+                 "bench/results/planner_vs_published.md` (deterministic; `ndmini plan --json --precision bf16` on "
+                 "`inputs/clusters/dgx-a100-80gb.toml`).", ""]
+        lines += table2_account(ndmini, folder)
+        if check_only:
+            print("\n".join(lines))
+            return
+        lines += [SOURCES] + mfu_check()
+        rows = linear_form(ndmini, folder)
+        physical, free = fit(rows, PHYSICAL), fit(rows, FREE)
+        k_ship, _ = korthikanti_table(ndmini, folder, None)
+        k_phys, ek_phys = korthikanti_table(ndmini, folder, physical)
+        k_free, ek_free = korthikanti_table(ndmini, folder, free)
+        n_ship, _ = narayanan_table(ndmini, folder, None)
+        n_phys, en_phys = narayanan_table(ndmini, folder, physical)
+        n_free, en_free = narayanan_table(ndmini, folder, free)
+        lines += ["## Iteration time: Korthikanti et al. 2022, Table 5 (A100 80GB, tp 8, dp 1)", "",
+                  "ndmini has no selective recomputation: the selective + SP runs are planned with no recomputation "
+                  "and sequence parallelism (selective recomputation re-runs the attention's softmax part, 2.7% of "
+                  "the FLOPs for 175B and 1.6% for 530B per the paper), a lower bound of the time. The last column "
+                  "of each table estimates what ndmini's model does not count at all: the s x s tensors of "
+                  "Megatron's unfused attention (softmax output, dropout mask and output: 5as²b/t bytes per layer "
+                  "and micro-batch, moved 3 times, 4 with recomputation, at the datasheet's 2039 GB/s, on one "
+                  "stage); ndmini's flash-style attention has no such tensor.", "",
+                  "### The cluster file as shipped (datasheet figures, efficiencies 0.6 and 0.8; nothing fitted)", ""]
+        lines += k_ship
+        lines += ["### Three constants fitted on these 8 points", "",
+                  "Minimax of |predicted / published - 1| over the 8 points (not least squares: the claim is a "
+                  "bound on every point), searched on the step time's linear form in 1/constant (each point planned "
+                  "at the shipped values and with each constant changed; exact here, dp = 1) by a grid refined four "
+                  "times; every figure printed is ndmini's own plan with the fitted file. Two searches: within "
+                  "what the constants can physically mean, and free down to near zero.", "",
+                  "| constant | shipped | physical range | fitted in it | free range | fitted in it |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| `{a}.{b}` | {SHIPPED[(a, b)]} | {PHYSICAL[(a, b)][0]:g} to {PHYSICAL[(a, b)][1]:g} | "
+                  f"{physical[(a, b)]:g} | {FREE[(a, b)][0]:g} to {FREE[(a, b)][1]:g} | {free[(a, b)]:g} |"
+                  for a, b in FIT_KEYS]
+        lines += ["", "#### Fitted within the physical ranges", ""] + k_phys
+        lines += ["#### Fitted freely", ""] + k_free
+        lines += ["Where the freely fitted model's time goes (seconds per iteration):", ""]
+        lines += breakdown(ndmini, folder, free)
+        lines += ["## Throughput: Narayanan et al. SC'21, Table 1 (A100 80GB, full recompute)", "",
+                  "teraFLOP/s per GPU from the predicted step with the paper's FLOP count (Eq. 3). Micro-batch and "
+                  "virtual stages as the authors' script ran them. `fits`: ndmini's own memory estimate of the "
+                  "layout (ndmini keeps more per parameter and per activation than Megatron; the time is predicted "
+                  "either way). Last column: the s x s traffic estimate above, as a share of the published step.",
+                  "", "### The cluster file as shipped (nothing fitted)", ""]
+        lines += n_ship
+        lines += ["### The constants fitted within the physical ranges on Korthikanti's points, not refitted", ""]
+        lines += n_phys
+        lines += ["### The freely fitted constants, not refitted", ""] + n_free
+        lines += closing(physical, free, ek_phys, ek_free, en_phys, en_free)
     text = "\n".join(lines)
     print(text, end="")
     if out_file:
         with open(out_file, "w") as f:
             f.write(text)
+
+
+def closing(physical, free, ek_phys, ek_free, en_phys, en_free):
+    k_names = [f"{name} {run}" for name, *_ in KORTHIKANTI for run in ("full", "sel+SP")]
+    n_names = [name for name, *_ in NARAYANAN]
+
+    def missed(names, errors, bound):
+        rows = [f"{n} ({100 * e:+.1f}%)" for n, e in zip(names, errors) if abs(e) > bound]
+        return ", ".join(rows) if rows else "none"
+
+    memory = free[("device", "memory_bandwidth_gbs")]
+    return [
+        "## Which published rows the model misses, and why", "",
+        f"- **Korthikanti, within the physical ranges** (compute {physical[FIT_KEYS[0]]:g}, network "
+        f"{physical[FIT_KEYS[1]]:g}, memory {physical[FIT_KEYS[2]]:g} GB/s): worst "
+        f"{100 * max(ek_phys, key=abs):+.1f}%; outside 10%: {missed(k_names, ek_phys, 0.10)}. **10% for all 8 is "
+        "not reached with constants that keep their meaning.**",
+        f"- **Korthikanti, fitted freely**: all 8 within 10% (worst {100 * max(ek_free, key=abs):+.1f}%), but only "
+        f"with the memory bandwidth at {memory:g} GB/s, {100 * memory / 2039:.0f}% of the datasheet's: that constant "
+        "no longer prices ndmini's memory-bound kernels, it stands in for traffic the model does not count (below). "
+        "It is a fit, not a validation, and it is printed as such.",
+        f"- **Narayanan, same constants, not refitted**: physical fit: outside 15%: "
+        f"{missed(n_names, en_phys, 0.15)}; free fit: outside 15%: {missed(n_names, en_free, 0.15)}.", "",
+        "What the model lacks, each seen in the rows above:", "",
+        "1. **Megatron's unfused attention.** Megatron (2021-22) materialises the s x s scores, their softmax, "
+        "dropout mask and dropout output (the paper's 5as²b/t bytes per layer); ndmini's attention is "
+        "flash-style, keeps none of them, and its model counts no such traffic, nor the batched products over "
+        "them (head size 96 to 160) at anything but the dense products' rate. The last columns estimate that "
+        "traffic alone: 10.7% of the 1.7B model's published step, 0.8% of the 1T's. The misses follow it: the "
+        "small models (1.7B, 3.6B, 7.5B, 18.4B; the 22B of Korthikanti) are predicted too fast, by more the "
+        "smaller the model, and a compute efficiency that suits the large models makes them worse (1.7B +61% in "
+        "the physical fit). The free fit's low memory bandwidth is this term in disguise, which is why it "
+        "scales ndmini's bytes (no s x s term) and still misses the 1.7B by +29%.",
+        "2. **The pipeline's transfers.** Without sequence parallelism ndmini sends the whole s x b x h "
+        "activation from every tensor-parallel rank over its own InfiniBand link; Megatron's scatter/gather "
+        "(Narayanan et al. Section 4.1) sends 1/t of it per rank and all-gathers it over NVLink. The model is "
+        "right for ndmini and 8x too much pipeline traffic for Megatron: the 530B full-recompute run (pp 35, "
+        "interleaved, exposed pp 4.7 s in the freely fitted model) is the one predicted too slow; with sequence "
+        "parallelism ndmini sends s x b x h/t too, and the 530B selective + SP row has no such gap.",
+        "3. **Selective recomputation** is not a mode ndmini runs (its recompute is whole blocks): the selective "
+        "+ SP rows are planned without recomputation, short by the recomputed softmax part (1.6% to 2.7% of the "
+        "FLOPs) and its s x s traffic.",
+        "4. **Data parallelism.** Narayanan's rows from 39.1B up used Megatron's `local` DDP (the all-reduce after "
+        "the backward, not overlapped; the script's DDP column); the model overlaps ndmini's buckets with the "
+        "last backward. A small term here (dp 6 to 32 over fp32 gradients of one stage).",
+        "5. **Memory** is not part of these times, but ndmini's own estimate says it would not fit the layouts "
+        "from 76.1B up in 80 GB (fp32 master and residual stream, the bf16 working copy beside an fp32 one): "
+        "Megatron keeps 2-byte activations and no fp32 working copy.",
+        "",
+    ]
 
 
 if __name__ == "__main__":
