@@ -284,12 +284,10 @@ def step_s(ndmini, folder, constants, args):
 
 
 def linear_form(ndmini, folder):
-    """Minimax of |predicted / published - 1| over Korthikanti's 8 points in the three constants.
-
-    The step time is linear in 1 / constant for these layouts (dp = 1: no max() in the model),
-    so each point is evaluated at the shipped values and once with each constant changed, and
-    the minimax is searched on that linear form (a grid refined three times); the predictions
-    printed are ndmini's own with the fitted values."""
+    """Each Korthikanti point's step time as a linear form in 1 / constant: (published, step at the
+    shipped values, slope per constant), from ndmini planned at the shipped values and with each
+    constant changed 20%. Linear for these layouts but for the choice of the slowest stage (dp = 1:
+    no other max() of the model applies)."""
     rows = []
     for _, published, args in korthikanti_points():
         base = step_s(ndmini, folder, SHIPPED, args)
@@ -303,7 +301,9 @@ def linear_form(ndmini, folder):
 
 
 def fit(rows, bounds):
-    """The minimax constants within `bounds` on the linear form of `rows` (linear_form)."""
+    """Minimax of |predicted / published - 1| over the points of `rows` (linear_form) in the three
+    constants within `bounds`: a 25-point grid per constant, then three finer grids around the best.
+    Deterministic; the predictions printed afterwards are ndmini's own with the fitted values."""
 
     def worst(values):
         return max(abs((base + sum(k * (1 / x - 1 / SHIPPED[key]) for k, x, key in zip(slopes, values, FIT_KEYS)))
@@ -361,7 +361,7 @@ def narayanan_table(ndmini, folder, constants):
         predicted = flops / (r["time_ms"]["step"] / 1e3) / gpus / 1e12
         e = predicted / tflops - 1
         errors.append(e)
-        share = unmodelled_attention_s(heads, l, tp, pp, gpus, batch, mb, True) / (flops / (tflops * 1e12 * gpus))
+        share = share_of_step((name, heads, h, l, tp, pp, gpus, batch, mb, v, tflops))
         lines.append(f"| {name} | {gpus} | {tp} | {pp} | {gpus // (tp * pp)} | {mb} | {v} | {tflops} | "
                      f"{predicted:.0f} | {100 * e:+.1f}% | {'yes' if r['fits'] else 'no'} | {100 * share:.1f}% |")
     lines += ["", summary(errors), ""]
@@ -392,6 +392,7 @@ def breakdown(ndmini, folder, constants):
     lines = ["| point | compute + recompute | memory-bound kernels | exposed tp | exposed pp | bubble | optimizer | step |",
              "|---|---|---|---|---|---|---|---|"]
     cluster = write_cluster(folder, constants)
+    pp_530b_full = 0
     for label, _, args in korthikanti_points():
         r = plan(ndmini, folder, cluster, *args)
         t = r["time_ms"]
@@ -399,7 +400,9 @@ def breakdown(ndmini, folder, constants):
         lines.append(f"| {label} | {(t['compute'] + t['recompute']) / 1e3:.2f} | {t['kernels'] / 1e3:.2f} | "
                      f"{exposed.get('tp', 0) / 1e3:.2f} | {exposed.get('pp', 0) / 1e3:.2f} | {t['bubble'] / 1e3:.2f} | "
                      f"{t['optimizer'] / 1e3:.2f} | {t['step'] / 1e3:.2f} |")
-    return lines + [""]
+        if label == "530B full":
+            pp_530b_full = exposed.get("pp", 0) / 1e3
+    return lines + [""], pp_530b_full
 
 
 def main():
@@ -443,8 +446,9 @@ def main():
         lines += ["### Three constants fitted on these 8 points", "",
                   "Minimax of |predicted / published - 1| over the 8 points (not least squares: the claim is a "
                   "bound on every point), searched on the step time's linear form in 1/constant (each point planned "
-                  "at the shipped values and with each constant changed; exact here, dp = 1) by a grid refined four "
-                  "times; every figure printed is ndmini's own plan with the fitted file. Two searches: within "
+                  "at the shipped values and with each constant changed 20%; linear but for the choice of the slowest "
+                  "stage, dp being 1) by a grid refined three times; every figure printed is ndmini's own plan with "
+                  "the fitted file. Two searches: within "
                   "what the constants can physically mean, and free down to near zero.", "",
                   "| constant | shipped | physical range | fitted in it | free range | fitted in it |",
                   "|---|---|---|---|---|---|"]
@@ -454,7 +458,8 @@ def main():
         lines += ["", "#### Fitted within the physical ranges", ""] + k_phys
         lines += ["#### Fitted freely", ""] + k_free
         lines += ["Where the freely fitted model's time goes (seconds per iteration):", ""]
-        lines += breakdown(ndmini, folder, free)
+        where, pp_530b_full = breakdown(ndmini, folder, free)
+        lines += where
         lines += ["## Throughput: Narayanan et al. SC'21, Table 1 (A100 80GB, full recompute)", "",
                   "teraFLOP/s per GPU from the predicted step with the paper's FLOP count (Eq. 3). Micro-batch and "
                   "virtual stages as the authors' script ran them. `fits`: ndmini's own memory estimate of the "
@@ -465,7 +470,7 @@ def main():
         lines += ["### The constants fitted within the physical ranges on Korthikanti's points, not refitted", ""]
         lines += n_phys
         lines += ["### The freely fitted constants, not refitted", ""] + n_free
-        lines += closing(physical, free, ek_phys, ek_free, en_phys, en_free)
+        lines += closing(physical, free, ek_phys, ek_free, en_phys, en_free, pp_530b_full)
     text = "\n".join(lines)
     print(text, end="")
     if out_file:
@@ -473,7 +478,14 @@ def main():
             f.write(text)
 
 
-def closing(physical, free, ek_phys, ek_free, en_phys, en_free):
+def share_of_step(row):
+    """unmodelled_attention_s of a Narayanan row over its published step."""
+    name, heads, h, l, tp, pp, gpus, batch, mb, v, tflops = row
+    flops = 96 * batch * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * l * h))
+    return unmodelled_attention_s(heads, l, tp, pp, gpus, batch, mb, True) / (flops / (tflops * 1e12 * gpus))
+
+
+def closing(physical, free, ek_phys, ek_free, en_phys, en_free, pp_530b_full):
     k_names = [f"{name} {run}" for name, *_ in KORTHIKANTI for run in ("full", "sel+SP")]
     n_names = [name for name, *_ in NARAYANAN]
 
@@ -482,6 +494,8 @@ def closing(physical, free, ek_phys, ek_free, en_phys, en_free):
         return ", ".join(rows) if rows else "none"
 
     memory = free[("device", "memory_bandwidth_gbs")]
+    first, last = NARAYANAN[0][0], NARAYANAN[-1][0]
+    shares = (100 * share_of_step(NARAYANAN[0]), 100 * share_of_step(NARAYANAN[-1]))
     return [
         "## Which published rows the model misses, and why", "",
         f"- **Korthikanti, within the physical ranges** (compute {physical[FIT_KEYS[0]]:g}, network "
@@ -499,22 +513,26 @@ def closing(physical, free, ek_phys, ek_free, en_phys, en_free):
         "dropout mask and dropout output (the paper's 5as²b/t bytes per layer); ndmini's attention is "
         "flash-style, keeps none of them, and its model counts no such traffic, nor the batched products over "
         "them (head size 96 to 160) at anything but the dense products' rate. The last columns estimate that "
-        "traffic alone: 10.7% of the 1.7B model's published step, 0.8% of the 1T's. The misses follow it: the "
+        f"traffic alone: {shares[0]:.1f}% of the {first} model's published step, {shares[1]:.1f}% of the {last}'s. "
+        "The misses follow it: the "
         "small models (1.7B, 3.6B, 7.5B, 18.4B; the 22B of Korthikanti) are predicted too fast, by more the "
-        "smaller the model, and a compute efficiency that suits the large models makes them worse (1.7B +61% in "
-        "the physical fit). The free fit's low memory bandwidth is this term in disguise, which is why it "
-        "scales ndmini's bytes (no s x s term) and still misses the 1.7B by +29%.",
+        "smaller the model, and a compute efficiency that suits the large models makes them worse "
+        f"({first} {100 * en_phys[0]:+.0f}% in the physical fit). The free fit's low memory bandwidth is this "
+        "term in disguise, which is why it scales ndmini's bytes (no s x s term) and still misses the "
+        f"{first} by {100 * en_free[0]:+.0f}%.",
         "2. **The pipeline's transfers.** Without sequence parallelism ndmini sends the whole s x b x h "
         "activation from every tensor-parallel rank over its own InfiniBand link; Megatron's scatter/gather "
         "(Narayanan et al. Section 4.1) sends 1/t of it per rank and all-gathers it over NVLink. The model is "
         "right for ndmini and 8x too much pipeline traffic for Megatron: the 530B full-recompute run (pp 35, "
-        "interleaved, exposed pp 4.7 s in the freely fitted model) is the one predicted too slow; with sequence "
+        f"interleaved, exposed pp {pp_530b_full:.1f} s in the freely fitted model) is the one predicted too slow; "
+        "with sequence "
         "parallelism ndmini sends s x b x h/t too, and the 530B selective + SP row has no such gap.",
         "3. **Selective recomputation** is not a mode ndmini runs (its recompute is whole blocks): the selective "
         "+ SP rows are planned without recomputation, short by the recomputed softmax part (1.6% to 2.7% of the "
         "FLOPs) and its s x s traffic.",
         "4. **Data parallelism.** Narayanan's rows from 39.1B up used Megatron's `local` DDP (the all-reduce after "
-        "the backward, not overlapped; the script's DDP column); the model overlaps ndmini's buckets with the "
+        "the backward, not overlapped: `DDP=local` in the authors' script); the model overlaps ndmini's buckets "
+        "with the "
         "last backward. A small term here (dp 6 to 32 over fp32 gradients of one stage).",
         "5. **Memory** is not part of these times, but ndmini's own estimate says it would not fit the layouts "
         "from 76.1B up in 80 GB (fp32 master and residual stream, the bf16 working copy beside an fp32 one): "
