@@ -169,15 +169,16 @@ def megatron_term_bytes(term, s, b, h, a, t, sp):
 def table2_account(ndmini, folder):
     """The term-by-term table and the per-model totals; asserts the identity (raises on a mismatch)."""
     lines, totals, checked = [], [], 0
-    layouts = [("tp", False, "none", False), ("tp + SP", True, "none", False),
-               ("tp + selective", False, "none", True), ("tp + SP + selective", True, "none", True),
-               ("full recompute", False, "block", None)]
+    # (label, tensor parallel, SP, ndmini's recompute, the paper's selective recompute)
+    layouts = [("no parallelism", False, False, "none", False), ("tp", True, False, "none", False),
+               ("tp + SP", True, True, "none", False), ("tp + selective", True, False, "none", True),
+               ("tp + SP + selective", True, True, "none", True), ("full recompute", True, False, "block", None)]
     first = None
     for name, heads, h, layers, tp, _, _, _, _, _, _ in KORTHIKANTI:
-        s, b, a, t = SEQ, 1, heads, tp
-        sbh = s * b * h
-        for label, sp, recompute, selective in layouts:
-            got = plan(ndmini, folder, CLUSTER, heads, h, layers, tp, 1, tp, 1, 1, recompute, sp, 1)["block_activations"]
+        for label, parallel, sp, recompute, selective in layouts:
+            s, b, a, t = SEQ, 1, heads, tp if parallel else 1
+            sbh = s * b * h
+            got = plan(ndmini, folder, CLUSTER, heads, h, layers, t, 1, t, 1, 1, recompute, sp, 1)["block_activations"]
             kept = got["tensors"]
             assert got["bytes"] == sum(kept.values()), (name, label, "block_activations.bytes is not its tensors' sum")
             if recompute == "block":  # full recomputation: both keep only the layer input (res3: fp32)
@@ -208,7 +209,7 @@ def table2_account(ndmini, folder):
                            f"- {float(not_kept / sbh):.4g} sbh not kept + {float(Fraction(only, sbh)):.4g} sbh ndmini-only "
                            f"+ {float((extra - gathered) / sbh):.4g} sbh fp32 residuals"
                            + (f" + {float(gathered / sbh):.4g} sbh LN outputs kept gathered" if sp else "")))
-            if first is None and label == "tp":
+            if first is None and label == "tp":  # the term table's example
                 first = (name, kept, s, b, h, a, t)
     # The term table, for the first model, tp 8 without SP (Table 2's tensor-parallel row).
     name, kept, s, b, h, a, t = first
@@ -242,7 +243,8 @@ def table2_account(ndmini, folder):
         lines.append(f"| (not in the paper) | | | `{tensor}` | {kept[tensor]:,} | ndmini only{': ' + why if why else ''} |")
     total_paper = table2_formula(s, b, h, a, t, False, False)
     lines.append(f"| **total** | sbh(10 + 24/t + 5as/(ht)) | {float(total_paper):,.0f} | | {sum(kept.values()):,} | |")
-    lines += ["", "Per model and layout: the paper's Table 2 formula next to ndmini's bytes per layer (tp = 8, b = 1). "
+    lines += ["", "Per model and layout: the paper's Table 2 formula next to ndmini's bytes per layer (b = 1; tp = 8 "
+              "but in the first row, t = 1). "
               "ndmini has no selective recomputation: its layout without recomputation keeps no s x s tensor, "
               "so it stands next to both the paper's plain and selective rows. `ndmini` = formula - tensors "
               "ndmini does not keep + tensors only ndmini keeps + the fp32 residuals' second half (+ under SP the "
