@@ -22,7 +22,8 @@ constants written into a copy of it); the output is deterministic.
    ndmini keeps, exactly, for every model and layout below.
 2. Korthikanti et al. 2022, Table 5 (iteration time, 8 runs): predicted with
    the cluster file as shipped, then with three constants of it fitted to
-   these 8 points (minimax of the relative error).
+   these 8 points (minimax of the relative error), once within the ranges
+   where the constants keep their meaning and once freely.
 3. Narayanan et al. SC'21, Table 1 (teraFLOP/s per GPU, 10 runs): predicted
    with the same constants, not refitted.
 """
