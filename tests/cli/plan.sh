@@ -156,5 +156,37 @@ PY
     grep -qF "ndmini: error: perf.cluster: cluster file 'nowhere.toml' does not exist" out.txt ||
       fail "the message does not name perf.cluster and the file"
     ! grep -q "^step " out.txt || fail "a step ran with a bad perf.cluster" ;;
+  fit)
+    # Two runs predicted on the A100 file (far faster than this machine): the
+    # fit lowers both efficiencies, and the refitted file predicts the one-rank
+    # run closer to what it measured. Bad metrics files are refused, exit 2.
+    common=(--set train.steps=3 --set perf.peak_gflops=50 --set perf.cluster="$A100")
+    run 1 train tiny.toml "${common[@]}" --metrics one.jsonl >out.txt 2>&1 || { cat out.txt; fail "run 1 failed"; }
+    run 2 train tiny.toml "${common[@]}" --set parallel.dp_replicate=2 --metrics two.jsonl >out.txt 2>&1 ||
+      { cat out.txt; fail "run 2 failed"; }
+    run 1 plan --fit one.jsonl two.jsonl --cluster "$A100" --out fitted.toml >fit.txt 2>&1 ||
+      { cat fit.txt; fail "--fit failed"; }
+    cat fit.txt
+    run 1 plan tiny.toml --cluster fitted.toml --world 1 --json --set train.steps=3 >after.json 2>&1 ||
+      { cat after.json; fail "the refitted file does not plan"; }
+    python3 - one.jsonl after.json fit.txt <<'PY' || fail "the fit did not move the prediction towards the run"
+import json, re, sys
+summary = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+after = json.load(open(sys.argv[2]))["layouts"][0]["time_ms"]["step"]
+text = open(sys.argv[3]).read()
+for key in ("efficiency.compute", "efficiency.network"):
+    old, new = map(float, re.search(key + r" +([0-9.e+-]+) -> ([0-9.e+-]+)", text).groups())
+    assert 0 < new < old, (key, old, new)
+measured, before = summary["median_step_ms"], summary["predicted"]["step_ms"]
+assert abs(after - measured) < abs(before - measured), (measured, before, after)
+print("fit ok: measured", measured, "ms; predicted", before, "ms before,", after, "ms after")
+PY
+    # A run without perf.cluster has nothing to fit; one predicted on another file neither.
+    run 1 train tiny.toml --set train.steps=2 --set perf.peak_gflops=50 --metrics bare.jsonl >/dev/null 2>&1
+    expect_exit2 "metrics file 'bare.jsonl': its run has no prediction" --fit bare.jsonl --cluster "$A100"
+    expect_exit2 "not on --cluster 'fitted.toml'" --fit one.jsonl --cluster fitted.toml
+    expect_exit2 "metrics file 'nowhere.jsonl' does not exist" --fit nowhere.jsonl --cluster "$A100"
+    expect_exit2 "--out writes a cluster file, with --calibrate or --fit only" tiny.toml --cluster "$A100" --world 1 \
+      --out x.toml ;;
   *) fail "unknown case $1" ;;
 esac
