@@ -27,6 +27,7 @@
 #include "model/gpt.hpp"
 #include "ndmini_git_sha.hpp"
 #include "plan/calibrate.hpp"
+#include "plan/fit.hpp"
 #include "plan/plan.hpp"
 #include "train/budget.hpp"
 #include "train/layout.hpp"
@@ -262,7 +263,12 @@ int main(int argc, char** argv) {
   plan->add_flag("--calibrate", plan_calibrate,
                  "Measure this machine (GEMM rates, memory bandwidth, collectives over the launched ranks: at least 2) "
                  "and print its cluster file");
-  plan->add_option("--out", plan_out, "With --calibrate: write the cluster file to FILE instead")->option_text("FILE");
+  std::vector<std::string> plan_fit;
+  plan->add_option("--fit", plan_fit,
+                   "Fit efficiency.compute and efficiency.network of --cluster to the metrics files of runs trained "
+                   "with perf.cluster set to it, and print them (with --out, write the refitted cluster file)")
+      ->option_text("METRICS.jsonl ...");
+  plan->add_option("--out", plan_out, "With --calibrate or --fit: write the cluster file to FILE")->option_text("FILE");
 
   // Set last, so the subcommands' help does not repeat it.
   app.footer(
@@ -290,6 +296,7 @@ int main(int argc, char** argv) {
     // Every rank measures; rank 0 writes the file (whole, or not at all).
     int status = 0;
     try {
+      if (!plan_fit.empty()) throw ndmini::Error("ndmini plan: --calibrate and --fit are two different tasks; run one");
       const std::string text = ndmini::calibrate_cluster(MPI_COMM_WORLD);
       if (rank == 0 && plan_out.empty()) std::printf("%s", text.c_str());
       if (rank == 0 && !plan_out.empty()) ndmini::write_cluster_file(plan_out, text);
@@ -310,15 +317,22 @@ int main(int argc, char** argv) {
       try {
         plan_request.top = static_cast<std::size_t>(plan_top);
         std::string missing;
-        if (plan_request.deck.empty())
+        if (plan_request.deck.empty() && plan_fit.empty())
           missing = "a deck (ndmini plan DECK.toml ...)";
         else if (plan_request.cluster.empty())
           missing = "--cluster FILE (e.g. inputs/clusters/dgx-a100-80gb.toml)";
-        else if (plan_request.world == 0)
+        else if (plan_request.world == 0 && plan_fit.empty())
           missing = "--world N (the number of devices)";
         if (!missing.empty())
           throw ndmini::Error("ndmini plan needs " + missing + "; 'ndmini plan --help' lists the options");
-        std::printf("%s", ndmini::run_plan(plan_request).c_str());
+        if (!plan_request.deck.empty() && !plan_fit.empty())
+          throw ndmini::Error("ndmini plan --fit takes metrics files, not a deck ('" + plan_request.deck + "')");
+        if (!plan_out.empty() && plan_fit.empty())
+          throw ndmini::Error("ndmini plan: --out writes a cluster file, with --calibrate or --fit only");
+        if (!plan_fit.empty())
+          std::printf("%s", ndmini::run_fit({plan_fit, plan_request.cluster, plan_out}).c_str());
+        else
+          std::printf("%s", ndmini::run_plan(plan_request).c_str());
       } catch (const ndmini::Error& e) {
         std::fprintf(stderr, "ndmini: error: %s\n", e.what());
         status = 2;

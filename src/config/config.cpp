@@ -180,6 +180,7 @@ const std::vector<Key>& schema() {
       float_key("comm", "progress_poll_us", &Config::comm, &CommConfig::progress_poll_us),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
+      string_key("perf", "cluster", &Config::perf, &PerfConfig::cluster),
       enum_key("fault", "kind", &Config::fault, &FaultConfig::kind, kFaultKindNames),
       int_key("fault", "rank", &Config::fault, &FaultConfig::rank),
       int_key("fault", "step", &Config::fault, &FaultConfig::step),

@@ -139,6 +139,10 @@ struct PerfConfig {
   // Memory one rank may use, in GiB; 0 means: the node's available memory
   // divided by the ranks on it. A deck whose estimate exceeds it is refused.
   double memory_per_rank_gib = 0.0;
+  // A cluster file (plan/cluster.hpp) to predict the run's step on: the
+  // banner, the PERFORMANCE block and the metrics summary then carry the
+  // prediction beside what is measured. Empty: no prediction.
+  std::string cluster;
 };
 
 // Fault injection, to prove that failures are handled (tests, scripts).

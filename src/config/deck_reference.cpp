@@ -25,7 +25,7 @@ const std::map<std::string, std::string>& section_intros() {
        "the rules a layout must keep."},
       {"checkpoint", "Saving and resuming; [checkpoints.md](checkpoints.md) describes the folder and its protocol."},
       {"comm", "Collectives: the hang deadline and MPI's progress; see [debugging.md](debugging.md)."},
-      {"perf", "The peak used for MFU and the memory a rank may use."},
+      {"perf", "The peak used for MFU, the memory a rank may use, and the cluster a run is predicted on."},
       {"fault",
        "Fault injection, to prove the failures are handled ([checkpoints.md](checkpoints.md#fault-injection)); "
        "a fault that could never fire is refused."},
@@ -110,6 +110,10 @@ const std::map<std::string, std::string>& meanings() {
       {"perf.memory_per_rank_gib",
        "memory one rank may use, GiB; a deck whose estimate exceeds it is refused before anything is allocated; "
        "0: the node's available memory / its ranks"},
+      {"perf.cluster",
+       "a cluster file ([planner.md](planner.md#cluster-files)) to predict the run's step on: the banner, the "
+       "PERFORMANCE block and the metrics summary set the predicted parts beside the measured ones; empty: no "
+       "prediction"},
       {"fault.kind",
        "`\"none\"`, `\"kill\"` (SIGKILL), `\"nan\"` (a NaN gradient), `\"enospc\"` (a full disk in a save) or "
        "`\"skip_collective\"` (a rank skips a collective; the hang detection names it)"},

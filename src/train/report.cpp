@@ -133,11 +133,14 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
   std::printf("memory limit      %s per rank (%s)\n", limit > 0 ? bytes_text(limit).c_str() : "unknown", how.c_str());
   print_notes(cfg, layout);
   std::printf("%s", kernels::gemm_machine_lines().c_str());
+  if (const auto prediction = predict_run(cfg, layout, ranks_on_node))
+    std::printf("%s\n", prediction_line(cfg, *prediction).c_str());
   std::printf("deck OK\n");
 }
 
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
-                  const std::string& validation, const PeakFlops& peak, bool show_mesh) {
+                  const std::string& validation, const PeakFlops& peak, bool show_mesh,
+                  const std::optional<RunPrediction>& prediction) {
   const auto& t = cfg.train;
   std::printf("ndmini %s | Kokkos %d.%d.%d %s | mesh %s | ranks/node %d | params %lld | %.3g FLOP/token\n",
               NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
@@ -156,44 +159,86 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
         "bf16 activations kept for the backward, bf16 FSDP gathers\n");
   std::printf("peak: %.1f GFLOP/s per rank, %s\n", peak.flops_per_rank / 1e9, peak.source.c_str());
   std::printf("%s", kernels::gemm_machine_lines().c_str());
+  if (prediction) std::printf("%s\n", prediction_line(cfg, *prediction).c_str());
   if (show_mesh) std::printf("%s", describe_mesh(layout.dims, true).c_str());
   print_notes(cfg, layout);
   std::fflush(stdout);
 }
 
-void print_performance(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r) {
-  const int world = layout.dims.size();
+namespace {
+
+// The step split as PERFORMANCE and the summary give it: medians over the
+// timed steps of each reported group's exposed time, and the rest, compute.
+struct MeasuredParts {
+  struct Group {
+    std::string name;
+    double exposed_ms = 0, least_blocked_ms = 0, in_flight_ms = 0;
+  };
+  std::vector<Group> groups;
+  double compute_ms = 0;
+};
+
+MeasuredParts measured_parts(const TrainResult& r) {
+  MeasuredParts m;
   double exposed = 0;
+  const std::size_t reported = r.timed.empty() ? 0 : r.timed.front().comm.size();
+  for (std::size_t k = 0; k < reported; ++k) {
+    MeasuredParts::Group g;
+    g.name = r.timed.front().comm[k].first;
+    g.exposed_ms = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_ms; });
+    g.least_blocked_ms = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_min_ms; });
+    g.in_flight_ms = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.ms; });
+    exposed += g.exposed_ms;
+    m.groups.push_back(g);
+  }
+  m.compute_ms = r.median_step_ms - exposed;
+  return m;
+}
+
+// " | predicted 3.1 ms" after a measured time, where the run has a prediction.
+std::string beside(const std::optional<RunPrediction>& prediction, double predicted_ms) {
+  if (!prediction) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " | predicted %.3g ms", predicted_ms);
+  return buf;
+}
+
+}  // namespace
+
+void print_performance(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r,
+                       const std::optional<RunPrediction>& prediction) {
+  const int world = layout.dims.size();
+  const MeasuredParts measured = measured_parts(r);
   std::printf("PERFORMANCE\n");
   std::printf("  ranks              %d (%d per node)\n", world, ctx.mesh().ranks_per_node());
   std::printf("  mesh               %s\n", layout.dims.str().c_str());
   std::printf("  steps timed        %zu (medians; first step excluded as warm-up; times are the slowest rank's)\n",
               r.timed.size());
-  std::printf("  time/step          %.1f ms\n", r.median_step_ms);
+  std::printf("  time/step          %.1f ms%s\n", r.median_step_ms,
+              beside(prediction, prediction ? prediction->step.step_ms : 0).c_str());
   const auto groups = ctx.reported();
-  const std::size_t reported = r.timed.empty() ? 0 : r.timed.front().comm.size();
-  for (std::size_t k = 0; k < reported; ++k) {
-    const double e = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_ms; });
-    exposed += e;
+  for (std::size_t k = 0; k < measured.groups.size(); ++k) {
     // A group of one rank moves nothing: its line would only say 0.0 ms.
     if (k < groups.size() && groups[k].size == 1) continue;
-    const double least = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.exposed_min_ms; });
-    const double all = median_of(r.timed, [&](const StepStats& st) { return st.comm[k].second.ms; });
+    const MeasuredParts::Group& g = measured.groups[k];
     std::printf(
         "    exposed comm     %7.1f ms  %-13s (least-blocked rank %.1f ms; %.1f ms in flight, summed over its "
-        "requests)\n",
-        e, r.timed.front().comm[k].first.c_str(), least, all);
+        "requests)%s\n",
+        g.exposed_ms, g.name.c_str(), g.least_blocked_ms, g.in_flight_ms,
+        beside(prediction, prediction ? prediction->exposed_ms(g.name) : 0).c_str());
   }
-  std::printf("    compute          %.1f ms\n", r.median_step_ms - exposed);
+  std::printf("    compute          %.1f ms%s\n", measured.compute_ms,
+              beside(prediction, prediction ? prediction->compute_ms() : 0).c_str());
   if (layout.recompute == Recompute::block)
-    std::printf("      recompute      %.1f ms of it: block forwards run again in the backward (slowest rank)\n",
-                median_of(r.timed, [](const StepStats& st) { return st.recompute_ms; }));
+    std::printf("      recompute      %.1f ms of it: block forwards run again in the backward (slowest rank)%s\n",
+                median_of(r.timed, [](const StepStats& st) { return st.recompute_ms; }),
+                beside(prediction, prediction ? prediction->step.recompute_ms : 0).c_str());
   if (layout.dims.pp == 1) {
     std::printf("    bubble           0.0 ms (no pipeline)\n");
   } else {
     // Waiting for a neighbour stage: part of pp's exposed time above.
-    std::printf("    bubble           per stage (within pp's exposed time; ideal %.1f%% of the step)\n",
-                100 * r.ideal_bubble);
+    std::printf("    bubble           per stage (within pp's exposed time; ideal %.1f%% of the step)%s\n",
+                100 * r.ideal_bubble, beside(prediction, prediction ? prediction->step.bubble_ms : 0).c_str());
     for (int stage = 0; stage < layout.dims.pp; ++stage) {
       const double b = r.median_bubble_ms(stage);
       std::printf("      stage %-3d      %7.1f ms  %5.1f%% of the step, %.1f MiB activations in flight at most\n",
@@ -205,7 +250,11 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
   if (!r.val_losses.empty())
     std::printf("  validation         loss %.6f at step %lld (the last; %.1f ms evaluating in all, not in time/step)\n",
                 r.val_losses.back().second, static_cast<long long>(r.val_losses.back().first), r.eval_ms);
-  std::printf("  tokens/s           %.0f\n", r.tokens_per_s);
+  if (prediction)
+    std::printf("  tokens/s           %.0f | predicted %.0f on %s\n", r.tokens_per_s, prediction->step.tokens_per_s,
+                prediction->cluster.name.c_str());
+  else
+    std::printf("  tokens/s           %.0f\n", r.tokens_per_s);
   std::printf("  tokens/s/rank      %.0f\n", r.tokens_per_s / world);
   std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * r.mfu, r.peak.flops_per_rank / 1e9,
               r.peak.source.c_str());
@@ -217,12 +266,16 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
   std::fflush(stdout);
 }
 
-std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r) {
+std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r,
+                         const std::optional<RunPrediction>& prediction) {
   const int world = layout.dims.size();
   std::vector<double> bubble;
   for (int stage = 0; stage < layout.dims.pp; ++stage) bubble.push_back(r.median_bubble_ms(stage));
   const auto final_loss = r.final_loss();
   const bool validated = !r.val_losses.empty();
+  const MeasuredParts measured = measured_parts(r);
+  nlohmann::json exposed = nlohmann::json::object();
+  for (const MeasuredParts::Group& g : measured.groups) exposed[g.name] = g.exposed_ms;
   nlohmann::json j = {{"summary", true},
                       {"steps", r.steps_run()},
                       {"ranks", world},
@@ -231,6 +284,8 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"schedule", name_of(layout.schedule.kind())},
                       {"micro_batches", layout.micro_batches},
                       {"median_step_ms", r.median_step_ms},
+                      {"compute_ms", measured.compute_ms},
+                      {"exposed_comm_ms", exposed},
                       {"tokens_per_s", r.tokens_per_s},
                       {"tokens_per_s_per_rank", r.tokens_per_s / world},
                       {"mfu", r.mfu},
@@ -247,7 +302,8 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"final_loss", final_loss ? nlohmann::json(*final_loss) : nlohmann::json()},
                       {"final_val_loss", validated ? nlohmann::json(r.val_losses.back().second) : nlohmann::json()},
                       {"final_val_step", validated ? nlohmann::json(r.val_losses.back().first) : nlohmann::json()},
-                      {"eval_ms", r.eval_ms}};
+                      {"eval_ms", r.eval_ms},
+                      {"predicted", prediction ? prediction_json(*prediction) : nlohmann::json()}};
   return j.dump();
 }
 

@@ -13,6 +13,7 @@
 #include "parallel/context.hpp"
 #include "train/calibration.hpp"
 #include "train/layout.hpp"
+#include "train/prediction.hpp"
 #include "train/result.hpp"
 
 namespace ndmini {
@@ -23,14 +24,19 @@ StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, do
 // `ndmini check`: the resolved deck, the model's sizes, the batch split,
 // the pipeline's stages, the cp chunks, the memory estimate per stage and
 // what one of the `ranks_on_node` ranks of a node may use.
+// With perf.cluster, also the prediction of the layout's step.
 void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node);
 // `validation`: what the validation loss reads and when; "" without one.
 void print_banner(const Config& cfg, const RunLayout& layout, const ParallelContext& ctx, const std::string& data,
-                  const std::string& validation, const PeakFlops& peak, bool show_mesh);
-// Each communication group's line only where the group spans more than one rank.
-void print_performance(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r);
+                  const std::string& validation, const PeakFlops& peak, bool show_mesh,
+                  const std::optional<RunPrediction>& prediction);
+// Each communication group's line only where the group spans more than one
+// rank; with a prediction, each part's predicted time beside it.
+void print_performance(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r,
+                       const std::optional<RunPrediction>& prediction);
 // The metrics file's last line: {"summary": true, ...}.
-std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r);
+std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r,
+                         const std::optional<RunPrediction>& prediction);
 // The line a run ends with when a stop signal (core/signals.hpp) reached it:
 // the signal, the steps done, the checkpoint saved or why none, the exit
 // status (signal_exit_status(), also when the run is complete: a script

@@ -30,6 +30,7 @@
 #include "train/layout.hpp"
 #include "train/metrics.hpp"
 #include "train/optimizer.hpp"
+#include "train/prediction.hpp"
 #include "train/report.hpp"
 #include "train/step_check.hpp"
 
@@ -117,6 +118,7 @@ class Trainer {
   std::unique_ptr<PipelineRunner> runner_;
   std::unique_ptr<MicroBatchFeed> feed_, val_feed_;
   std::unique_ptr<TrainingStage> stage_, val_stage_;
+  std::optional<RunPrediction> prediction_;  // perf.cluster's prediction of this layout's step
   TrainResult result_;
   std::vector<StepStats> steps_;
   std::int64_t next_step_ = 0;
@@ -162,7 +164,9 @@ void Trainer::announce() {
                                                            " steps and at the last, " + std::to_string(t.eval_batches) +
                                                            " global batch(es) of " + sources_.validation->describe()
                                                      : "";
-  if (speak_) print_banner(cfg_, layout_, *ctx_, sources_.train->describe(), validation, result_.peak, opts_.show_mesh);
+  if (speak_)
+    print_banner(cfg_, layout_, *ctx_, sources_.train->describe(), validation, result_.peak, opts_.show_mesh,
+                 prediction_);
   if (cfg_.checkpoint.at_start && !opts_.resume) pending_save_ = 0;
   if (speak_ && next_step_ >= t.steps)
     std::printf("checkpoint: step %lld is train.steps = %d; nothing left to train (raise train.steps to go on)\n",
@@ -206,6 +210,7 @@ void Trainer::setup() {
   // usable now, not at the first save).
   agree_on_errors(comm_, [&] { require_memory_fits(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
   agree_on_errors(comm_, [&] { faults_ = fault::FaultPlan(cfg_.fault, rank_, world_); });
+  agree_on_errors(comm_, [&] { prediction_ = predict_run(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
   saves_ = cfg_.checkpoint.every > 0 || cfg_.checkpoint.at_start;
   if (saves_ || opts_.resume)
     dir_lock_ = std::make_unique<io::CheckpointDirLock>(comm_, cfg_.checkpoint.dir,
@@ -412,8 +417,8 @@ TrainResult Trainer::finish() {
     opts_.capture->tied_wte_identical = same == 1;
   }
   summarise();
-  if (speak_) print_performance(layout_, *ctx_, result_);
-  if (rank_ == 0) metrics_->summary(summary_json(layout_, *ctx_, result_));
+  if (speak_) print_performance(layout_, *ctx_, result_, prediction_);
+  if (rank_ == 0) metrics_->summary(summary_json(layout_, *ctx_, result_, prediction_));
 
   // A signal after the last step's agreement finds the run complete.
   const int late_signal = agree_max(comm_, metrics_->error(), stop_signal_received());

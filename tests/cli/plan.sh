@@ -3,7 +3,8 @@
 # ndmini plan end to end (the case name is $1): the shipped cluster files
 # read, a layout evaluated and a search ranked (table and JSON), and each
 # bad input refused with one `ndmini: error:` line naming the key or file,
-# exit status 2.
+# exit status 2; and `ndmini train` with perf.cluster printing the planner's
+# prediction of its own layout beside what it measures.
 source "$(dirname "$0")/lib.sh"
 
 A100="$SOURCE_DIR/inputs/clusters/dgx-a100-80gb.toml"
@@ -105,5 +106,87 @@ PY
     rm here.toml
     expect_exit2 "launch at least 2" --calibrate --out here.toml
     [ ! -e here.toml ] || fail "a refused calibration wrote a file" ;;
+  train_prediction)
+    # ndmini train with perf.cluster: the banner, PERFORMANCE and the summary
+    # carry the planner's prediction of the run's own layout, the same figures
+    # `ndmini plan` gives for it (2 ranks on one node: within a node in both).
+    layout=(--set parallel.pp=2 --set parallel.dp_replicate=1 --set train.steps=3 --set perf.peak_gflops=50)
+    run 2 train tiny.toml "${layout[@]}" --set perf.cluster="$A100" --metrics m.jsonl >out.txt 2>&1 ||
+      { cat out.txt; fail "train with perf.cluster failed"; }
+    cat out.txt
+    grep -qE "^prediction: [0-9.e+-]+ ms/step, .* on DGX A100 80GB" out.txt || fail "no prediction line in the banner"
+    for part in "time/step" "compute" "exposed comm +[0-9.]+ ms  pp" "bubble +per stage"; do
+      grep -qE "^ +$part.*\| predicted [0-9.e+-]+ ms" out.txt || fail "PERFORMANCE's '$part' line has no prediction"
+    done
+    run 1 plan tiny.toml --cluster "$A100" --world 2 --json "${layout[@]}" >plan.json 2>err.txt ||
+      { cat err.txt; fail "ndmini plan refused the layout"; }
+    python3 - m.jsonl plan.json <<'PY' || fail "the summary's prediction is not ndmini plan's"
+import json, sys
+summary = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+plan = json.load(open(sys.argv[2]))["layouts"][0]
+p, t = summary["predicted"], plan["time_ms"]
+close = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-12)
+assert p["cluster_file"].endswith("dgx-a100-80gb.toml"), p
+assert close(p["step_ms"], t["step"]), (p["step_ms"], t["step"])
+assert close(p["compute_ms"], t["compute"] + t["recompute"] + t["kernels"] + t["optimizer"]), p
+assert close(p["bubble_ms"], t["bubble"]), p
+comm = {c["group"]: c["exposed_ms"] for c in plan["comm"]}
+assert close(p["exposed_comm_ms"]["pp"], comm["pp"] + t["bubble"]), p  # waiting for a stage is waiting in pp
+assert close(p["tokens_per_s"], plan["tokens_per_s"]) and close(p["mem_bytes"], plan["memory_bytes"]["total"]), p
+# The measured side: compute and the exposed times split the step.
+measured = summary["compute_ms"] + sum(summary["exposed_comm_ms"].values())
+assert close(measured, summary["median_step_ms"]) or abs(measured - summary["median_step_ms"]) < 1e-9, summary
+print("prediction ok:", p["step_ms"], "ms predicted,", summary["median_step_ms"], "ms measured")
+PY
+    # Without perf.cluster: no prediction anywhere.
+    run 1 train tiny.toml --set train.steps=2 --set perf.peak_gflops=50 --metrics m1.jsonl >out.txt 2>&1 ||
+      { cat out.txt; fail "train without perf.cluster failed"; }
+    ! grep -q "predict" out.txt || fail "a prediction without perf.cluster"
+    tail -1 m1.jsonl | grep -qF '"predicted":null' || fail "the summary's predicted is not null without perf.cluster"
+    # ndmini check prints it too.
+    run 1 check tiny.toml --set perf.cluster="$A100" >out.txt 2>&1 || { cat out.txt; fail "check failed"; }
+    grep -q "^prediction: " out.txt || fail "ndmini check prints no prediction" ;;
+  train_bad_cluster)
+    # A cluster file that cannot be read stops train before anything runs, as a bad deck does
+    # (exit 1 on every rank), naming the key.
+    rc=0
+    run 2 train tiny.toml --set parallel.dp_replicate=2 --set perf.cluster=nowhere.toml >out.txt 2>&1 || rc=$?
+    cat out.txt
+    [ "$rc" -eq 1 ] || fail "expected exit status 1, got $rc"
+    grep -qF "ndmini: error: perf.cluster: cluster file 'nowhere.toml' does not exist" out.txt ||
+      fail "the message does not name perf.cluster and the file"
+    ! grep -q "^step " out.txt || fail "a step ran with a bad perf.cluster" ;;
+  fit)
+    # Two runs predicted on the A100 file (far faster than this machine): the
+    # fit lowers both efficiencies, and the refitted file predicts the one-rank
+    # run closer to what it measured. Bad metrics files are refused, exit 2.
+    common=(--set train.steps=3 --set perf.peak_gflops=50 --set perf.cluster="$A100")
+    run 1 train tiny.toml "${common[@]}" --metrics one.jsonl >out.txt 2>&1 || { cat out.txt; fail "run 1 failed"; }
+    run 2 train tiny.toml "${common[@]}" --set parallel.dp_replicate=2 --metrics two.jsonl >out.txt 2>&1 ||
+      { cat out.txt; fail "run 2 failed"; }
+    run 1 plan --fit one.jsonl two.jsonl --cluster "$A100" --out fitted.toml >fit.txt 2>&1 ||
+      { cat fit.txt; fail "--fit failed"; }
+    cat fit.txt
+    run 1 plan tiny.toml --cluster fitted.toml --world 1 --json --set train.steps=3 >after.json 2>&1 ||
+      { cat after.json; fail "the refitted file does not plan"; }
+    python3 - one.jsonl after.json fit.txt <<'PY' || fail "the fit did not move the prediction towards the run"
+import json, re, sys
+summary = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+after = json.load(open(sys.argv[2]))["layouts"][0]["time_ms"]["step"]
+text = open(sys.argv[3]).read()
+for key in ("efficiency.compute", "efficiency.network"):
+    old, new = map(float, re.search(key + r" +([0-9.e+-]+) -> ([0-9.e+-]+)", text).groups())
+    assert 0 < new < old, (key, old, new)
+measured, before = summary["median_step_ms"], summary["predicted"]["step_ms"]
+assert abs(after - measured) < abs(before - measured), (measured, before, after)
+print("fit ok: measured", measured, "ms; predicted", before, "ms before,", after, "ms after")
+PY
+    # A run without perf.cluster has nothing to fit; one predicted on another file neither.
+    run 1 train tiny.toml --set train.steps=2 --set perf.peak_gflops=50 --metrics bare.jsonl >/dev/null 2>&1
+    expect_exit2 "metrics file 'bare.jsonl': its run has no prediction" --fit bare.jsonl --cluster "$A100"
+    expect_exit2 "not on --cluster 'fitted.toml'" --fit one.jsonl --cluster fitted.toml
+    expect_exit2 "metrics file 'nowhere.jsonl' does not exist" --fit nowhere.jsonl --cluster "$A100"
+    expect_exit2 "--out writes a cluster file, with --calibrate or --fit only" tiny.toml --cluster "$A100" --world 1 \
+      --out x.toml ;;
   *) fail "unknown case $1" ;;
 esac

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""ndmini plan's predicted step time next to the measured one, on this machine.
+
+Calibrates this machine once (`mpiexec -n 2 ndmini plan --calibrate`: GEMM
+rates, copy bandwidth, all-reduce latency and bandwidth; nothing is fitted
+to the runs below), then trains every 1- and 2-rank layout of a deck (dp,
+fsdp, tp, tp + sequence parallelism, cp, pp with each schedule, recompute)
+REPEATS times with `perf.cluster` set to that file. Each run's metrics
+summary carries the measured step (the median over its steps after the
+first) and the planner's prediction of the same layout, so the table sets
+them side by side: per layout the median of the runs' medians and their
+range, the prediction, the error; the compute and exposed communication
+split the same way; and whether the predicted fastest layout is the
+measured fastest (or within 5% of it).
+
+Run it on a quiet machine, one rank per core (OPENBLAS_NUM_THREADS=1 is set
+for the runs): the figures are what this machine does that day.
+
+Usage: plan_vs_measured.py [NDMINI] [--deck DECK] [--steps N] [--repeats R]
+                           [--cluster FILE] [--out FILE]
+  NDMINI     the executable (default build/miniapp/ndmini)
+  --deck     default inputs/small.toml
+  --steps    steps per run (default 6; the first is left out of the median)
+  --repeats  runs per layout (default 3)
+  --cluster  a cluster file to use instead of calibrating now
+  --out      also write the Markdown table to FILE
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+# label, ranks, overrides. The micro-batch follows the layout: two
+# data-parallel ranks split the batch of 4; a pipeline needs micro-batches
+# to overlap (4 of 1); everything else keeps the deck's.
+LAYOUTS = [
+    ("one rank", 1, []),
+    ("one rank, recompute", 1, ["train.recompute=\"block\""]),
+    ("dp 2", 2, ["parallel.dp_replicate=2", "train.micro_batch=2"]),
+    ("fsdp 2", 2, ["parallel.dp_shard=2", "train.micro_batch=2"]),
+    ("tp 2", 2, ["parallel.tp=2"]),
+    ("tp 2 + sp", 2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    ("tp 2, recompute", 2, ["parallel.tp=2", "train.recompute=\"block\""]),
+    ("cp 2", 2, ["parallel.cp=2"]),
+    ("pp 2 gpipe", 2, ["parallel.pp=2", "parallel.schedule=\"gpipe\"", "train.micro_batch=1"]),
+    ("pp 2 1f1b", 2, ["parallel.pp=2", "parallel.schedule=\"1f1b\"", "train.micro_batch=1"]),
+    ("pp 2 interleaved", 2, ["parallel.pp=2", "parallel.schedule=\"interleaved_1f1b\"", "parallel.virtual_stages=3",
+                             "train.micro_batch=1"]),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, **kw)
+
+
+def mpiexec(ranks, args):
+    return ["mpiexec", "-n", str(ranks)] + args
+
+
+def summary_of(path):
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    summary = lines[-1]
+    if not summary.get("summary"):
+        raise RuntimeError(f"{path}: no summary record")
+    return summary
+
+
+def pct(predicted, measured):
+    return 100.0 * (predicted - measured) / measured
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("ndmini", nargs="?", default=os.path.join(REPO, "build", "miniapp", "ndmini"))
+    p.add_argument("--deck", default=os.path.join(REPO, "inputs", "small.toml"))
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cluster")
+    p.add_argument("--out")
+    a = p.parse_args()
+    if a.steps < 2 or a.repeats < 1:
+        sys.exit("plan_vs_measured.py: --steps must be at least 2 (the first is warm-up), --repeats at least 1")
+    if not os.access(a.ndmini, os.X_OK):
+        sys.exit(f"plan_vs_measured.py: {a.ndmini} is not an executable (build first: cmake --build build)")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    work = tempfile.mkdtemp(prefix="ndmini-plan-vs-measured.")
+    cluster = a.cluster
+    if cluster is None:
+        cluster = os.path.join(work, "here.toml")
+        print("calibrating: mpiexec -n 2 ndmini plan --calibrate", flush=True)
+        r = run(mpiexec(2, [a.ndmini, "plan", "--calibrate", "--out", cluster]), env=env)
+        if r.returncode != 0:
+            sys.exit(r.stdout + r.stderr)
+    with open(cluster) as f:
+        cluster_text = f.read()
+    peak_gflops = None
+    for line in cluster_text.splitlines():
+        if line.startswith("peak_tflops_fp32"):
+            peak_gflops = float(line.split("=")[1]) * 1e3  # MFU's peak: no start-up calibration per run
+
+    rows = []
+    for label, ranks, overrides in LAYOUTS:
+        sets = [f"train.steps={a.steps}", f"perf.cluster={cluster}"] + overrides
+        if peak_gflops:
+            sets.append(f"perf.peak_gflops={peak_gflops}")
+        runs = []
+        for rep in range(a.repeats):
+            metrics = os.path.join(work, f"m-{len(rows)}-{rep}.jsonl")
+            cmd = [a.ndmini, "train", a.deck, "--metrics", metrics]
+            for s in sets:
+                cmd += ["--set", s]
+            r = run(mpiexec(ranks, cmd), env=env)
+            if r.returncode != 0:
+                sys.exit(f"{label}: ndmini train failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+            runs.append(summary_of(metrics))
+            print(f"{label:22s} run {rep + 1}/{a.repeats}: {runs[-1]['median_step_ms']:9.1f} ms measured, "
+                  f"{runs[-1]['predicted']['step_ms']:9.1f} ms predicted", flush=True)
+        step = [s["median_step_ms"] for s in runs]
+        median_run = sorted(runs, key=lambda s: s["median_step_ms"])[len(runs) // 2]
+        predicted = median_run["predicted"]
+        rows.append({
+            "label": label, "ranks": ranks, "overrides": overrides,
+            "measured": statistics.median(step), "min": min(step), "max": max(step),
+            "predicted": predicted["step_ms"],
+            "compute": median_run["compute_ms"], "compute_predicted": predicted["compute_ms"],
+            "comm": sum(median_run["exposed_comm_ms"].values()),
+            "comm_predicted": sum(predicted["exposed_comm_ms"].values()),
+        })
+
+    deck = os.path.relpath(a.deck, REPO)
+    lines = [f"Deck `{deck}`, {a.steps} steps per run (the first left out), {a.repeats} runs per layout; "
+             f"cluster file: {'calibrated by this script' if a.cluster is None else a.cluster}.", "",
+             "```", cluster_text.strip(), "```", "",
+             "| layout | ranks | measured ms (median, range) | predicted ms | error | compute meas. / pred. ms "
+             "| exposed comm meas. / pred. ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['ranks']} | {r['measured']:.1f} ({r['min']:.1f}-{r['max']:.1f}) | "
+                     f"{r['predicted']:.1f} | {pct(r['predicted'], r['measured']):+.1f}% | "
+                     f"{r['compute']:.1f} / {r['compute_predicted']:.1f} | {r['comm']:.1f} / {r['comm_predicted']:.1f} |")
+    errors = [abs(pct(r["predicted"], r["measured"])) for r in rows]
+    within = sum(e <= 15 for e in errors)
+    for ranks in (1, 2):
+        group = [r for r in rows if r["ranks"] == ranks]
+        fastest = min(group, key=lambda r: r["measured"])
+        picked = min(group, key=lambda r: r["predicted"])
+        slower = pct(picked["measured"], fastest["measured"])
+        lines += ["", f"{ranks} rank(s): measured fastest **{fastest['label']}** ({fastest['measured']:.1f} ms); "
+                      f"predicted fastest **{picked['label']}**, measured {picked['measured']:.1f} ms "
+                      f"({slower:+.1f}% of the fastest; the issue asks at most 5%)."]
+    lines += ["", f"{within} of {len(rows)} layouts within 15%; mean |error| {statistics.mean(errors):.1f}%, "
+                  f"worst {max(errors):.1f}%."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
