@@ -343,13 +343,12 @@ TEST(Config, CommProgressPoll) {
 
 TEST(Config, CommReduceDtype) {
   EXPECT_EQ(parse_config(kModel, "deck.toml").comm.reduce_dtype, Precision::fp32);
-  const Config c = parse_config(with_model("[train]\nprecision = \"bf16\"\n[comm]\nreduce_dtype = \"bf16\"\n"),
-                                "deck.toml");
+  const Config c =
+      parse_config(with_model("[train]\nprecision = \"bf16\"\n[comm]\nreduce_dtype = \"bf16\"\n"), "deck.toml");
   EXPECT_EQ(c.comm.reduce_dtype, Precision::bf16);
   EXPECT_EQ(parse_config(c.toml, "resolved").comm.reduce_dtype, Precision::bf16);
-  EXPECT_EQ(
-      parse_config(kModel, "deck.toml", {"train.precision=bf16", "comm.reduce_dtype=fp32"}).comm.reduce_dtype,
-      Precision::fp32);
+  EXPECT_EQ(parse_config(kModel, "deck.toml", {"train.precision=bf16", "comm.reduce_dtype=fp32"}).comm.reduce_dtype,
+            Precision::fp32);
   expect_error(with_model("[train]\nprecision = \"bf16\"\n[comm]\nreduce_dtype = \"fp16\"\n"),
                {"comm.reduce_dtype", "\"fp16\"", "fp32", "bf16"});
   // An fp32 run reduces in fp32, so it stays exact: bf16 reductions under it are refused, naming both keys.

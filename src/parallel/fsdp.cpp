@@ -116,6 +116,7 @@ void Fsdp::end_grads(int u) {
     kernels::round_to_bf16(r.full_grads_bf16, r.full_grads);
     transient_ -= size * sizeof(real);
     r.full_grads = View1D();
+    full_grads_[u] = View1D();  // freed before the next allocation (FsdpReplay counts it so)
     r.part_bf16 = uninitialized_bf16("ndmini::grad_shard_part_bf16", part);
     add_transient(part * sizeof(bf16));
     r.request = group_.ireduce_scatter(r.full_grads_bf16.data(), r.part_bf16.data(), part);

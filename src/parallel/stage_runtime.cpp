@@ -170,6 +170,24 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
   return e;
 }
 
+// With comm.reduce_dtype = "bf16", the most bytes the bf16 copies of the
+// gradient reductions outside FSDP hold at once (parallel/grad_reduction.hpp).
+// They follow each other, so the largest counts: over dp_replicate every
+// bucket's copy, in flight together at the end of the backward (or the
+// shard's, HSDP); a tp-replicated tensor's piece with SP; the tied wte's shard.
+double bf16_wire_bytes(const ParamLayout& layout, const ParallelDims& split, const std::vector<Chunk>& chunks,
+                       std::size_t shard) {
+  const int fsdp = split.fsdp();
+  std::size_t most = split.dp_replicate > 1 ? shard : 0;
+  if (split.tp > 1 && split.sequence_parallel)
+    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
+      if (layout.params[piece.param].split == TpSplit::replicated) most = std::max(most, piece.length);
+  if (split.pp > 1)
+    for (const ChunkUnits& u : gpt_chunk_units(chunks))
+      if (u.wte >= 0) most = std::max(most, layout.unit_size[u.wte] / fsdp);
+  return 1.0 * most * sizeof(bf16);
+}
+
 }  // namespace
 
 std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
@@ -248,12 +266,9 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   const double fsdp_bytes = static_cast<double>(StageRuntime::fsdp_peak_bytes(
       layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
       reshard_after_forward, precision, reduce_dtype));
-  // A bf16 wire over dp_replicate: the bf16 copies of every bucket in flight
-  // at the end of the backward (DataParallel), or of the shard (HSDP).
-  const double dp_wire_bytes =
-      split.dp_replicate > 1 && reduce_dtype == Precision::bf16 ? 1.0 * shard * sizeof(bf16) : 0.0;
-  e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes + dp_wire_bytes);
-  e.comm_buffer_bytes = saturated_bytes(fsdp_bytes + dp_wire_bytes);
+  const double wire_bytes = reduce_dtype == Precision::bf16 ? bf16_wire_bytes(layout, split, chunks, shard) : 0.0;
+  e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes + wire_bytes);
+  e.comm_buffer_bytes = saturated_bytes(fsdp_bytes + wire_bytes);
   return e;
 }
 
