@@ -341,6 +341,21 @@ TEST(Config, CommProgressPoll) {
   expect_error(with_model("[comm]\nprogress_poll_us = 2e6\n"), {"comm.progress_poll_us", "out of range"});
 }
 
+TEST(Config, CommReduceDtype) {
+  EXPECT_EQ(parse_config(kModel, "deck.toml").comm.reduce_dtype, Precision::fp32);
+  const Config c =
+      parse_config(with_model("[train]\nprecision = \"bf16\"\n[comm]\nreduce_dtype = \"bf16\"\n"), "deck.toml");
+  EXPECT_EQ(c.comm.reduce_dtype, Precision::bf16);
+  EXPECT_EQ(parse_config(c.toml, "resolved").comm.reduce_dtype, Precision::bf16);
+  EXPECT_EQ(parse_config(kModel, "deck.toml", {"train.precision=bf16", "comm.reduce_dtype=fp32"}).comm.reduce_dtype,
+            Precision::fp32);
+  expect_error(with_model("[train]\nprecision = \"bf16\"\n[comm]\nreduce_dtype = \"fp16\"\n"),
+               {"comm.reduce_dtype", "\"fp16\"", "fp32", "bf16"});
+  // An fp32 run reduces in fp32, so it stays exact: bf16 reductions under it are refused, naming both keys.
+  expect_error(with_model("[comm]\nreduce_dtype = \"bf16\"\n"),
+               {"comm.reduce_dtype = \"bf16\" needs train.precision = \"bf16\"", "comm.reduce_dtype = \"fp32\""});
+}
+
 // The resolved deck prints each float in its shortest form that reads back
 // as the same double (checkpoints store it and a resume parses it again).
 TEST(Config, ResolvedFloatsAreShortAndRoundTripBitExactly) {

@@ -17,7 +17,9 @@
 // order round to bf16 differently, and Adam amplifies that); two negative
 // controls show those bounds can fail: another seed exceeds them about
 // 100x, the one-rank fp32 run (a layout that silently skipped its bf16
-// rounding) 2x in its parameters.
+// rounding) 2x in its parameters. With comm.reduce_dtype = "bf16" as well
+// (gradient sums in bf16) the bounds are wider, from their own measurement;
+// another seed exceeds them too. The bytes of the gradient reductions then halve.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -147,24 +149,36 @@ constexpr Bounds kFp32Bounds{1e-5, 1e-5, 1e-4, 1e-4};
 // loss 7.9e-5 (pp x cp x tp), validation loss 2.0e-5, step-0 gradients
 // 1.4e-3 (cp), parameters 4.9e-3.
 constexpr Bounds kBf16Bounds{2.4e-4, 1e-4, 4e-3, 1.5e-2};
+// bf16 with comm.reduce_dtype = "bf16" (the gradient sums rounded to bf16
+// too): about 3x the largest distance measured over every layout of 2 and 4
+// ranks that reduces gradients (ctest -R test_equivalence -V prints them):
+// loss 8.6e-5 (cp = 4), validation loss 4.7e-5 (interleaved pp x dp_shard),
+// step-0 gradients 3.5e-3 (cp x tp with SP), parameters 7.5e-3
+// (interleaved pp x dp_shard).
+constexpr Bounds kBf16ReduceBounds{2.6e-4, 1.4e-4, 1.1e-2, 2.3e-2};
 
 // Every layout of this world size against one rank, both run with `extra`
-// (e.g. the precision) on top of the tiny deck.
-void expect_every_layout_matches_one_rank(const std::vector<std::string>& extra, const Bounds& bound) {
+// (e.g. the precision) on top of the tiny deck; the layouts also with
+// `layout_extra` (what one rank has nothing to apply to: comm.reduce_dtype).
+void expect_every_layout_matches_one_rank(const std::vector<std::string>& extra, const Bounds& bound,
+                                          const std::vector<std::string>& layout_extra = {},
+                                          bool (*runs)(const Layout&) = nullptr) {
   int tested = 0;
   for (const Layout& layout : layouts()) {
-    if (layout.ranks != world_size()) continue;
+    if (layout.ranks != world_size() || (runs != nullptr && !runs(layout))) continue;
     ++tested;
     std::vector<std::string> model = layout.model, overrides = joined(layout);
     model.insert(model.end(), extra.begin(), extra.end());
+    overrides.insert(overrides.end(), layout_extra.begin(), layout_extra.end());
     overrides.insert(overrides.end(), extra.begin(), extra.end());
     const TrainedRun run = train_with(deck(with_eval(overrides)), MPI_COMM_WORLD);
     const Distance d = distance(run, reference(model));
     if (world_rank() == 0)
       std::printf(
-          "[equivalence]%s %d ranks, %-72s loss %.1e | val loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n",
-          extra.empty() ? "" : " bf16", layout.ranks, label(layout).c_str(), d.loss, d.val_loss, d.grads,
-          d.grads_tensor.c_str(), d.params, d.params_tensor.c_str());
+          "[equivalence]%s%s %d ranks, %-72s loss %.1e | val loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n",
+          extra.empty() ? "" : " bf16", layout_extra.empty() ? "" : " reduce_dtype=bf16", layout.ranks,
+          label(layout).c_str(), d.loss, d.val_loss, d.grads, d.grads_tensor.c_str(), d.params,
+          d.params_tensor.c_str());
     EXPECT_LE(d.loss, bound.loss) << label(layout);
     EXPECT_LE(d.val_loss, bound.val_loss) << label(layout);
     // With a pipeline, wte lives on the first and the last stage; summed
@@ -177,6 +191,7 @@ void expect_every_layout_matches_one_rank(const std::vector<std::string>& extra,
 }
 
 const std::vector<std::string> kBf16 = {"train.precision=bf16"};
+const std::vector<std::string> kBf16Reduce = {"comm.reduce_dtype=bf16"};
 
 // A control's distance must exceed the bound `factor` times: the
 // parameters' always, the loss's with check_loss.
@@ -194,10 +209,33 @@ TEST(Equivalence, EveryLayoutMatchesOneRank) { expect_every_layout_matches_one_r
 
 TEST(Equivalence, EveryLayoutMatchesOneRankUnderBf16) { expect_every_layout_matches_one_rank(kBf16, kBf16Bounds); }
 
+// Whether a layout reduces gradients: over data parallelism (dp_replicate,
+// or FSDP's dp_shard x cp), the pipeline's two ends (the tied wte), or tp
+// with SP (the tp-replicated tensors). Elsewhere comm.reduce_dtype changes nothing.
+namespace {
+bool reduces_gradients(const Layout& layout) {
+  for (const std::string& d : layout.degrees)
+    for (const char* key : {"parallel.dp_replicate=", "parallel.dp_shard=", "parallel.cp=", "parallel.pp=",
+                            "parallel.sequence_parallel=true"})
+      if (d.rfind(key, 0) == 0) return true;
+  return false;
+}
+}  // namespace
+
+// The same with the gradient reductions in bf16, against one rank under
+// bf16 (which has nothing to reduce), on every layout of 2 and 4 ranks that
+// reduces gradients (not on 8, to keep the 8-rank program's time).
+TEST(Equivalence, EveryLayoutMatchesOneRankUnderBf16WithBf16Reductions) {
+  if (world_size() == 1 || world_size() == 8) GTEST_SKIP() << "checked on 2 and 4 ranks";
+  expect_every_layout_matches_one_rank(kBf16, kBf16ReduceBounds, kBf16Reduce, reduces_gradients);
+}
+
 TEST(Equivalence, Bf16BoundsCanFail) {
   // Another seed: about 100x outside (measured loss 2.2e-2, parameters 1.6).
   const TrainedRun other = train_with(deck(with_eval({"train.seed=4321", "train.precision=bf16"})), MPI_COMM_SELF);
   expect_far_outside(distance(other, reference(kBf16)), kBf16Bounds, 10, "bf16, another seed", true);
+  expect_far_outside(distance(other, reference(kBf16)), kBf16ReduceBounds, 10, "bf16 reductions' bounds, another seed",
+                     true);
   // A layout that skipped the bf16 rounding altogether, i.e. computed in
   // fp32: its parameters are outside too (measured 3.2e-2, 2x the bound).
   // Its loss (2.8e-4) is barely above the loss bound: over 10 steps bf16
@@ -288,10 +326,10 @@ TEST(Memory, FsdpHoldsOneNthOfTheModelState) {
 
 namespace {
 
-// Bytes of each kind of collective on the "fsdp" communicator over one
-// training step of dp_shard = world (one micro-batch per rank), from the
-// comm layer's ledger.
-std::map<std::string, std::int64_t> fsdp_bytes_of_one_step(const std::string& precision) {
+// Bytes of each kind of collective on communicator `comm` over one training
+// step of `degree` = world (one micro-batch per rank), from the comm layer's ledger.
+std::map<std::string, std::int64_t> bytes_of_one_step(const std::string& comm, const std::string& degree,
+                                                      const std::vector<std::string>& more) {
   using namespace ndmini::detail;
   std::uint64_t before = 0;
   for (const LedgerEntry& e : ledger_entries()) before = std::max(before, e.index + 1);
@@ -299,21 +337,28 @@ std::map<std::string, std::int64_t> fsdp_bytes_of_one_step(const std::string& pr
   // No capture: its gathers at the end would push the step out of the ledger.
   TrainOptions opts;
   opts.quiet = true;
-  train(deck({"train.steps=1", "train.global_batch=" + n, "parallel.dp_shard=" + n, "train.precision=" + precision}),
-        opts, MPI_COMM_WORLD);
-  // The ledger keeps the last kLedgerSize entries: the run's fsdp
-  // communicator (new, its calls numbered from 0) must be there whole.
+  std::vector<std::string> overrides = {"train.steps=1", "train.global_batch=" + n, degree + "=" + n};
+  overrides.insert(overrides.end(), more.begin(), more.end());
+  train(deck(overrides), opts, MPI_COMM_WORLD);
+  // The ledger keeps the last kLedgerSize entries: the run's communicator
+  // (new, its calls numbered from 0) must be there whole.
   std::map<std::string, std::int64_t> bytes;
   std::uint64_t calls = 0, last_seq = 0;
   for (const LedgerEntry& e : ledger_entries()) {
-    if (e.index < before || comm_name(e.comm) != "fsdp") continue;
+    if (e.index < before || comm_name(e.comm) != comm) continue;
     bytes[coll_op_name(e.op)] += e.bytes;
     last_seq = std::max(last_seq, e.seq);
     ++calls;
   }
   EXPECT_GT(calls, 0u);
-  EXPECT_EQ(calls, last_seq + 1) << "the ledger dropped some of the fsdp communicator's calls";
+  EXPECT_EQ(calls, last_seq + 1) << "the ledger dropped some of the " << comm << " communicator's calls";
   return bytes;
+}
+
+std::map<std::string, std::int64_t> fsdp_bytes_of_one_step(const std::string& precision,
+                                                           const std::string& reduce_dtype = "fp32") {
+  return bytes_of_one_step("fsdp", "parallel.dp_shard",
+                           {"train.precision=" + precision, "comm.reduce_dtype=" + reduce_dtype});
 }
 
 }  // namespace
@@ -329,8 +374,31 @@ TEST(Equivalence, Bf16HalvesFsdpGatherBytes) {
         static_cast<long long>(fp32.at("reduce_scatter")), static_cast<long long>(bf16.at("reduce_scatter")));
   EXPECT_GT(fp32.at("all_gather"), 0);
   EXPECT_EQ(bf16.at("all_gather") * 2, fp32.at("all_gather"));
-  // Gradient reductions stay fp32.
+  // Gradient reductions stay fp32 by default.
   EXPECT_EQ(bf16.at("reduce_scatter"), fp32.at("reduce_scatter"));
+}
+
+TEST(Equivalence, Bf16ReductionsHalveTheGradientBytes) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  // FSDP: the reduce-scatter halves, the gathers (bf16 already) stay.
+  const auto fsdp = fsdp_bytes_of_one_step("bf16", "fp32");
+  const auto fsdp_half = fsdp_bytes_of_one_step("bf16", "bf16");
+  // DP: the buckets' all-reduce halves.
+  const auto dp = bytes_of_one_step("dp_replicate", "parallel.dp_replicate", {"train.precision=bf16"});
+  const auto dp_half =
+      bytes_of_one_step("dp_replicate", "parallel.dp_replicate", {"train.precision=bf16", "comm.reduce_dtype=bf16"});
+  if (world_rank() == 0)
+    std::printf(
+        "[equivalence] bytes of one step under bf16, comm.reduce_dtype fp32 / bf16: fsdp reduce_scatter %lld / "
+        "%lld, all_gather %lld / %lld; dp_replicate all_reduce %lld / %lld\n",
+        static_cast<long long>(fsdp.at("reduce_scatter")), static_cast<long long>(fsdp_half.at("reduce_scatter")),
+        static_cast<long long>(fsdp.at("all_gather")), static_cast<long long>(fsdp_half.at("all_gather")),
+        static_cast<long long>(dp.at("all_reduce")), static_cast<long long>(dp_half.at("all_reduce")));
+  EXPECT_GT(fsdp.at("reduce_scatter"), 0);
+  EXPECT_EQ(fsdp_half.at("reduce_scatter") * 2, fsdp.at("reduce_scatter"));
+  EXPECT_EQ(fsdp_half.at("all_gather"), fsdp.at("all_gather"));
+  EXPECT_GT(dp.at("all_reduce"), 0);
+  EXPECT_EQ(dp_half.at("all_reduce") * 2, dp.at("all_reduce"));
 }
 
 #ifdef NDMINI_HAVE_ONEDNN

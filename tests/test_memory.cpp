@@ -8,7 +8,8 @@
 // so evaluation runs too). The estimate of the rank's pipeline stage must
 // cover that peak, and be within 10% of it: an estimate that misses a buffer
 // fails the first check, one that counts buffers that never coexist the second.
-// Every layout runs in fp32 and under bf16 mixed precision.
+// Every layout runs in fp32 and under bf16 mixed precision; on several ranks
+// also with bf16 gradient reductions (comm.reduce_dtype).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -37,10 +38,17 @@ namespace {
 
 // The tiny deck as the equivalence suite runs it, for 3 steps with the
 // validation loss at steps 0 and 2 (no GEMM calibration: its matrices are no training buffer).
+// precision "bf16-reduce": bf16 with comm.reduce_dtype = "bf16" (the bf16 copies gradient reductions take).
 Config deck(const Layout& layout, const std::string& precision) {
-  std::vector<std::string> all = {
-      "train.steps=3",        "train.micro_batch=1", "train.log_every=100",         "train.eval_every=2",
-      "train.eval_batches=1", "perf.peak_gflops=30", "train.precision=" + precision};
+  const bool reduce = precision == "bf16-reduce";
+  std::vector<std::string> all = {"train.steps=3",
+                                  "train.micro_batch=1",
+                                  "train.log_every=100",
+                                  "train.eval_every=2",
+                                  "train.eval_batches=1",
+                                  "perf.peak_gflops=30",
+                                  "train.precision=" + (reduce ? std::string("bf16") : precision),
+                                  std::string("comm.reduce_dtype=") + (reduce ? "bf16" : "fp32")};
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
   return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
@@ -52,8 +60,8 @@ TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
   AllocationTracker& tracker = AllocationTracker::get();
   int tested = 0;
   for (const Layout& layout : layouts()) {
-    for (const std::string precision : {"fp32", "bf16"}) {
-      if (layout.ranks != world_size()) continue;
+    for (const std::string precision : {"fp32", "bf16", "bf16-reduce"}) {
+      if (layout.ranks != world_size() || (precision == "bf16-reduce" && layout.ranks == 1)) continue;
       ++tested;
       const Config cfg = deck(layout, precision);
       const RunLayout run_layout = resolve_layout(cfg, world_size());

@@ -8,6 +8,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -29,34 +30,36 @@ std::vector<real> rank_values(int rank, std::size_t n) {
   return out;
 }
 
-// A device buffer, owned; NCCL needs device memory whatever Kokkos runs on.
-class DeviceBuffer {
+// A device buffer of T, owned; NCCL needs device memory whatever Kokkos runs on.
+template <class T>
+class DeviceBufferOf {
  public:
-  explicit DeviceBuffer(std::size_t n) : n_(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p_), std::max<std::size_t>(n, 1) * sizeof(real)) != cudaSuccess)
+  explicit DeviceBufferOf(std::size_t n) : n_(n) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p_), std::max<std::size_t>(n, 1) * sizeof(T)) != cudaSuccess)
       throw Error("cudaMalloc failed");
   }
-  explicit DeviceBuffer(const std::vector<real>& host) : DeviceBuffer(host.size()) { upload(host); }
-  ~DeviceBuffer() { cudaFree(p_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  explicit DeviceBufferOf(const std::vector<T>& host) : DeviceBufferOf(host.size()) { upload(host); }
+  ~DeviceBufferOf() { cudaFree(p_); }
+  DeviceBufferOf(const DeviceBufferOf&) = delete;
+  DeviceBufferOf& operator=(const DeviceBufferOf&) = delete;
 
-  real* data() { return p_; }
-  void upload(const std::vector<real>& host) {
-    if (cudaMemcpy(p_, host.data(), host.size() * sizeof(real), cudaMemcpyHostToDevice) != cudaSuccess)
+  T* data() { return p_; }
+  void upload(const std::vector<T>& host) {
+    if (cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
       throw Error("cudaMemcpy to device failed");
   }
-  std::vector<real> download() const {
-    std::vector<real> host(n_);
-    if (cudaMemcpy(host.data(), p_, n_ * sizeof(real), cudaMemcpyDeviceToHost) != cudaSuccess)
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
       throw Error("cudaMemcpy to host failed");
     return host;
   }
 
  private:
-  real* p_ = nullptr;
+  T* p_ = nullptr;
   std::size_t n_;
 };
+using DeviceBuffer = DeviceBufferOf<real>;
 
 class NcclTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -211,6 +214,31 @@ TEST_P(NcclTest, ReduceScatter) {
   while (!req.test()) {
   }
   check(recv2.download());
+}
+
+// bf16 sums (comm.reduce_dtype = "bf16") through ncclBfloat16: small
+// integers, whose sums are exact in bf16, so any order of the ranks gives
+// them; counted at 2 bytes a value.
+TEST_P(NcclTest, Bf16Sums) {
+  const int n = comm_->size(), rank = comm_->rank();
+  const std::size_t count = 4099, per_rank = 1031;
+  auto operand = [](int r, std::size_t i) { return bf16(static_cast<float>((r + 1) * (i % 7))); };
+  auto sum = [&](std::size_t i) { return static_cast<float>(n * (n + 1) / 2 * (i % 7)); };
+  std::vector<bf16> mine(count), blocks(per_rank * n);
+  for (std::size_t i = 0; i < count; ++i) mine[i] = operand(rank, i);
+  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = operand(rank, i);
+
+  comm_->reset_stats();
+  DeviceBufferOf<bf16> blocking(mine), nonblocking(mine), send(blocks), recv(per_rank);
+  comm_->all_reduce(blocking.data(), count);
+  comm_->iall_reduce(nonblocking.data(), count).wait();
+  comm_->ireduce_scatter(send.data(), recv.data(), per_rank).wait();
+  EXPECT_EQ(comm_->stats().bytes, static_cast<std::int64_t>((2 * count + n * per_rank) * sizeof(bf16)));
+  for (const auto& got : {blocking.download(), nonblocking.download()})
+    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(static_cast<float>(got[i]), sum(i)) << "element " << i;
+  const auto got = recv.download();
+  for (std::size_t i = 0; i < per_rank; ++i)
+    ASSERT_EQ(static_cast<float>(got[i]), sum(rank * per_rank + i)) << "element " << i;
 }
 
 TEST_P(NcclTest, BroadcastAndSendRecv) {

@@ -34,60 +34,89 @@ namespace {
 // warm-up the timed figures leave out), the validation loss at steps 0 and
 // 2 (its traffic is not the step's: the trainer resets the counters), no
 // GEMM calibration.
-Config deck(const Layout& layout) {
+Config deck(const Layout& layout, const std::vector<std::string>& extra) {
   std::vector<std::string> all = {"train.steps=3",      "train.micro_batch=1",  "train.log_every=100",
                                   "train.eval_every=2", "train.eval_batches=1", "perf.peak_gflops=30"};
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
+  all.insert(all.end(), extra.begin(), extra.end());
   return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+}
+
+// The plan of `layout` (with `extra` deck settings) against a training run of it.
+void expect_plan_equals_run(const Layout& layout, const std::vector<std::string>& extra = {}) {
+  AllocationTracker& tracker = AllocationTracker::get();
+  const Config cfg = deck(layout, extra);
+  const RunLayout run = resolve_layout(cfg, world_size());
+  const auto coords = run.dims.coords_of(world_rank());
+  const int stage = coords[static_cast<int>(Axis::pp)];
+  const bool fsdp_rank_0 = coords[static_cast<int>(Axis::dp_shard)] == 0 && coords[static_cast<int>(Axis::cp)] == 0;
+  const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run)[stage];
+  const PlanMemory memory = plan_memory(estimate);
+  const std::vector<GroupTraffic> predicted = traffic_per_step(cfg, run, stage);
+
+  const TrainResult result = train_tracked(cfg, tracker);
+  const std::string what = label(layout) + ", rank " + std::to_string(world_rank());
+  ASSERT_EQ(result.timed.size(), 2u) << what;
+
+  // Traffic: every reported group, both timed steps.
+  if (fsdp_rank_0)
+    for (const StepStats& step : result.timed) {
+      ASSERT_EQ(step.comm.size(), predicted.size()) << what;
+      for (std::size_t g = 0; g < predicted.size(); ++g) {
+        EXPECT_EQ(step.comm[g].first, predicted[g].name) << what;
+        EXPECT_EQ(static_cast<double>(step.comm[g].second.bytes), predicted[g].bytes)
+            << what << ": bytes of " << predicted[g].name;
+        EXPECT_EQ(step.comm[g].second.calls, predicted[g].calls) << what << ": calls of " << predicted[g].name;
+      }
+    }
+
+  // Model state, and the categories against the estimate the trainer refuses decks by.
+  EXPECT_EQ(memory.params + memory.grads + memory.optimizer, result.state_bytes) << what;
+  EXPECT_EQ(memory.total(), estimate.total()) << what;
+
+  // Memory: the planner's figure against the high-water mark of the allocations.
+  const double peak = static_cast<double>(tracker.peak()), planned = static_cast<double>(memory.total());
+  EXPECT_GE(planned, peak) << what << ": the plan misses allocations" << tracker.peak_breakdown();
+  EXPECT_LE(planned, 1.1 * peak) << what << ": the plan is over 10% above the peak" << tracker.peak_breakdown();
+  if (world_rank() == 0)
+    std::printf("[plan] %d ranks, %-72s%s memory plan / peak %.1f / %.1f KiB, traffic checked\n", layout.ranks,
+                label(layout).c_str(), extra.empty() ? "" : " (bf16 reductions)", planned / 1024, peak / 1024);
 }
 
 }  // namespace
 
 TEST(Plan, TrafficStateAndMemoryEqualATrainingRunForEveryLayout) {
-  AllocationTracker& tracker = AllocationTracker::get();
   int tested = 0;
   for (const Layout& layout : layouts()) {
     if (layout.ranks != world_size()) continue;
     ++tested;
-    const Config cfg = deck(layout);
-    const RunLayout run = resolve_layout(cfg, world_size());
-    const auto coords = run.dims.coords_of(world_rank());
-    const int stage = coords[static_cast<int>(Axis::pp)];
-    const bool fsdp_rank_0 = coords[static_cast<int>(Axis::dp_shard)] == 0 && coords[static_cast<int>(Axis::cp)] == 0;
-    const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run)[stage];
-    const PlanMemory memory = plan_memory(estimate);
-    const std::vector<GroupTraffic> predicted = traffic_per_step(cfg, run, stage);
-
-    const TrainResult result = train_tracked(cfg, tracker);
-    const std::string what = label(layout) + ", rank " + std::to_string(world_rank());
-    ASSERT_EQ(result.timed.size(), 2u) << what;
-
-    // Traffic: every reported group, both timed steps.
-    if (fsdp_rank_0)
-      for (const StepStats& step : result.timed) {
-        ASSERT_EQ(step.comm.size(), predicted.size()) << what;
-        for (std::size_t g = 0; g < predicted.size(); ++g) {
-          EXPECT_EQ(step.comm[g].first, predicted[g].name) << what;
-          EXPECT_EQ(static_cast<double>(step.comm[g].second.bytes), predicted[g].bytes)
-              << what << ": bytes of " << predicted[g].name;
-          EXPECT_EQ(step.comm[g].second.calls, predicted[g].calls) << what << ": calls of " << predicted[g].name;
-        }
-      }
-
-    // Model state, and the categories against the estimate the trainer refuses decks by.
-    EXPECT_EQ(memory.params + memory.grads + memory.optimizer, result.state_bytes) << what;
-    EXPECT_EQ(memory.total(), estimate.total()) << what;
-
-    // Memory: the planner's figure against the high-water mark of the allocations.
-    const double peak = static_cast<double>(tracker.peak()), planned = static_cast<double>(memory.total());
-    EXPECT_GE(planned, peak) << what << ": the plan misses allocations" << tracker.peak_breakdown();
-    EXPECT_LE(planned, 1.1 * peak) << what << ": the plan is over 10% above the peak" << tracker.peak_breakdown();
-    if (world_rank() == 0)
-      std::printf("[plan] %d ranks, %-72s memory plan / peak %.1f / %.1f KiB, traffic checked\n", layout.ranks,
-                  label(layout).c_str(), planned / 1024, peak / 1024);
+    expect_plan_equals_run(layout);
   }
   EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
+}
+
+// comm.reduce_dtype = "bf16": the gradient reductions' bytes halve in the
+// plan as in the comm layer's counters, and the bf16 buffers they take are
+// in the memory plan. Layouts whose other traffic is fp32 under bf16 too
+// (traffic_per_step counts activations and FSDP gathers in fp32): data
+// parallelism's buckets, the tied embedding of a pipeline, beside tp.
+TEST(Plan, Bf16ReductionsEqualATrainingRun) {
+  const std::vector<std::string> bf16 = {"train.precision=bf16", "comm.reduce_dtype=bf16"};
+  const std::vector<Layout> some = {
+      {2, {"parallel.dp_replicate=2"}, {}},
+      {2, {"parallel.pp=2", "parallel.schedule=gpipe"}, {}},
+      {4, {"parallel.pp=2", "parallel.dp_replicate=2"}, {}},
+      {4, {"parallel.dp_replicate=2", "parallel.tp=2"}, {}},
+      {8, {"parallel.dp_replicate=8"}, {}},
+  };
+  int tested = 0;
+  for (const Layout& layout : some) {
+    if (layout.ranks != world_size()) continue;
+    ++tested;
+    expect_plan_equals_run(layout, bf16);
+  }
+  if (tested == 0) GTEST_SKIP() << "no layout for " << world_size() << " ranks";
 }
 
 TEST(Plan, ParameterCountOfTheStagesIsTheModels) {

@@ -77,6 +77,12 @@ struct Communicator::BackendImpl {
   virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
                                                              std::size_t count_per_rank) = 0;
   virtual std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) = 0;
+
+  // bf16 sums (Communicator's bf16 all_reduce and reduce_scatter).
+  virtual void all_reduce_bf16(bf16* buf, std::size_t count) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
+                                                                  std::size_t count_per_rank) = 0;
 };
 
 }  // namespace ndmini

@@ -194,6 +194,7 @@ namespace detail {
 namespace {
 
 std::int64_t real_bytes(std::size_t count) { return static_cast<std::int64_t>(count * sizeof(real)); }
+std::int64_t bf16_bytes(std::size_t count) { return static_cast<std::int64_t>(count * sizeof(bf16)); }
 
 // Where a collective is issued: the communicator's accounting, its place in
 // the ledger, and whether compute must be fenced first (not where the backend
@@ -365,6 +366,26 @@ CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::siz
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
                              detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
+}
+
+void Communicator::all_reduce(bf16* buf, std::size_t count) {
+  if (skip("all_reduce")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::bf16_bytes(count),
+      [&] { impl_->all_reduce_bf16(buf, count); }, [&] { return impl_->iall_reduce_bf16(buf, count); });
+}
+
+CommRequest Communicator::iall_reduce(bf16* buf, std::size_t count) {
+  if (skip("all_reduce")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
+                             detail::bf16_bytes(count), [&] { return impl_->iall_reduce_bf16(buf, count); });
+}
+
+CommRequest Communicator::ireduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank) {
+  if (skip("reduce_scatter")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
+                             detail::bf16_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+                             [&] { return impl_->ireduce_scatter_bf16(send, recv, count_per_rank); });
 }
 
 CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {

@@ -160,6 +160,17 @@ class Communicator {
   CommRequest iall_gather(const bf16* send, bf16* recv, std::size_t count_per_rank);
   CommRequest ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
 
+  // Sums of bf16 values (gradient reductions under comm.reduce_dtype =
+  // "bf16"): on the wire 2 bytes a value, and the ledger counts those. The
+  // sum is a bf16 sum: each pair of operands widened to fp32, added and
+  // rounded to nearest even (MPI: a user-defined operation, bf16_sum_into;
+  // NCCL: ncclBfloat16). It is not associative, so the result depends on the
+  // order the library combines the ranks in: the same every run for a given
+  // group size, the same on every rank of the group.
+  void all_reduce(bf16* buf, std::size_t count);
+  CommRequest iall_reduce(bf16* buf, std::size_t count);
+  CommRequest ireduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank);
+
   // Non-blocking point-to-point: every send and receive of `ops` is issued
   // at once (MPI_Isend/MPI_Irecv; one ncclGroupStart/End group on NCCL, so a
   // ring exchange -- send to the next rank, receive from the previous -- or a
@@ -202,6 +213,10 @@ class Communicator {
   std::uint64_t seq_ = 0;  // collectives issued on it
   bool skip_next_ = false;
 };
+
+// The MPI bf16 sum's elementwise function: inout[i] = bf16(float(in[i]) +
+// float(inout[i])), rounded to nearest even (a NaN stays a NaN).
+void bf16_sum_into(const bf16* in, bf16* inout, std::size_t n);
 
 // True when this build has the NCCL backend.
 bool nccl_available();

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,18 +38,21 @@ using StagingView = Kokkos::View<real*, Kokkos::LayoutRight, StagingSpace>;
 // Copies on Kokkos' stream, then a fence of that stream only: a global fence
 // (two-argument deep_copy) would also wait for NCCL's streams, collectives of
 // other axes still in flight. The host may reuse `host` once they return.
-void to_host(real* host, const real* device, std::size_t n) {
+// T: real, or bf16 (bf16 sums).
+template <class T>
+void to_host(T* host, const T* device, std::size_t n) {
   if (n == 0) return;
   const ExecSpace exec;
-  Kokkos::deep_copy(exec, Kokkos::View<real*, Kokkos::LayoutRight, StagingSpace, Unmanaged>(host, n),
-                    Kokkos::View<const real*, Kokkos::LayoutRight, MemSpace, Unmanaged>(device, n));
+  Kokkos::deep_copy(exec, Kokkos::View<T*, Kokkos::LayoutRight, StagingSpace, Unmanaged>(host, n),
+                    Kokkos::View<const T*, Kokkos::LayoutRight, MemSpace, Unmanaged>(device, n));
   exec.fence();
 }
-void to_device(real* device, const real* host, std::size_t n) {
+template <class T>
+void to_device(T* device, const T* host, std::size_t n) {
   if (n == 0) return;
   const ExecSpace exec;
-  Kokkos::deep_copy(exec, Kokkos::View<real*, Kokkos::LayoutRight, MemSpace, Unmanaged>(device, n),
-                    Kokkos::View<const real*, Kokkos::LayoutRight, StagingSpace, Unmanaged>(host, n));
+  Kokkos::deep_copy(exec, Kokkos::View<T*, Kokkos::LayoutRight, MemSpace, Unmanaged>(device, n),
+                    Kokkos::View<const T*, Kokkos::LayoutRight, StagingSpace, Unmanaged>(host, n));
   exec.fence();
 }
 
@@ -168,42 +172,54 @@ class Staging {
   Staging(Staging&&) = default;
   Staging& operator=(Staging&&) = default;
   ~Staging() { release(); }
-  // A host copy of n device floats.
-  real* in(const real* device, std::size_t n) {
-    real* h = lend(n);
+  // A host copy of n device values (T: real or bf16).
+  template <class T>
+  T* in(const T* device, std::size_t n) {
+    T* h = lend<T>(n);
     to_host(h, device, n);
     return h;
   }
-  // A host buffer whose n floats go to `device` at finish().
-  real* out(real* device, std::size_t n) {
-    real* h = lend(n);
-    copies_.push_back({device, h, n});
+  // A host buffer whose n values go to `device` at finish().
+  template <class T>
+  T* out(T* device, std::size_t n) {
+    T* h = lend<T>(n);
+    copies_.push_back({device, h, n, std::is_same_v<T, bf16>});
     return h;
   }
   // Both: a host copy that goes back.
-  real* in_out(real* device, std::size_t n) {
-    real* h = in(device, n);
-    copies_.push_back({device, h, n});
+  template <class T>
+  T* in_out(T* device, std::size_t n) {
+    T* h = in(device, n);
+    copies_.push_back({device, h, n, std::is_same_v<T, bf16>});
     return h;
   }
   void finish() {
-    for (const Copy& c : copies_) to_device(c.device, c.host, c.n);
+    for (const Copy& c : copies_) {
+      if (c.bf16_values)
+        to_device(static_cast<bf16*>(c.device), static_cast<const bf16*>(c.host), c.n);
+      else
+        to_device(static_cast<real*>(c.device), static_cast<const real*>(c.host), c.n);
+    }
     copies_.clear();
     release();
   }
 
  private:
   struct Copy {
-    real* device;
-    const real* host;
+    void* device;
+    const void* host;
     std::size_t n;
+    bool bf16_values;
   };
-  real* lend(std::size_t n) {
+  // The pool lends floats: n values of T take ceil(n sizeof(T) / sizeof(real)) of them.
+  template <class T>
+  T* lend(std::size_t n) {
+    static_assert(sizeof(real) % sizeof(T) == 0, "values pack whole into the pool's floats");
     ++g_staged;
     int slot = 0;
-    real* h = pool_->acquire(n, slot);
+    real* h = pool_->acquire((n * sizeof(T) + sizeof(real) - 1) / sizeof(real), slot);
     slots_.push_back(slot);
-    return h;
+    return reinterpret_cast<T*>(h);
   }
   void release() {
     for (int s : slots_) pool_->release(s);
@@ -300,6 +316,23 @@ class StagedMpiBackend final : public Communicator::BackendImpl {
     Staging s(pool_);
     const real* hs = s.in(send, size_ * count_per_rank);
     auto r = mpi_->ireduce_scatter(hs, s.out(recv, count_per_rank), count_per_rank);
+    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
+  }
+  void all_reduce_bf16(bf16* buf, std::size_t count) override {
+    Staging s(pool_);
+    mpi_->all_reduce_bf16(s.in_out(buf, count), count);
+    s.finish();
+  }
+  std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) override {
+    Staging s(pool_);
+    auto r = mpi_->iall_reduce_bf16(s.in_out(buf, count), count);
+    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
+                                                          std::size_t count_per_rank) override {
+    Staging s(pool_);
+    const bf16* hs = s.in(send, size_ * count_per_rank);
+    auto r = mpi_->ireduce_scatter_bf16(hs, s.out(recv, count_per_rank), count_per_rank);
     return std::make_unique<StagedRequest>(std::move(r), std::move(s));
   }
   std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {

@@ -178,6 +178,7 @@ const std::vector<Key>& schema() {
       bool_key("checkpoint", "on_signal", &Config::checkpoint, &CheckpointConfig::on_signal),
       float_key("comm", "timeout_s", &Config::comm, &CommConfig::timeout_s),
       float_key("comm", "progress_poll_us", &Config::comm, &CommConfig::progress_poll_us),
+      enum_key("comm", "reduce_dtype", &Config::comm, &CommConfig::reduce_dtype, kPrecisionNames),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
       string_key("perf", "cluster", &Config::perf, &PerfConfig::cluster),
@@ -405,6 +406,11 @@ void validate(const Config& c, const std::string& origin) {
                   " seconds (one week)");
   check_range(c.comm.progress_poll_us >= 0 && c.comm.progress_poll_us <= 1e6, origin, "comm.progress_poll_us",
               s(c.comm.progress_poll_us), "must be between 0 (no progress thread) and 1e6 microseconds");
+  // bf16 reductions round the gradients: an fp32 run would silently stop being exact.
+  require(c.comm.reduce_dtype == Precision::fp32 || t.precision == Precision::bf16,
+          origin +
+              ": comm.reduce_dtype = \"bf16\" needs train.precision = \"bf16\" (an fp32 run reduces its "
+              "gradients in fp32); set train.precision = \"bf16\" or comm.reduce_dtype = \"fp32\"");
   check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),
               "must be >= 0 (0: measure with a GEMM calibration)");
   check_range(c.perf.memory_per_rank_gib >= 0, origin, "perf.memory_per_rank_gib", s(c.perf.memory_per_rank_gib),

@@ -132,6 +132,11 @@ struct CommConfig {
   // progress engine every this many microseconds (comm/progress.hpp), so the
   // transfer moves during compute; 0: progress inside MPI calls only.
   double progress_poll_us = 100.0;
+  // The wire format of the gradient reductions (data-parallel all-reduce,
+  // FSDP reduce-scatter, HSDP, the tied embedding, sequence parallelism's
+  // replicated tensors): fp32, or bf16 (half the bytes; needs train.precision
+  // = "bf16", so fp32 runs stay exact). Accumulation stays fp32 either way.
+  Precision reduce_dtype = Precision::fp32;
 };
 
 struct PerfConfig {

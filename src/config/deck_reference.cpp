@@ -106,6 +106,10 @@ const std::map<std::string, std::string>& meanings() {
        "microseconds, so gradient reductions and FSDP gathers move during compute (needs `MPI_THREAD_MULTIPLE`, "
        "which ndmini asks MPI for in any case; without it a note says so and MPI progresses inside its own calls); "
        "0: no progress thread"},
+      {"comm.reduce_dtype",
+       "`\"fp32\"`, or `\"bf16\"`: the gradient reductions (data-parallel all-reduce, FSDP reduce-scatter, the "
+       "tied embedding, sequence parallelism's replicated tensors) round to bf16 and sum in bf16, half the bytes; "
+       "needs `train.precision = \"bf16\"` ([model.md](model.md#precision))"},
       {"perf.peak_gflops", "peak GFLOP/s per rank for MFU; 0: measure with a GEMM calibration at start-up"},
       {"perf.memory_per_rank_gib",
        "memory one rank may use, GiB; a deck whose estimate exceeds it is refused before anything is allocated; "

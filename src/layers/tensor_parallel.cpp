@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "parallel/grad_reduction.hpp"
 
 namespace ndmini {
 namespace {
@@ -164,8 +165,8 @@ double TensorParallel::cross_entropy(Slice2D logits, Slice1D losses, ConstTokenV
                                              Slice1D(xent_stats_.data(), 2 * N), targets, vocab_start(), grad_scale);
 }
 
-void TensorParallel::sum_replicated_grads(real* grads, std::size_t n) {
-  if (sp_) tp_->all_reduce(grads, n);
+void TensorParallel::sum_replicated_grads(real* grads, std::size_t n, Precision wire) {
+  if (sp_) all_reduce_grads(*tp_, grads, n, wire);
 }
 
 }  // namespace ndmini

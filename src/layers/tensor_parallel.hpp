@@ -21,6 +21,7 @@
 #include <cstddef>
 
 #include "comm/communicator.hpp"
+#include "config/config.hpp"
 #include "core/types.hpp"
 
 namespace ndmini {
@@ -98,8 +99,9 @@ class TensorParallel {
 
   // With SP each tp rank saw only its rows, so the gradients of tp-replicated
   // tensors (LayerNorms, row-parallel biases, wpe) are partial: sums n floats
-  // of them over tp (nothing to do without SP).
-  void sum_replicated_grads(real* grads, std::size_t n);
+  // of them over tp (nothing to do without SP), in the wire format of
+  // comm.reduce_dtype (parallel/grad_reduction.hpp).
+  void sum_replicated_grads(real* grads, std::size_t n, Precision wire);
 
  private:
   template <class Input, class Weight>

@@ -126,7 +126,7 @@ class GptModel {
   void head_backward(real* ln_f, UnitWeights wte, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx);
 
   // With SP, sums the partial gradients of tp-replicated tensors over tp.
-  void sum_replicated_grads(real* grads, std::size_t n) { tp_.sum_replicated_grads(grads, n); }
+  void sum_replicated_grads(real* grads, std::size_t n, Precision wire) { tp_.sum_replicated_grads(grads, n, wire); }
 
   // The buffers a GptModel allocates for itself (its constructor allocates
   // these; the memory estimate adds them up): the layers' scratch, the

@@ -3,17 +3,16 @@
 
 namespace ndmini {
 
-void DataParallel::reduce_bucket(real* grads, std::size_t n) { buckets_.push_back(group_.iall_reduce(grads, n)); }
+void DataParallel::reduce_bucket(real* grads, std::size_t n) { buckets_.emplace_back(group_, grads, n, wire_); }
 
 void DataParallel::poll() {
-  for (auto& r : buckets_)
-    if (r.active()) r.test();
+  for (auto& r : buckets_) r.poll();
 }
 
 void DataParallel::finish(const View1D& shards) {
-  for (auto& r : buckets_) r.wait();
+  for (auto& r : buckets_) r.finish();
   buckets_.clear();
-  if (shards.extent(0) > 0) group_.all_reduce(shards.data(), shards.extent(0));
+  if (shards.extent(0) > 0) all_reduce_grads(group_, shards.data(), shards.extent(0), wire_);
 }
 
 }  // namespace ndmini

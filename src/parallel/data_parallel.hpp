@@ -7,17 +7,20 @@
 // backward of the last micro-batch has produced its gradients, so the
 // reduction of one unit overlaps the backward of the next; poll() between
 // units lets MPI progress them. Sharded (HSDP): the shards, already summed
-// over the fsdp group, are all-reduced over dp_replicate at the end.
+// over the fsdp group, are all-reduced over dp_replicate at the end. Both
+// move the wire format of comm.reduce_dtype (parallel/grad_reduction.hpp).
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "config/config.hpp"
 #include "core/types.hpp"
+#include "parallel/grad_reduction.hpp"
 
 namespace ndmini {
 
 class DataParallel {
  public:
-  explicit DataParallel(Communicator& group) : group_(group) {}
+  DataParallel(Communicator& group, Precision wire) : group_(group), wire_(wire) {}
 
   // Starts the all-reduce of one unit's gradients (n elements at grads);
   // the buffer must stay untouched until finish().
@@ -28,7 +31,8 @@ class DataParallel {
 
  private:
   Communicator& group_;
-  std::vector<CommRequest> buckets_;
+  Precision wire_;
+  std::vector<GradAllReduce> buckets_;
 };
 
 }  // namespace ndmini

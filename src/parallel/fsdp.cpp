@@ -16,16 +16,24 @@ void add_into(real* y, const real* x, std::size_t n) {
       KOKKOS_LAMBDA(const std::size_t i) { y[i] += x[i]; });
 }
 
+// y += float(x) over n elements: a bf16 sum accumulated in fp32.
+void add_widened_into(real* y, const bf16* x, std::size_t n) {
+  Kokkos::parallel_for(
+      "ndmini::accumulate_shard_bf16", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(const std::size_t i) { y[i] += static_cast<real>(x[i]); });
+}
+
 }  // namespace
 
 Fsdp::Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
-           View1D shard_grads, Bf16View1D shard_bf16)
+           View1D shard_grads, Bf16View1D shard_bf16, Precision reduce_dtype)
     : group_(group),
       layout_(layout),
       shard_offset_(std::move(shard_offset)),
       shard_params_(shard_params),
       shard_grads_(shard_grads),
-      shard_bf16_(shard_bf16) {
+      shard_bf16_(shard_bf16),
+      reduce_dtype_(reduce_dtype) {
   const std::size_t n = layout_.unit_size.size();
   full_params_.resize(n);
   full_grads_.resize(n);
@@ -98,11 +106,25 @@ void Fsdp::begin_grads(int u) {
 }
 
 void Fsdp::end_grads(int u) {
-  const std::size_t part = layout_.unit_size[u] / group_.size();
+  const std::size_t size = layout_.unit_size[u], part = size / group_.size();
   // Reduce-scatter instead of all-reduce: each rank only updates its shard.
-  PendingReduction r{u, full_grads_[u], uninitialized("ndmini::grad_shard_part", part), CommRequest()};
-  add_transient(part * sizeof(real));
-  r.request = group_.ireduce_scatter(r.full_grads.data(), r.shard_part.data(), part);
+  PendingReduction r{u, full_grads_[u], View1D(), Bf16View1D(), Bf16View1D(), CommRequest()};
+  if (reduce_dtype_ == Precision::bf16) {
+    // The bf16 copy is what travels: the fp32 full gradients can go at once.
+    r.full_grads_bf16 = uninitialized_bf16("ndmini::full_grads_bf16", size);
+    add_transient(size * sizeof(bf16));
+    kernels::round_to_bf16(r.full_grads_bf16, r.full_grads);
+    transient_ -= size * sizeof(real);
+    r.full_grads = View1D();
+    full_grads_[u] = View1D();  // freed before the next allocation (FsdpReplay counts it so)
+    r.part_bf16 = uninitialized_bf16("ndmini::grad_shard_part_bf16", part);
+    add_transient(part * sizeof(bf16));
+    r.request = group_.ireduce_scatter(r.full_grads_bf16.data(), r.part_bf16.data(), part);
+  } else {
+    r.shard_part = uninitialized("ndmini::grad_shard_part", part);
+    add_transient(part * sizeof(real));
+    r.request = group_.ireduce_scatter(r.full_grads.data(), r.shard_part.data(), part);
+  }
   full_grads_[u] = View1D();
   reductions_.push_back(std::move(r));
   while (reductions_.size() > kReductionsInFlight) {
@@ -118,10 +140,17 @@ void Fsdp::poll() {
 
 void Fsdp::complete(PendingReduction& r) {
   if (r.request.active()) r.request.wait();
-  add_into(shard_grads_.data() + shard_offset_[r.unit], r.shard_part.data(), r.shard_part.extent(0));
-  transient_ -= (r.full_grads.extent(0) + r.shard_part.extent(0)) * sizeof(real);
+  real* shard = shard_grads_.data() + shard_offset_[r.unit];
+  if (r.part_bf16.extent(0) > 0)
+    add_widened_into(shard, r.part_bf16.data(), r.part_bf16.extent(0));
+  else
+    add_into(shard, r.shard_part.data(), r.shard_part.extent(0));
+  transient_ -= (r.full_grads.extent(0) + r.shard_part.extent(0)) * sizeof(real) +
+                (r.full_grads_bf16.extent(0) + r.part_bf16.extent(0)) * sizeof(bf16);
   r.full_grads = View1D();
   r.shard_part = View1D();
+  r.full_grads_bf16 = Bf16View1D();
+  r.part_bf16 = Bf16View1D();
 }
 
 void Fsdp::finish() {

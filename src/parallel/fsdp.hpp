@@ -11,10 +11,15 @@
 // waits for it; release(u) frees the full parameters; begin_grads(u) gives a
 // zeroed full gradient buffer, end_grads(u) starts its reduce-scatter. At
 // most two reduce-scatters stay in flight; finish() completes them all.
+// With a bf16 wire (comm.reduce_dtype) end_grads rounds the full gradients
+// to bf16 and frees the fp32 ones, the reduce-scatter sums bf16, and the
+// sum is widened into the fp32 shard gradients (which accumulate the
+// micro-batches in fp32).
 #include <deque>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "config/config.hpp"
 #include "core/types.hpp"
 #include "model/param_layout.hpp"
 
@@ -28,7 +33,7 @@ class Fsdp {
   // kept current by the caller) the gathers move it instead, half the bytes,
   // and params() are its values widened back to fp32.
   Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
-       View1D shard_grads, Bf16View1D shard_bf16 = {});
+       View1D shard_grads, Bf16View1D shard_bf16 = {}, Precision reduce_dtype = Precision::fp32);
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -52,8 +57,9 @@ class Fsdp {
  private:
   struct PendingReduction {
     int unit;
-    View1D full_grads, shard_part;  // kept alive until the request completes
-    CommRequest request;            // last: destroyed (and so waited for) before the buffers
+    View1D full_grads, shard_part;          // kept alive until the request completes (fp32 wire)
+    Bf16View1D full_grads_bf16, part_bf16;  // the same on a bf16 wire
+    CommRequest request;                    // last: destroyed (and so waited for) before the buffers
   };
   void complete(PendingReduction& r);
   void add_transient(std::size_t bytes);
@@ -64,6 +70,7 @@ class Fsdp {
   std::vector<std::size_t> shard_offset_;
   View1D shard_params_, shard_grads_;
   Bf16View1D shard_bf16_;
+  Precision reduce_dtype_;
   std::vector<View1D> full_params_, full_grads_;
   std::vector<Bf16View1D> full_bf16_;
   std::vector<bool> widened_;  // bf16: full_params_[u] holds the gathered values widened

@@ -36,9 +36,10 @@ ParamStore::ParamStore(ParamLayout layout, const DataParallelGroups& groups, Pre
     working_version_.assign(shards_ > 1 ? 1 : n_units, 0);
   }
   if (shards_ > 1)
-    fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_, working_bf16_);
+    fsdp_ = std::make_unique<Fsdp>(*groups_.fsdp, layout_, shard_offset_, shard_params_, shard_grads_, working_bf16_,
+                                   groups_.reduce_dtype);
   if (groups_.dp_replicate != nullptr && groups_.dp_replicate->size() > 1)
-    dp_ = std::make_unique<DataParallel>(*groups_.dp_replicate);
+    dp_ = std::make_unique<DataParallel>(*groups_.dp_replicate, groups_.reduce_dtype);
 }
 
 std::size_t ParamStore::working_bytes_per_element(Precision precision, bool sharded) {

@@ -22,9 +22,10 @@
 namespace ndmini {
 
 struct DataParallelGroups {
-  Communicator* fsdp = nullptr;          // parameters sharded over it (dp_shard x cp); null: none
-  Communicator* dp_replicate = nullptr;  // gradients all-reduced over it; null: none
-  bool reshard_after_forward = true;     // FSDP: free a block's parameters after its forward
+  Communicator* fsdp = nullptr;              // parameters sharded over it (dp_shard x cp); null: none
+  Communicator* dp_replicate = nullptr;      // gradients all-reduced over it; null: none
+  bool reshard_after_forward = true;         // FSDP: free a block's parameters after its forward
+  Precision reduce_dtype = Precision::fp32;  // gradient reductions' wire format (comm.reduce_dtype)
 };
 
 class ParamStore {
@@ -64,6 +65,7 @@ class ParamStore {
   void gather(int u);    // make unit u's parameters available (waits for a prefetch)
   void release(int u);   // drop them
   bool reshard_after_forward() const { return groups_.reshard_after_forward; }
+  Precision reduce_dtype() const { return groups_.reduce_dtype; }
 
   // Gradient life cycle of one micro-batch's backward, unit by unit.
   void begin_grads(int u);                       // FSDP: zeroed full gradients (kept if already open)

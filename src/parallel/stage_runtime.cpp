@@ -28,11 +28,13 @@ std::vector<Chunk> chunks_or_whole_model(const std::vector<Chunk>& chunks, int l
 class FsdpReplay {
  public:
   // gathered_bytes: per element of a gathered unit (fp32, and under bf16
-  // the bf16 values the gather brings).
-  FsdpReplay(const ParamLayout& layout, int shards, std::size_t gathered_bytes)
+  // the bf16 values the gather brings); wire_bytes: per element of a
+  // reduce-scatter's buffers (fp32, or 2 with comm.reduce_dtype = "bf16").
+  FsdpReplay(const ParamLayout& layout, int shards, std::size_t gathered_bytes, std::size_t wire_bytes = sizeof(real))
       : units_(layout.unit_size),
         shards_(shards),
         gathered_bytes_(gathered_bytes),
+        wire_bytes_(wire_bytes),
         gathered_(units_.size(), false),
         open_(units_.size(), false) {}
   void gather(int u) {  // and prefetch
@@ -55,10 +57,14 @@ class FsdpReplay {
   void end_grads(int u) {
     open_[u] = false;
     const std::size_t part = units_[u] / shards_;
-    grow(part * sizeof(real));
+    if (wire_bytes_ != sizeof(real)) {  // Fsdp::end_grads: the bf16 copy, then the fp32 gradients go
+      grow(units_[u] * wire_bytes_);
+      held_ -= units_[u] * sizeof(real);
+    }
+    grow(part * wire_bytes_);
     traffic_.reduce_scatter_floats += static_cast<double>(units_[u]);
     ++traffic_.reduce_scatters;
-    reductions_.push_back((units_[u] + part) * sizeof(real));
+    reductions_.push_back((units_[u] + part) * wire_bytes_);
     while (reductions_.size() > Fsdp::kReductionsInFlight) {
       held_ -= reductions_.front();
       reductions_.pop_front();
@@ -114,7 +120,7 @@ class FsdpReplay {
   void grow(std::size_t bytes) { peak_ = std::max(peak_, held_ += bytes); }
 
   std::vector<std::size_t> units_;  // floats of each unit
-  std::size_t shards_, gathered_bytes_;
+  std::size_t shards_, gathered_bytes_, wire_bytes_;
   std::vector<bool> gathered_, open_;
   std::deque<std::size_t> reductions_;  // bytes of full gradients + shard part of each reduce-scatter in flight
   std::size_t held_ = 0, peak_ = 0;
@@ -164,13 +170,32 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
   return e;
 }
 
+// With comm.reduce_dtype = "bf16", the most bytes the bf16 copies of the
+// gradient reductions outside FSDP hold at once (parallel/grad_reduction.hpp).
+// They follow each other, so the largest counts: over dp_replicate every
+// bucket's copy, in flight together at the end of the backward (or the
+// shard's, HSDP); a tp-replicated tensor's piece with SP; the tied wte's shard.
+double bf16_wire_bytes(const ParamLayout& layout, const ParallelDims& split, const std::vector<Chunk>& chunks,
+                       std::size_t shard) {
+  const int fsdp = split.fsdp();
+  std::size_t most = split.dp_replicate > 1 ? shard : 0;
+  if (split.tp > 1 && split.sequence_parallel)
+    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
+      if (layout.params[piece.param].split == TpSplit::replicated) most = std::max(most, piece.length);
+  if (split.pp > 1)
+    for (const ChunkUnits& u : gpt_chunk_units(chunks))
+      if (u.wte >= 0) most = std::max(most, layout.unit_size[u.wte] / fsdp);
+  return 1.0 * most * sizeof(bf16);
+}
+
 }  // namespace
 
 std::size_t StageRuntime::fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
                                           const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                          Precision precision) {
+                                          Precision precision, Precision reduce_dtype) {
   if (shards <= 1) return 0;
-  FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::transient_working_bytes_per_element(precision));
+  FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::transient_working_bytes_per_element(precision),
+                  reduce_dtype == Precision::bf16 ? sizeof(bf16) : sizeof(real));
   replay(fsdp, chunks, actions, reshard_after_forward);
   return fsdp.peak_bytes();
 }
@@ -187,7 +212,7 @@ StageRuntime::FsdpTraffic StageRuntime::fsdp_traffic(const ParamLayout& layout, 
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
                                    const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                   Precision precision) {
+                                   Precision precision, Precision reduce_dtype) {
   const int fsdp = split.fsdp();
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
@@ -240,9 +265,10 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
   const double fsdp_bytes = static_cast<double>(StageRuntime::fsdp_peak_bytes(
       layout, chunks, fsdp, std::vector<PipelineAction>(actions.begin(), actions.begin() + replayed),
-      reshard_after_forward, precision));
-  e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes);
-  e.comm_buffer_bytes = saturated_bytes(fsdp_bytes);
+      reshard_after_forward, precision, reduce_dtype));
+  const double wire_bytes = reduce_dtype == Precision::bf16 ? bf16_wire_bytes(layout, split, chunks, shard) : 0.0;
+  e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes + wire_bytes);
+  e.comm_buffer_bytes = saturated_bytes(fsdp_bytes + wire_bytes);
   return e;
 }
 
@@ -448,8 +474,9 @@ void StageRuntime::finish_grads() {
   // With SP the tp-replicated tensors' gradients are partial sums over tp.
   for (const ParamStore::Piece& piece : s.pieces())
     if (s.layout().params[piece.param].split == TpSplit::replicated)
-      model_.sum_replicated_grads(s.shard_grads().data() + piece.shard_offset, piece.length);
-  if (wte_unit_ >= 0) tied_.reduce_grads(s.shard_grads().data() + s.shard_offset(wte_unit_), s.shard_size(wte_unit_));
+      model_.sum_replicated_grads(s.shard_grads().data() + piece.shard_offset, piece.length, s.reduce_dtype());
+  if (wte_unit_ >= 0)
+    tied_.reduce_grads(s.shard_grads().data() + s.shard_offset(wte_unit_), s.shard_size(wte_unit_), s.reduce_dtype());
 }
 
 bool StageRuntime::tied_wte_identical() {

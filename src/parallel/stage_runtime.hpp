@@ -59,7 +59,7 @@ struct MemoryEstimate {
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
                                    const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                   Precision precision = Precision::fp32);
+                                   Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32);
 
 class StageRuntime {
  public:
@@ -144,7 +144,7 @@ class StageRuntime {
   // backward() replayed without compute. 0 without FSDP.
   static std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
                                      const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                     Precision precision = Precision::fp32);
+                                     Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32);
   // The floats FSDP all-gathers and reduce-scatters (gathered sizes) when
   // that stage runs `actions`: the same replay, counting each collective.
   // (Under bf16 the all-gathers move bf16 values: half the bytes.)

@@ -80,12 +80,11 @@ class TrafficCounter {
   GroupTraffic traffic_[kGroups];
 };
 
-constexpr double kGradFloat = sizeof(real);  // gradient reductions: fp32 in every precision
-
 // Counts what the layers (layers/tensor_parallel.cpp, layers/context_parallel.cpp),
 // FSDP, data parallelism, the pipeline and the trainer send in one step of `stage`.
 // `half`: bf16 compute (activations, their gradients and the gathered
-// parameters travel in 2 bytes; gradient reductions stay fp32).
+// parameters travel in 2 bytes); gradient reductions move the wire format
+// of comm.reduce_dtype (parallel/grad_reduction.hpp).
 TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
                              bool half = false) {
   const ParallelDims& d = l.dims;
@@ -93,7 +92,8 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   TrafficCounter t(d, cluster);
   const BlockSizes bs = GptModel::block_sizes_of(m, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   const double N = static_cast<double>(bs.rows), NC = static_cast<double>(bs.full());
-  const double kFloat = half ? 2.0 : sizeof(real);                    // an activation element's bytes
+  const double kFloat = half ? 2.0 : sizeof(real);  // an activation element's bytes
+  const double kGradFloat = cfg.comm.reduce_dtype == Precision::bf16 ? sizeof(bf16) : sizeof(real);  // a gradient's
   const double part = static_cast<double>(bs.attention.part_size());  // one of q, k, v on this rank
   const double activation = static_cast<double>(bs.residual());       // what the pipeline sends
   const bool tp = d.tp > 1, sp = tp && d.sequence_parallel, cp = d.cp > 1;

@@ -46,6 +46,7 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
   par.data.fsdp = &ctx.fsdp();
   par.data.dp_replicate = &ctx.dp_replicate();
   par.data.reshard_after_forward = cfg.parallel.reshard_after_forward;
+  par.data.reduce_dtype = cfg.comm.reduce_dtype;
   par.tied_embedding = ctx.tied_embedding();
   par.chunks = layout.plan.chunks_of(ctx.coord(Axis::pp));
   return par;

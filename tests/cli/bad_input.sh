@@ -57,6 +57,12 @@ case "$1" in
     [ "$rc" -ne 0 ] || fail "an unwritable metrics file must be refused"
     grep -qF -- "--metrics no_such_dir/m.jsonl: cannot open the file for writing" out.txt || fail "missing the message"
     ;;
+  reduce_dtype_value)
+    expect_error 'comm.reduce_dtype = "fp16" is out of range: must be "fp32" or "bf16"' \
+      train tiny.toml --set train.precision=bf16 --set comm.reduce_dtype=fp16 ;;
+  reduce_dtype_needs_bf16)
+    expect_error 'comm.reduce_dtype = "bf16" needs train.precision = "bf16"' \
+      train tiny.toml --set comm.reduce_dtype=bf16 ;;
   world_mismatch)
     # Launched on 2 ranks with a layout for 4: every rank must stop, none hang.
     rc=0

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -13,6 +14,14 @@
 #endif
 
 #include "core/error.hpp"
+
+namespace ndmini {
+
+void bf16_sum_into(const bf16* in, bf16* inout, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) inout[i] = bf16(static_cast<float>(in[i]) + static_cast<float>(inout[i]));
+}
+
+}  // namespace ndmini
 
 namespace ndmini::detail {
 
@@ -80,12 +89,12 @@ class MpiRequests final : public CommRequest::Impl {
 // pieces keep every call below that, and cost nothing measurable at the
 // sizes where one call was fine.
 constexpr std::size_t kMaxPieceBytes = std::size_t{16} << 20;
-constexpr std::size_t kPieceCount = kMaxPieceBytes / sizeof(real);
 
-// Calls f(offset, count) for each piece of [0, count); once for count 0, so
-// every rank still takes part.
-template <class F>
+// Calls f(offset, count) for each piece of [0, count) elements of T; once
+// for count 0, so every rank still takes part.
+template <class T = real, class F>
 void for_pieces(std::size_t count, F&& f) {
+  constexpr std::size_t kPieceCount = kMaxPieceBytes / sizeof(T);
   std::size_t offset = 0;
   do {
     const std::size_t n = std::min(kPieceCount, count - offset);
@@ -116,6 +125,43 @@ void keep_freed_memory() {
   mallopt(M_MMAP_THRESHOLD, kLargestHeapBlock);
   mallopt(M_TRIM_THRESHOLD, -1);  // never trim the heap
 #endif
+}
+
+// bf16 on the wire: a 16-bit datatype of its own and the sum over it
+// (bf16_sum_into), made once per process. Commutative (a + b and b + a
+// round the same), so MPI keeps its usual algorithms; not associative, so
+// the result follows the algorithm MPI picks for the group's size and the
+// message's, the same every run.
+void bf16_sum_function(void* in, void* inout, int* len, MPI_Datatype*) {
+  bf16_sum_into(static_cast<const bf16*>(in), static_cast<bf16*>(inout), static_cast<std::size_t>(*len));
+}
+
+struct Bf16Sum {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+};
+
+Bf16Sum g_bf16_sum;
+
+// Called at the start of MPI_Finalize (an attribute of MPI_COMM_SELF), so
+// the type and the operation are freed while MPI still runs.
+int free_bf16_sum(MPI_Comm, int, void*, void*) {
+  MPI_Op_free(&g_bf16_sum.op);
+  MPI_Type_free(&g_bf16_sum.type);
+  return MPI_SUCCESS;
+}
+
+const Bf16Sum& bf16_sum() {
+  if (g_bf16_sum.op != MPI_OP_NULL) return g_bf16_sum;
+  static_assert(sizeof(bf16) == sizeof(std::uint16_t), "bf16 travels as 16 bits");
+  mpi_check(MPI_Type_contiguous(1, MPI_UINT16_T, &g_bf16_sum.type), "MPI_Type_contiguous");
+  mpi_check(MPI_Type_commit(&g_bf16_sum.type), "MPI_Type_commit");
+  mpi_check(MPI_Op_create(bf16_sum_function, /*commute=*/1, &g_bf16_sum.op), "MPI_Op_create");
+  int keyval = MPI_KEYVAL_INVALID;
+  mpi_check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_bf16_sum, &keyval, nullptr), "MPI_Comm_create_keyval");
+  mpi_check(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr), "MPI_Comm_set_attr");
+  MPI_Comm_free_keyval(&keyval);  // the attribute keeps it until MPI_Finalize
+  return g_bf16_sum;
 }
 
 class MpiBackend final : public Communicator::BackendImpl {
@@ -183,6 +229,33 @@ class MpiBackend final : public Communicator::BackendImpl {
       mpi_check(MPI_Ibcast(buf + at, mpi_count(n, "MPI_Ibcast"), MPI_FLOAT, root, comm_, &r->requests.back()),
                 "MPI_Ibcast");
     });
+    return r;
+  }
+  void all_reduce_bf16(bf16* buf, std::size_t count) override {
+    const Bf16Sum& sum = bf16_sum();
+    for_pieces<bf16>(count, [&](std::size_t at, std::size_t n) {
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Allreduce"), sum.type, sum.op, comm_),
+                "MPI_Allreduce");
+    });
+  }
+  std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) override {
+    const Bf16Sum& sum = bf16_sum();
+    auto r = std::make_unique<MpiRequests>();
+    for_pieces<bf16>(count, [&](std::size_t at, std::size_t n) {
+      r->requests.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Iallreduce"), sum.type, sum.op, comm_,
+                               &r->requests.back()),
+                "MPI_Iallreduce");
+    });
+    return r;
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
+                                                          std::size_t count_per_rank) override {
+    const Bf16Sum& sum = bf16_sum();
+    auto r = std::make_unique<MpiRequest>();
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), sum.type,
+                                        sum.op, comm_, &r->request),
+              "MPI_Ireduce_scatter_block");
     return r;
   }
   std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {

@@ -163,6 +163,18 @@ class NcclBackend final : public Communicator::BackendImpl {
     return issue("ncclReduceScatter",
                  [&] { return ncclReduceScatter(send, recv, count_per_rank, ncclFloat, ncclSum, comm_, stream_); });
   }
+  // bf16 sums: NCCL's own bf16 reduction (its kernels add in fp32 and round
+  // each partial sum to bf16, as the MPI backend's bf16_sum_into does).
+  void all_reduce_bf16(bf16* buf, std::size_t count) override { complete(iall_reduce_bf16(buf, count)); }
+  std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) override {
+    return issue("ncclAllReduce",
+                 [&] { return ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, comm_, stream_); });
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
+                                                          std::size_t count_per_rank) override {
+    return issue("ncclReduceScatter",
+                 [&] { return ncclReduceScatter(send, recv, count_per_rank, ncclBfloat16, ncclSum, comm_, stream_); });
+  }
   // One NCCL group: the sends and receives progress together, so an exchange
   // in which every rank sends and receives cannot deadlock.
   std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {

@@ -3,10 +3,12 @@
 
 #include <cstring>
 
+#include "parallel/grad_reduction.hpp"
+
 namespace ndmini {
 
-void TiedEmbedding::reduce_grads(real* grads, std::size_t n) {
-  if (pair_ != nullptr) pair_->all_reduce(grads, n);
+void TiedEmbedding::reduce_grads(real* grads, std::size_t n, Precision wire) {
+  if (pair_ != nullptr) all_reduce_grads(*pair_, grads, n, wire);
 }
 
 bool TiedEmbedding::identical(const real* params, std::size_t n) {

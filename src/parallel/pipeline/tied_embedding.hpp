@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "comm/communicator.hpp"
+#include "config/config.hpp"
 #include "core/types.hpp"
 
 namespace ndmini {
@@ -19,8 +20,9 @@ class TiedEmbedding {
   // ends); null where there is none (pp = 1, or a middle stage).
   explicit TiedEmbedding(Communicator* pair) : pair_(pair) {}
 
-  // Sums this rank's shard of the wte gradients (n floats) over the pair.
-  void reduce_grads(real* grads, std::size_t n);
+  // Sums this rank's shard of the wte gradients (n floats) over the pair,
+  // in the wire format of comm.reduce_dtype (parallel/grad_reduction.hpp).
+  void reduce_grads(real* grads, std::size_t n, Precision wire);
   // Whether this rank's shard of wte (n floats) equals the other end's, bit
   // for bit. Collective over the pair; true where there is none.
   bool identical(const real* params, std::size_t n);
