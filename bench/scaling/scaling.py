@@ -38,6 +38,16 @@ layout `ndmini check` refuses) is refused before anything runs; the others run
 (or are emitted) and the table lists the refused ones with the reason. The
 study then exits 1, unless --allow-missing is given.
 
+Predictions (--cluster FILE): every point is also planned with `ndmini plan
+--cluster FILE --world N --json` and its own --set overrides (kept as
+points/<label>/plan.json); the table and figure give the predicted step time,
+tokens/s, efficiency and MFU beside the measured ones. For runs on this machine
+use inputs/clusters/here.toml (or `mpiexec -n 2 ndmini plan --calibrate --out
+FILE`). --predict-to N carries the --layout rule on to the powers of two up to N
+ranks, predicted only (rows marked predicted), on --predict-cluster FILE
+(default: --cluster's), e.g. --cluster inputs/clusters/here.toml
+--predict-cluster inputs/clusters/h100.toml --predict-to 1024.
+
 Batch scripts ask Slurm for SIGUSR1 --signal-grace seconds before the time
 limit (ndmini saves a checkpoint at the next step boundary and stops); submit
 the point's job.sbatch again and the run resumes from its checkpoint's latest
