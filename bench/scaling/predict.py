@@ -97,6 +97,15 @@ def cluster_info(path, tag):
             "memory_gib": st.deck_value(text, "device", "memory_gib")}
 
 
+def placement_notes(points, cluster):
+    """Where the runs place their ranks on nodes otherwise than the cluster file does: the
+    planner takes the file's devices per node, so an axis' link may differ from the run's."""
+    per_node = int(cluster["per_node"] or 1)
+    return [f"{p['label']} runs {p['ranks_per_node']} ranks per node, {cluster['tag']} has {per_node} devices per "
+            f"node: the prediction places them by the cluster file (which link an axis uses: docs/planner.md)"
+            for p in points if min(p["ranks_per_node"], p["ranks"]) != min(per_node, p["ranks"])]
+
+
 def cluster_tag(path):
     return os.path.splitext(os.path.basename(path))[0]
 
@@ -144,7 +153,7 @@ def predict(study, study_dir, deck, cluster, predict_cluster=None, predict_to=No
             records[point["dir"]] = plan_point(exe, deck, extension, point)
     study["prediction"] = {"clusters": clusters, "measured_cluster": tag,
                            "extension_cluster": extension_tag if predict_to else None, "predict_to": predict_to,
-                           "skipped": skipped}
+                           "skipped": skipped, "notes": placement_notes(study["points"], clusters[tag])}
     return records
 
 

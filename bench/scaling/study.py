@@ -548,8 +548,6 @@ def predicted_rows(study, study_dir):
         pdir = os.path.join(study_dir, "predicted", point["cluster"], point["label"])
         row = {**point_fields(study, point), "kind": "predicted", **run_provenance(study, pdir),
                **prediction_fields(study, read_prediction(pdir), point["cluster"])}
-        if point.get("precheck_error"):  # the batch rule refused it: no plan
-            row["predicted_status"] = "refused"
         row["status"] = "predicted" if row["predicted_status"] == "fits" else row["predicted_status"]
         row["message"] = row["predicted_message"]
         rows.append(row)
@@ -666,6 +664,8 @@ def prediction_note(study):
                      f"({clusters[tag]['file']})")
     for note in pred.get("skipped", []):
         lines.append(f"- not predicted: {note}")
+    for note in pred.get("notes", []):
+        lines.append(f"- note: {note}")
     return lines + [""]
 
 
