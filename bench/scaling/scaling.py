@@ -64,7 +64,6 @@ OPENBLAS_CORETYPE=NAME. A value already in the environment is never changed.
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
