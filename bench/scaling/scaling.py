@@ -38,6 +38,16 @@ layout `ndmini check` refuses) is refused before anything runs; the others run
 (or are emitted) and the table lists the refused ones with the reason. The
 study then exits 1, unless --allow-missing is given.
 
+Predictions (--cluster FILE): every point is also planned with `ndmini plan
+--cluster FILE --world N --json` and its own --set overrides (kept as
+points/<label>/plan.json); the table and figure give the predicted step time,
+tokens/s, efficiency and MFU beside the measured ones. For runs on this machine
+use inputs/clusters/here.toml (or `mpiexec -n 2 ndmini plan --calibrate --out
+FILE`). --predict-to N carries the --layout rule on to the powers of two up to N
+ranks, predicted only (rows marked predicted), on --predict-cluster FILE
+(default: --cluster's), e.g. --cluster inputs/clusters/here.toml
+--predict-cluster inputs/clusters/h100.toml --predict-to 1024.
+
 Batch scripts ask Slurm for SIGUSR1 --signal-grace seconds before the time
 limit (ndmini saves a checkpoint at the next step boundary and stops); submit
 the point's job.sbatch again and the run resumes from its checkpoint's latest
@@ -54,7 +64,6 @@ OPENBLAS_CORETYPE=NAME. A value already in the environment is never changed.
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -63,6 +72,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import predict  # noqa: E402
 import study as st  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,6 +125,17 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, help="seconds a run may take before it is killed and marked failed")
     p.add_argument("--no-check", action="store_true",
                    help="skip `ndmini check --world N` of each point before running or emitting")
+    g = p.add_argument_group("predictions (ndmini plan; docs/planner.md)")
+    g.add_argument("--cluster", metavar="FILE",
+                   help="predict every point with `ndmini plan` on this cluster file, beside the measured figures "
+                        "(for runs on this machine: inputs/clusters/here.toml, or a file written by `mpiexec -n 2 "
+                        "ndmini plan --calibrate --out FILE`)")
+    g.add_argument("--predict-to", type=int, metavar="N",
+                   help="carry the --layout rule on to the powers of two up to N ranks, predicted only (nothing "
+                        "runs): strong keeps the global batch, weak the batch per data-parallel rank; needs --cluster")
+    g.add_argument("--predict-cluster", metavar="FILE",
+                   help="the cluster of the --predict-to rows (default: --cluster's), e.g. "
+                        "inputs/clusters/h100.toml beside --cluster inputs/clusters/here.toml")
     g = p.add_argument_group("batch scripts")
     g.add_argument("--emit-sbatch", metavar="DIR", help="write batch scripts into DIR (the study directory) and stop")
     g.add_argument("--partition", help="#SBATCH --partition")
@@ -269,27 +290,6 @@ def deck_batch_per_rank(deck_batch, deck_int):
     return deck_batch // dp
 
 
-def point_batch(mode, degrees, deck_batch, batch_per_rank, deck_micro, micro_fixed):
-    """(global batch, batch per data-parallel rank, micro-batch, refusal) of a point;
-    refusal is '' or why the point cannot run."""
-    dp = st.data_parallel(degrees)
-    if mode == "weak":
-        batch, per_rank = batch_per_rank * dp, batch_per_rank
-    else:
-        batch, per_rank = deck_batch, deck_batch // dp
-        if deck_batch % dp:
-            return batch, None, micro_fixed or deck_micro, (
-                f"strong scaling keeps the global batch of {batch} sequences, which {dp} data-parallel ranks "
-                f"(dp_replicate x dp_shard) cannot share; give --global-batch a multiple of {dp}")
-    if not micro_fixed:
-        return batch, per_rank, st.fitted_micro_batch(per_rank, deck_micro), ""
-    if per_rank % micro_fixed:
-        return batch, per_rank, micro_fixed, (
-            f"--micro-batch {micro_fixed} does not divide the {per_rank} sequences of each of the {dp} data-parallel "
-            f"ranks (global batch {batch}); give a divisor of {per_rank}, or leave --micro-batch out to fit it")
-    return batch, per_rank, micro_fixed, ""
-
-
 def build_study(args):
     deck_path = os.path.abspath(args.deck)
     if not os.path.exists(deck_path):
@@ -319,26 +319,6 @@ def build_study(args):
         raise st.StudyError(f"--steps {steps} leaves nothing after --warmup {args.warmup}; raise --steps")
     rpn_default = args.ranks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or None
 
-    plan = []
-    for ranks, degrees in points:
-        batch, per_rank, micro, refusal = point_batch(args.mode, degrees, deck_batch, batch_per_rank, deck_micro,
-                                                      args.micro_batch)
-        rpn = rpn_default or ranks
-        nodes = math.ceil(ranks / rpn)
-        label = st.point_label(ranks, degrees)
-        pdir = os.path.join(study_dir, "points", label)
-        overrides = list(args.overrides) + [f"parallel.{a}={degrees[a]}" for a in st.AXES] + [
-            f"train.global_batch={batch}", f"train.micro_batch={micro}", f"train.steps={steps}",
-            "train.log_every=1"]
-        plan.append({"label": label, "ranks": ranks, "degrees": degrees, "global_batch": batch,
-                     "batch_per_rank": per_rank, "micro_batch": micro, "nodes": nodes,
-                     "ranks_per_node": min(rpn, ranks), "tasks_per_node": min(rpn, ranks),
-                     "gpus_per_task": args.gpus_per_task, "dir": pdir, "overrides": overrides,
-                     **({"precheck_error": refusal} if refusal else {})})
-    labels = [p["label"] for p in plan]
-    if len(set(labels)) != len(labels):
-        raise st.StudyError("two points have the same rank count and layout; give each point once")
-
     sha, dirty = st.git_state(REPO)
     provenance = {"deck_sha256": st.sha256_file(deck_path), "deck_path": deck_path,
                   "source_git_sha": sha + ("-dirty" if dirty else ""), **st.environment_provenance()}
@@ -347,7 +327,13 @@ def build_study(args):
              "seq_len": seq_len, "exe": os.path.abspath(args.exe), "launcher": launcher,
              "layout_rule": args.layout or "explicit", "batch_per_rank": batch_per_rank,
              "global_batch": deck_batch if args.mode == "strong" else None, "micro_batch_fixed": args.micro_batch,
-             "allow_missing": args.allow_missing, "points": plan, "provenance": provenance}
+             "deck_micro_batch": deck_micro, "allow_missing": args.allow_missing, "points": [],
+             "provenance": provenance}
+    study["points"] = [st.make_point(study, ranks, degrees, os.path.join(study_dir, "points"), rpn_default,
+                                     args.gpus_per_task) for ranks, degrees in points]
+    labels = [p["label"] for p in study["points"]]
+    if len(set(labels)) != len(labels):
+        raise st.StudyError("two points have the same rank count and layout; give each point once")
     return study, study_dir, deck_path
 
 
@@ -358,8 +344,7 @@ def write_plan(study, study_dir, deck_path):
         os.makedirs(p["dir"], exist_ok=True)
         with open(os.path.join(p["dir"], "point.json"), "w") as f:
             json.dump(p, f, indent=2)
-    with open(os.path.join(study_dir, "study.json"), "w") as f:
-        json.dump(study, f, indent=2)
+    st.save_study(study, study_dir)
 
 
 def precheck(study, args):
@@ -592,8 +577,13 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         check_numbers(args)
+        predict.check_options(args.cluster, args.predict_cluster, args.predict_to,
+                              "explicit" if args.point else args.layout)
         study, study_dir, deck_path = build_study(args)
+        predictions = predict.predict(study, study_dir, deck_path, args.cluster, args.predict_cluster,
+                                      args.predict_to)
         write_plan(study, study_dir, deck_path)
+        predict.write_predictions(study, study_dir, predictions)
         precheck(study, args)
         if args.emit_sbatch:
             scripts = emit_sbatch(study, study_dir, args)
@@ -621,6 +611,8 @@ def main(argv=None):
     print("wrote " + ", ".join(paths), file=sys.stderr)
     code, line = st.outcome(study, rows)
     print(f"scaling.py: {line}" + refusal_note(study, args.allow_missing), file=sys.stderr)
+    if st.prediction_summary(rows):
+        print(f"scaling.py: {st.prediction_summary(rows)}", file=sys.stderr)
     return code
 
 

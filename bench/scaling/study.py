@@ -129,6 +129,44 @@ def point_label(ranks, degrees):
     return f"n{ranks:04d}_" + ("_".join(f"{a}{degrees[a]}" for a in AXES if degrees[a] > 1) or "single")
 
 
+def point_batch(mode, degrees, deck_batch, batch_per_rank, deck_micro, micro_fixed):
+    """(global batch, batch per data-parallel rank, micro-batch, refusal) of a point;
+    refusal is '' or why the point cannot run."""
+    dp = data_parallel(degrees)
+    if mode == "weak":
+        batch, per_rank = batch_per_rank * dp, batch_per_rank
+    else:
+        batch, per_rank = deck_batch, deck_batch // dp
+        if deck_batch % dp:
+            return batch, None, micro_fixed or deck_micro, (
+                f"strong scaling keeps the global batch of {batch} sequences, which {dp} data-parallel ranks "
+                f"(dp_replicate x dp_shard) cannot share; give --global-batch a multiple of {dp}")
+    if not micro_fixed:
+        return batch, per_rank, fitted_micro_batch(per_rank, deck_micro), ""
+    if per_rank % micro_fixed:
+        return batch, per_rank, micro_fixed, (
+            f"--micro-batch {micro_fixed} does not divide the {per_rank} sequences of each of the {dp} data-parallel "
+            f"ranks (global batch {batch}); give a divisor of {per_rank}, or leave --micro-batch out to fit it")
+    return batch, per_rank, micro_fixed, ""
+
+
+def make_point(study, ranks, degrees, base_dir, ranks_per_node, gpus_per_task):
+    """One point of a study under its batch rule: the overrides its run (or its
+    prediction) gets, its placement, and precheck_error when the rule refuses it."""
+    batch, per_rank, micro, refusal = point_batch(study["mode"], degrees, study["global_batch"],
+                                                  study["batch_per_rank"], study["deck_micro_batch"],
+                                                  study["micro_batch_fixed"])
+    rpn = min(ranks_per_node or ranks, ranks)
+    label = point_label(ranks, degrees)
+    overrides = list(study["overrides"]) + [f"parallel.{a}={degrees[a]}" for a in AXES] + [
+        f"train.global_batch={batch}", f"train.micro_batch={micro}", f"train.steps={study['steps']}",
+        "train.log_every=1"]
+    return {"label": label, "ranks": ranks, "degrees": degrees, "global_batch": batch, "batch_per_rank": per_rank,
+            "micro_batch": micro, "nodes": math.ceil(ranks / rpn), "ranks_per_node": rpn, "tasks_per_node": rpn,
+            "gpus_per_task": gpus_per_task, "dir": os.path.join(base_dir, label), "overrides": overrides,
+            **({"precheck_error": refusal} if refusal else {})}
+
+
 # --- Decks -------------------------------------------------------------------------
 
 
@@ -359,6 +397,11 @@ def load_study(study_dir):
         return json.load(f)
 
 
+def save_study(study, study_dir):
+    with open(os.path.join(study_dir, "study.json"), "w") as f:
+        json.dump(study, f, indent=2)
+
+
 def min_max(values):
     """(min, max) of a list; (nan, nan) for none."""
     return (min(values), max(values)) if values else (float("nan"), float("nan"))
@@ -367,22 +410,14 @@ def min_max(values):
 def collect(study_dir):
     """Rows of the table, one per point (refused and failed points included), in rank order."""
     study = load_study(study_dir)
+    prediction = study.get("prediction")
     rows = []
     for point in study["points"]:
         pdir = os.path.join(study_dir, "points", point["label"])
         runs = [summarize_run(os.path.join(pdir, f"rep{k}"), study["warmup"]) for k in range(1, study["repeats"] + 1)]
         good = [r for r in runs if r["ok"]]
-        row = {
-            "study": study["name"], "mode": study["mode"], "deck": study["deck_name"],
-            "deck_sha256": study["provenance"].get("deck_sha256", ""),
-            "label": point["label"], "ranks": point["ranks"], "nodes": point["nodes"],
-            "ranks_per_node": point["ranks_per_node"], "gpus_per_task": point.get("gpus_per_task", 0),
-            "layout": short_layout(point["degrees"]), "mesh": mesh_text(point["degrees"]),
-            **{a: point["degrees"][a] for a in AXES},
-            "global_batch": point["global_batch"], "micro_batch": point["micro_batch"],
-            "seq_len": study["seq_len"], "steps": study["steps"], "warmup": study["warmup"],
-            "repeats": study["repeats"], "repeats_ok": len(good),
-        }
+        row = {**point_fields(study, point), "kind": "measured", "steps": study["steps"], "warmup": study["warmup"],
+               "repeats": study["repeats"], "repeats_ok": len(good)}
         if point.get("precheck_error"):  # refused before any run: no run to read
             row["status"] = "refused"
             row["message"] = point["precheck_error"]
@@ -418,26 +453,122 @@ def collect(study_dir):
             rpn = [r["ranks_per_node"] for r in good if r["ranks_per_node"]]
             if rpn:
                 row["ranks_per_node_measured"] = rpn[0]
-        # Provenance of the runs themselves (the compute nodes' view under Slurm).
-        rep = os.path.join(pdir, "rep1")
-        info = {}
-        try:
-            with open(os.path.join(rep, "build_info.json")) as f:
-                info = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            info = study["provenance"].get("build_info", {})
-        row["git_sha"] = info.get("git_sha") or study["provenance"].get("source_git_sha", "unknown")
-        row["compiler"] = info.get("compiler", "")
-        row["kokkos"] = f"{info.get('kokkos_version', '')} {info.get('kokkos_backend', '')}".strip()
-        row["mpi"] = info.get("mpi_library", "")
-        row["nccl"] = info.get("nccl") or ""
-        row["hosts"] = " ".join(read_text(os.path.join(pdir, f"rep{k}", "hosts")) for k in range(1, 2)).strip()
-        row["slurm_job_id"] = read_text(os.path.join(rep, "slurm_job_id"))
-        row["launcher"] = study.get("launcher", "")
+        row.update(run_provenance(study, pdir))
+        if prediction:
+            row.update(prediction_fields(study, read_prediction(pdir), prediction["measured_cluster"]))
         rows.append(row)
-    rows.sort(key=lambda r: (r["ranks"], r["label"]))
+    rows += predicted_rows(study, study_dir)
+    # Rank order; at a rank count the measured point first, then its predictions on another cluster.
+    rows.sort(key=lambda r: (r["ranks"], r.get("kind") == "predicted", r["label"]))
     add_scaling(rows)
+    add_predicted_scaling(rows)
     return study, rows
+
+
+def point_fields(study, point):
+    """A row's description of a point: what it is, not what it measured."""
+    return {
+        "study": study["name"], "mode": study["mode"], "deck": study["deck_name"],
+        "deck_sha256": study["provenance"].get("deck_sha256", ""),
+        "label": point["label"], "ranks": point["ranks"], "nodes": point["nodes"],
+        "ranks_per_node": point["ranks_per_node"], "gpus_per_task": point.get("gpus_per_task", 0),
+        "layout": short_layout(point["degrees"]), "mesh": mesh_text(point["degrees"]),
+        **{a: point["degrees"][a] for a in AXES},
+        "global_batch": point["global_batch"], "micro_batch": point["micro_batch"], "seq_len": study["seq_len"],
+    }
+
+
+def run_provenance(study, pdir):
+    """Provenance of a point's runs (the compute nodes' view under Slurm); the study's
+    own where the point has no run (a predicted one)."""
+    rep = os.path.join(pdir, "rep1")
+    info = {}
+    try:
+        with open(os.path.join(rep, "build_info.json")) as f:
+            info = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        info = study["provenance"].get("build_info", {})
+    return {
+        "git_sha": info.get("git_sha") or study["provenance"].get("source_git_sha", "unknown"),
+        "compiler": info.get("compiler", ""),
+        "kokkos": f"{info.get('kokkos_version', '')} {info.get('kokkos_backend', '')}".strip(),
+        "mpi": info.get("mpi_library", ""),
+        "nccl": info.get("nccl") or "",
+        "hosts": " ".join(read_text(os.path.join(pdir, f"rep{k}", "hosts")) for k in range(1, 2)).strip(),
+        "slurm_job_id": read_text(os.path.join(rep, "slurm_job_id")),
+        "launcher": study.get("launcher", ""),
+    }
+
+
+# --- Predictions (written by predict.py as plan.json beside each point) ------------
+
+
+def read_prediction(pdir):
+    """A point's plan.json (what `ndmini plan` said of it), or None."""
+    try:
+        with open(os.path.join(pdir, "plan.json")) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def gib(n):
+    return n / 2**30
+
+
+def prediction_fields(study, record, tag):
+    """The predicted_* columns of a row: the planner's figures for its layout on cluster `tag`,
+    or why there are none (refused by the batch rule or the planner, or does not fit)."""
+    fields = {"predicted_cluster": tag, "predicted_cluster_name": study["prediction"]["clusters"][tag]["name"]}
+    if record is None:
+        return {**fields, "predicted_status": "missing",
+                "predicted_message": "no plan.json: collect.py STUDY --cluster FILE predicts it"}
+    if not record["ok"]:
+        return {**fields, "predicted_status": "refused", "predicted_message": record["message"]}
+    layout = record["plan"]["layouts"][0]
+    time_ms = layout["time_ms"]
+    fields.update({
+        "predicted_status": "fits" if layout["fits"] else "does not fit",
+        "predicted_step_ms": time_ms["step"], "predicted_tokens_per_s": layout["tokens_per_s"],
+        "predicted_mfu": layout["mfu"], "predicted_exposed_comm_ms": time_ms["exposed_comm"],
+        "predicted_bubble_ms": time_ms["bubble"], "predicted_memory_bytes": layout["memory_bytes"]["total"],
+        "predicted_message": "",
+    })
+    if not layout["fits"]:
+        fields["predicted_message"] = (
+            f"{gib(layout['memory_bytes']['total']):.2f} GiB per device, above device.memory_gib = "
+            f"{study['prediction']['clusters'][tag]['memory_gib']} of {study['prediction']['clusters'][tag]['file']}")
+    return fields
+
+
+def predicted_rows(study, study_dir):
+    """One row per predicted-only point (--predict-to), marked kind = predicted."""
+    rows = []
+    for point in study.get("predicted_points", []):
+        pdir = os.path.join(study_dir, "predicted", point["cluster"], point["label"])
+        row = {**point_fields(study, point), "kind": "predicted", **run_provenance(study, pdir),
+               **prediction_fields(study, read_prediction(pdir), point["cluster"])}
+        row["status"] = "predicted" if row["predicted_status"] == "fits" else row["predicted_status"]
+        row["message"] = row["predicted_message"]
+        rows.append(row)
+    return rows
+
+
+def add_predicted_scaling(rows):
+    """Predicted speed-up and efficiency, per cluster, against that cluster's prediction
+    of its smallest point that fits (as add_scaling does with the measured figures)."""
+    for tag in {r["predicted_cluster"] for r in rows if "predicted_cluster" in r}:
+        fits = [r for r in rows if r.get("predicted_cluster") == tag and r["predicted_status"] == "fits"]
+        if not fits:
+            continue
+        base = min(fits, key=lambda r: r["ranks"])
+        for r in fits:
+            r["predicted_baseline_ranks"] = base["ranks"]
+            r["predicted_speedup"] = r["predicted_tokens_per_s"] / base["predicted_tokens_per_s"]
+            r["predicted_efficiency"] = r["predicted_speedup"] / (r["ranks"] / base["ranks"])
+            r["predicted_tokens_per_s_per_rank"] = r["predicted_tokens_per_s"] / r["ranks"]
+            if r.get("step_ms"):
+                r["predicted_step_error"] = r["predicted_step_ms"] / r["step_ms"] - 1
 
 
 def measured(rows):
@@ -472,6 +603,10 @@ CSV_FIRST = ["study", "mode", "deck", "label", "status", "ranks", "nodes", "rank
              "exposed_comm_share", "bubble_ms",
              "bubble_measured", "io_ms", "io_per_step_measured", "io_total_ms", "mfu", "mem_estimate_bytes",
              "state_bytes", "peak_rss_bytes_rank0", "ranks_per_node_measured"]
+PREDICTED_COLUMNS = ["predicted_cluster", "predicted_status", "predicted_step_ms", "predicted_step_error",
+                     "predicted_tokens_per_s", "predicted_tokens_per_s_per_rank", "predicted_speedup",
+                     "predicted_efficiency", "predicted_baseline_ranks", "predicted_mfu", "predicted_exposed_comm_ms",
+                     "predicted_bubble_ms", "predicted_memory_bytes", "predicted_cluster_name", "predicted_message"]
 CSV_LAST = ["git_sha", "compiler", "kokkos", "mpi", "nccl", "hosts", "slurm_job_id", "launcher", "deck_sha256",
             "message"]
 
@@ -479,8 +614,11 @@ CSV_LAST = ["git_sha", "compiler", "kokkos", "mpi", "nccl", "hosts", "slurm_job_
 def csv_columns(rows):
     axis_cols = sorted({k for r in rows for k in r if k.startswith("exposed_") and k.endswith("_ms")
                         and k not in ("exposed_comm_ms", "exposed_comm_min_ms")})
-    return CSV_FIRST[:CSV_FIRST.index("exposed_comm_share")] + axis_cols + CSV_FIRST[
-        CSV_FIRST.index("exposed_comm_share"):] + CSV_LAST
+    cols = CSV_FIRST[:CSV_FIRST.index("exposed_comm_share")] + axis_cols + CSV_FIRST[
+        CSV_FIRST.index("exposed_comm_share"):]
+    if any("predicted_cluster" in r for r in rows):  # a study with predictions: which rows are which, and them
+        cols = cols[:cols.index("status") + 1] + ["kind"] + cols[cols.index("status") + 1:] + PREDICTED_COLUMNS
+    return cols + CSV_LAST
 
 
 def write_csv(path, rows):
@@ -509,15 +647,57 @@ def batch_rule(study):
     return {"weak": "weak scaling", "strong": "strong scaling (fixed global batch)"}[study["mode"]]
 
 
+def prediction_note(study):
+    """What the predicted columns and rows are: the clusters, and how far the rule was carried."""
+    pred = study["prediction"]
+    clusters = pred["clusters"]
+    lines = ["Predicted by `ndmini plan` (docs/planner.md) for each point's layout, batch and overrides; dashed in "
+             "scaling.png. Predicted efficiency is against the same cluster's prediction of its smallest point.", ""]
+    measured_tag = pred["measured_cluster"]
+    lines.append(f"- beside every measured point: {measured_tag} = {clusters[measured_tag]['name']} "
+                 f"({clusters[measured_tag]['file']})")
+    if pred.get("predict_to"):
+        tag = pred["extension_cluster"]
+        lines.append(f"- rows marked predicted ({tag}): the layout rule {study['layout_rule']} carried on to "
+                     f"{'every measured rank count and ' if tag != measured_tag else ''}the powers of two up to "
+                     f"{pred['predict_to']} ranks, predicted only, on {tag} = {clusters[tag]['name']} "
+                     f"({clusters[tag]['file']})")
+    for note in pred.get("skipped", []):
+        lines.append(f"- not predicted: {note}")
+    for note in pred.get("notes", []):
+        lines.append(f"- note: {note}")
+    return lines + [""]
+
+
+def predicted_cells(r):
+    """The predicted columns of a row of results.md."""
+    status = r.get("predicted_status")
+    if status != "fits":
+        return f" {status or '-'}{': ' + r['predicted_message'] if r.get('predicted_message') else ''} | | | |"
+    error = f" ({100 * r['predicted_step_error']:+.0f}%)" if "predicted_step_error" in r else ""
+    return (f" {r['predicted_step_ms']:.4g}{error} | {r['predicted_tokens_per_s']:.0f} | "
+            f"{fmt(r.get('predicted_efficiency'), '.3f')} | {fmt(r.get('mfu'), '.3f')} / {r['predicted_mfu']:.3f} |")
+
+
 def markdown(study, rows):
     lines = [f"# {study['name']}: {batch_rule(study)} of {study['deck_name']}", ""]
+    predicted = bool(study.get("prediction"))
+    if predicted:
+        lines += prediction_note(study)
     lines += ["| ranks | layout | batch: global / micro | tokens/s (min-max) | tokens/s/rank | speed-up | efficiency "
-              "| exposed comm share | step ms: compute / comm (of it bubble); I/O outside the step |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+              "| exposed comm share | step ms: compute / comm (of it bubble); I/O outside the step |" +
+              (" predicted step ms (vs measured) | predicted tokens/s | predicted efficiency | MFU: measured / "
+               "predicted |" if predicted else ""),
+              "|---:|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|---:|---:|" if predicted else "")]
     for r in rows:
         batch = f"{r['global_batch']} / {r['micro_batch']}"
+        tail = predicted_cells(r) if predicted else ""
+        if r.get("kind") == "predicted":
+            lines.append(f"| {r['ranks']} | {r['layout']} | {batch} | predicted ({r['predicted_cluster']}) | | | | | |"
+                         + tail)
+            continue
         if r["status"] in ("failed", "refused"):
-            lines.append(f"| {r['ranks']} | {r['layout']} | {batch} | {r['status']} | | | | | {r['message']} |")
+            lines.append(f"| {r['ranks']} | {r['layout']} | {batch} | {r['status']} | | | | | {r['message']} |" + tail)
             continue
         bubble = fmt(r["bubble_ms"], ".1f") if r["bubble_measured"] else "n/a"
         io = fmt(r["io_ms"], ".1f") if r["io_per_step_measured"] else "n/a"
@@ -525,10 +705,12 @@ def markdown(study, rows):
             f"| {r['ranks']} | {r['layout']} | {batch} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-"
             f"{r['tokens_per_s_max']:.0f}) | {r['tokens_per_s_per_rank']:.0f} | {r['speedup']:.2f} | "
             f"{r['efficiency']:.3f} | {100 * r['exposed_comm_share']:.1f}% | {r['compute_ms']:.1f} / "
-            f"{r['exposed_comm_ms']:.1f} ({bubble}) / {io} |")
+            f"{r['exposed_comm_ms']:.1f} ({bubble}) / {io} |" + tail)
     p = study["provenance"]
     ok = measured(rows)
     first = ok[0] if ok else (rows[0] if rows else {})
+    if any(r.get("kind") == "predicted" for r in rows):
+        lines += ["", "Rows marked predicted ran nothing: their figures are the planner's alone."]
     lines += ["", f"Medians over {study['repeats']} run(s) per point of the steps after {study['warmup']} warm-up "
               f"step(s) ({study['steps']} steps per run; min-max over runs). Speed-up and efficiency against the "
               f"{first.get('baseline_ranks', '-')}-rank point; ideal speed-up = ranks / baseline ranks. Times are the "
@@ -556,8 +738,23 @@ def markdown(study, rows):
     return "\n".join(lines) + "\n"
 
 
+def layout_family(r):
+    """The axes above 1 of a row's layout ('single' for one rank): one line in the figure."""
+    return ",".join(a for a in AXES if r[a] > 1) or "single"
+
+
+def predicted_series(rows):
+    """{(cluster tag, family): rows whose prediction fits, by ranks}: the dashed lines."""
+    series = {}
+    for r in rows:
+        if r.get("predicted_status") == "fits":
+            series.setdefault((r["predicted_cluster"], layout_family(r)), []).append(r)
+    return series
+
+
 def plot(study, rows, path):
-    """Speed-up and efficiency against the ideal; False when matplotlib is missing."""
+    """Tokens/s, speed-up and efficiency against the ideal, measured (solid) and predicted
+    (dashed, one line per cluster); False when matplotlib is missing or nothing has figures."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -565,36 +762,57 @@ def plot(study, rows, path):
     except ImportError:
         return False
     ok = measured(rows)
-    if not ok:
+    predicted = predicted_series(rows)
+    if not ok and not predicted:
         return False
     # One line per layout family (the axes above 1); the single-rank point starts each.
-    def family(r):
-        return ",".join(a for a in AXES if r[a] > 1) or "single"
-    families = sorted({family(r) for r in ok} - {"single"}) or ["single"]
-    ranks = sorted({r["ranks"] for r in ok})
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    base = ok[0]["baseline_ranks"]
-    a.plot(ranks, [n / base for n in ranks], "k--", label="ideal")
-    b.plot(ranks, [1.0] * len(ranks), "k--", label="ideal")
+    families = sorted(({layout_family(r) for r in ok} | {fam for _, fam in predicted}) - {"single"}) or ["single"]
+    colors = {fam: f"C{k}" for k, fam in enumerate(families)}
+    ranks = sorted({r["ranks"] for r in ok} | {r["ranks"] for rs in predicted.values() for r in rs})
+    fig, (t, a, b) = plt.subplots(1, 3, figsize=(15, 4.5))
+    base = ok[0]["baseline_ranks"] if ok else min(r["predicted_baseline_ranks"] for rs in predicted.values()
+                                                   for r in rs)
+    ideal = [n for n in ranks if n >= base]
+    a.plot(ideal, [n / base for n in ideal], "k:", label="ideal")
+    b.plot(ideal, [1.0] * len(ideal), "k:", label="ideal")
     for fam in families:
-        series = sorted((r for r in ok if family(r) in (fam, "single")), key=lambda r: r["ranks"])
-        a.plot([r["ranks"] for r in series], [r["speedup"] for r in series], "o-", label=fam)
-        b.plot([r["ranks"] for r in series], [r["efficiency"] for r in series], "o-", label=fam)
-    layouts = families
-    a.set_xlabel("ranks")
+        series = sorted((r for r in ok if layout_family(r) in (fam, "single")), key=lambda r: r["ranks"])
+        if series:
+            x = [r["ranks"] for r in series]
+            t.plot(x, [r["tokens_per_s"] for r in series], "o-", color=colors[fam], label=f"{fam}, measured")
+            a.plot(x, [r["speedup"] for r in series], "o-", color=colors[fam], label=f"{fam}, measured")
+            b.plot(x, [r["efficiency"] for r in series], "o-", color=colors[fam], label=f"{fam}, measured")
+    markers = {}
+    for (tag, fam), series in sorted(predicted.items()):
+        if fam == "single" and fam not in colors:
+            continue  # the single-rank prediction starts every family's line
+        series = sorted(series + [r for r in predicted.get((tag, "single"), []) if fam != "single"],
+                        key=lambda r: r["ranks"])
+        x = [r["ranks"] for r in series]
+        style = dict(linestyle="--", marker=markers.setdefault(tag, "sx^v<>"[len(markers) % 6]), color=colors[fam],
+                     markerfacecolor="none", label=f"{fam}, predicted ({tag})")
+        t.plot(x, [r["predicted_tokens_per_s"] for r in series], **style)
+        a.plot(x, [r["predicted_speedup"] for r in series], **style)
+        b.plot(x, [r["predicted_efficiency"] for r in series], **style)
+    t.set_ylabel("tokens/s")
     a.set_ylabel("speed-up" if study["mode"] == "strong" else "scaled speed-up")
-    b.set_xlabel("ranks")
     b.set_ylabel("parallel efficiency")
     b.set_ylim(0, 1.1)
-    for ax in (a, b):
+    wide = ranks[-1] / ranks[0] > 16  # a predicted extension: log axes
+    for ax in (t, a, b):
+        ax.set_xlabel("ranks")
         if len(ranks) > 1:
             ax.set_xscale("log", base=2)
         ax.set_xticks(ranks)
         ax.set_xticklabels([str(n) for n in ranks])
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"{study['name']}: {study['mode']} scaling of {study['deck_name']} ({', '.join(layouts)})")
+    if predicted or wide:
+        t.set_yscale("log")
+    if wide:
+        a.set_yscale("log", base=2)
+    b.legend(fontsize="small")
+    fig.suptitle(f"{study['name']}: {study['mode']} scaling of {study['deck_name']} ({', '.join(families)})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -604,12 +822,26 @@ def plot(study, rows, path):
 def outcome(study, rows):
     """(exit code, one summary line): 0 when every point ran and measured, or when the
     only missing points were refused and the study was planned with --allow-missing."""
+    rows = [r for r in rows if r.get("kind") != "predicted"]
     counts = {k: sum(r["status"] == k for r in rows) for k in ("ok", "partial", "failed", "refused")}
     line = f"{counts['ok']} of {len(rows)} points measured"
     line += "".join(f", {counts[k]} {k}" for k in ("partial", "failed", "refused") if counts[k])
     missing_allowed = counts["refused"] == 0 or study.get("allow_missing", False)
     complete = counts["ok"] > 0 and counts["ok"] + counts["refused"] == len(rows) and missing_allowed
     return (0 if complete else 1), line
+
+
+def prediction_summary(rows):
+    """'predicted by ndmini plan: 3 points on here, 9 on h100 (1 does not fit, 2 refused)', or ''."""
+    by_tag = {}
+    for r in rows:
+        if "predicted_cluster" in r:
+            by_tag.setdefault(r["predicted_cluster"], []).append(r["predicted_status"])
+    parts = []
+    for tag, statuses in sorted(by_tag.items()):
+        others = ", ".join(f"{statuses.count(s)} {s}" for s in ("does not fit", "refused", "missing") if s in statuses)
+        parts.append(f"{len(statuses)} points on {tag}" + (f" ({others})" if others else ""))
+    return "predicted by ndmini plan: " + ", ".join(parts) if parts else ""
 
 
 def write_outputs(study_dir):

@@ -21,6 +21,13 @@
                              check` outputs and environments, the batch scripts'
                              snippet run with a stand-in srun, and a 1-rank study
                              whose run gets the kernel asked for (recorded)
+  test_harness.py predict    --cluster/--predict-to: the predicted columns equal what
+                             `ndmini plan --json` says of each point; a weak study carried on
+                             to 1024 H100s (rank counts, batches, monotone steps and
+                             efficiencies); a strong extension refused past its batch; a
+                             cluster too small (does not fit); a point the planner
+                             refuses; collect.py offline and with --cluster; bad
+                             combinations refused with one message, nothing written
   test_harness.py examples-help, examples-readme
                              every scaling.py example of --help / bench/README.md:
                              planned as written through --emit-sbatch (every point
@@ -456,7 +463,8 @@ def run_examples(where, commands, least):
                 "comm.timeout_s=60", "--exe", NDMINI, "--launcher", "mpiexec", "--out", run_dir], cwd=SOURCE)
             m = len(kept)
             check(f"scaling.py: {m} of {m} points measured\n" in out.stderr, f"example {k + 1}: not every point ran")
-            rows = read_csv(os.path.join(run_dir, "results.csv"))
+            rows = [r for r in read_csv(os.path.join(run_dir, "results.csv"))
+                    if r.get("kind", "measured") == "measured"]  # not the rows predicted only
             check(len(rows) == m and all(r["status"] == "ok" and float(r["tokens_per_s"]) > 0 for r in rows),
                   f"example {k + 1}: statuses {[r['status'] for r in rows]}")
             check_batch_rule(run_dir, mode, deck, sets)
@@ -682,8 +690,184 @@ def blas():
         shutil.rmtree(work, ignore_errors=True)
 
 
+# --- Predictions (ndmini plan) ---------------------------------------------------------
+
+CLUSTERS = os.path.join(SOURCE, "inputs", "clusters")
+H100 = os.path.join(CLUSTERS, "h100.toml")
+HERE = os.path.join(CLUSTERS, "here.toml")
+
+
+def planner_says(study_dir, cluster, point):
+    """`ndmini plan --json` of a point as its run gets it (the study's deck, the point's overrides)."""
+    cmd = [NDMINI, "plan", os.path.join(study_dir, "deck.toml"), "--cluster", cluster, "--world", str(point["ranks"]),
+           "--json"] + [x for o in point["overrides"] for x in ("--set", o)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    check(out.returncode == 0, f"ndmini plan refused {point['label']}: {out.stderr}")
+    return json.loads(out.stdout)["layouts"][0]
+
+
+def close(got, want, what, tolerance=1e-5):
+    """A CSV figure (6 significant digits) against the exact one."""
+    check(abs(float(got) - want) <= tolerance * abs(want), f"{what}: {got} in results.csv, expected {want}")
+
+
+def check_predicted_columns(study_dir, cluster, rows):
+    """Every measured row's predicted columns are what ndmini plan --json says of its point."""
+    points = {p["label"]: p for p in planned_points(study_dir)}
+    measured_rows = [r for r in rows if r["kind"] == "measured"]
+    check(measured_rows, "no measured rows")
+    for r in measured_rows:
+        want = planner_says(study_dir, cluster, points[r["label"]])
+        check(r["predicted_status"] == ("fits" if want["fits"] else "does not fit"), f"{r['label']}: status")
+        close(r["predicted_step_ms"], want["time_ms"]["step"], f"{r['label']} predicted_step_ms")
+        close(r["predicted_tokens_per_s"], want["tokens_per_s"], f"{r['label']} predicted_tokens_per_s")
+        close(r["predicted_mfu"], want["mfu"], f"{r['label']} predicted_mfu")
+        check(int(r["predicted_memory_bytes"]) == want["memory_bytes"]["total"], f"{r['label']}: memory")
+        # Against the measured median (rounded to 6 digits in the CSV, as the error is)
+        error = want["time_ms"]["step"] / float(r["step_ms"]) - 1
+        check(abs(float(r["predicted_step_error"]) - error) < 1e-4, f"{r['label']}: predicted_step_error "
+              f"{r['predicted_step_error']}, expected {error}")
+        record = json.loads(read_text(os.path.join(study_dir, "points", r["label"], "plan.json")))
+        check(record["ok"] and record["plan"]["layouts"][0] == want, f"{r['label']}: plan.json is not the planner's")
+
+
+def predicted_table(study_dir):
+    """(rows, results.md) of a study."""
+    return read_csv(os.path.join(study_dir, "results.csv")), read_text(os.path.join(study_dir, "results.md"))
+
+
+def predictions():
+    work = tempfile.mkdtemp(prefix="ndmini-predict-")
+    try:
+        common = [TINY, "--steps", "4", "--warmup", "1", "--set", "perf.peak_gflops=100", "--exe", NDMINI,
+                  "--launcher", "mpiexec"]
+        # Weak, dp, 1 and 2 ranks run here, predicted on here.toml beside them and carried on to 1024 ranks of
+        # an H100 cluster: the H100 line starts at the measured rank counts (its own baseline).
+        d = os.path.join(work, "weak")
+        out = run([sys.executable, SCALING] + common + ["--mode", "weak", "--ranks", "1,2", "--layout", "dp",
+                                                        "--cluster", HERE, "--predict-cluster", H100,
+                                                        "--predict-to", "1024", "--out", d])
+        check("scaling.py: 2 of 2 points measured\n" in out.stderr, "the measured summary must stay as it was")
+        check("scaling.py: predicted by ndmini plan: 11 points on h100, 2 points on here\n" in out.stderr,
+              f"the prediction summary: {out.stderr}")
+        rows, md = predicted_table(d)
+        check_predicted_columns(d, HERE, rows)
+        check([(r["kind"], r["ranks"]) for r in rows if r["kind"] == "measured"] == [("measured", "1"),
+                                                                                    ("measured", "2")], "measured")
+        h100 = [r for r in rows if r["kind"] == "predicted"]
+        check([int(r["ranks"]) for r in h100] == [2 ** k for k in range(11)], f"ranks {[r['ranks'] for r in h100]}")
+        check(all(r["predicted_cluster"] == "h100" and r["status"] == "predicted" and r["predicted_status"] == "fits"
+                  for r in h100), "every H100 row must be a fitting prediction")
+        for r in h100:  # weak: 8 sequences per data-parallel rank, all ranks data-parallel
+            check(int(r["global_batch"]) == 8 * int(r["ranks"]) and r["layout"] == (
+                f"dp_replicate={r['ranks']}" if r["ranks"] != "1" else "single"), f"{r['label']}: batch or layout")
+            check(r["tokens_per_s"] == "" and r["step_ms"] == "", f"{r['label']}: a predicted row measured nothing")
+            check(r["nodes"] == str(max(1, int(r["ranks"]) // 8)), f"{r['label']}: {r['nodes']} H100 nodes")
+            # tokens/s is the global batch's tokens over the step (tiny: 64 tokens a sequence)
+            close(r["predicted_tokens_per_s"], int(r["global_batch"]) * 64 / float(r["predicted_step_ms"]) * 1e3,
+                  f"{r['label']}: tokens/s", tolerance=3e-5)  # two rounded figures
+            want = planner_says(d, H100, next(p for p in json.loads(read_text(os.path.join(d, "study.json")))[
+                "predicted_points"] if p["label"] == r["label"]))
+            close(r["predicted_step_ms"], want["time_ms"]["step"], f"{r['label']} (h100) predicted_step_ms")
+        # Weak scaling on a network: the step never gets shorter, the efficiency never higher, and it starts at 1.
+        steps = [float(r["predicted_step_ms"]) for r in h100]
+        effs = [float(r["predicted_efficiency"]) for r in h100]
+        check(all(a <= b for a, b in zip(steps, steps[1:])), f"weak: predicted step times must not fall: {steps}")
+        check(effs[0] == 1 and all(a >= b for a, b in zip(effs, effs[1:])) and effs[-1] > 0,
+              f"weak: predicted efficiencies must fall from 1: {effs}")
+        check(steps[4] > steps[3], "16 ranks cross the node (8 per node): the step must grow")
+        for want in ("| 1024 | dp_replicate=1024 | 8192 / 4 | predicted (h100) |",
+                     "- beside every measured point: here = this machine",
+                     "- rows marked predicted (h100): the layout rule dp carried on to every measured rank count and "
+                     "the powers of two up to 1024 ranks", "| MFU: measured / predicted |"):
+            check(want in md, f"results.md lacks '{want}'")
+        check(os.path.exists(os.path.join(d, "clusters", "h100.toml")) and
+              os.path.exists(os.path.join(d, "predicted", "h100", "n1024_dp_replicate1024", "plan.json")),
+              "the cluster files and every prediction are kept in the study")
+        check(os.path.exists(os.path.join(d, "scaling.png")) == has_matplotlib(), "scaling.png")
+
+        # The collector works from the study directory alone (no binary), and gives the same table.
+        study = json.loads(read_text(os.path.join(d, "study.json")))
+        study["exe"] = os.path.join(work, "no-such-ndmini")
+        with open(os.path.join(d, "study.json"), "w") as f:
+            json.dump(study, f)
+        run([sys.executable, os.path.join(HARNESS, "collect.py"), d])
+        check(predicted_table(d) == (rows, md), "collect.py rebuilt a different table offline")
+        # collect.py --cluster predicts again (here: the same cluster carried on to 8 ranks), with --exe.
+        run([sys.executable, os.path.join(HARNESS, "collect.py"), d, "--cluster", H100, "--predict-to", "8", "--exe",
+             NDMINI])
+        rows, md = predicted_table(d)
+        check([(r["kind"], r["ranks"]) for r in rows] == [("measured", "1"), ("measured", "2"), ("predicted", "4"),
+                                                          ("predicted", "8")], "collect.py --cluster h100 to 8")
+        check_predicted_columns(d, H100, rows)
+        check(not os.path.exists(os.path.join(d, "predicted", "h100", "n1024_dp_replicate1024")),
+              "the earlier extension must be replaced")
+
+        # Strong: the global batch (8) kept; past 8 data-parallel ranks the batch rule refuses, shown as refused.
+        # A cluster whose devices are too small: every prediction is there, marked 'does not fit'.
+        small = os.path.join(work, "small-h100.toml")
+        with open(H100) as f:
+            text = f.read()
+        with open(small, "w") as f:
+            f.write(re.sub(r"memory_gib = \d+", "memory_gib = 0.001", text))
+        d = os.path.join(work, "strong")
+        run([sys.executable, SCALING] + common + ["--mode", "strong", "--ranks", "1", "--layout", "fsdp", "--cluster",
+                                                  H100, "--predict-to", "64", "--out", d])
+        rows, md = predicted_table(d)
+        check([int(r["ranks"]) for r in rows] == [1, 2, 4, 8, 16, 32, 64], f"ranks {[r['ranks'] for r in rows]}")
+        check(all(r["global_batch"] == "8" for r in rows), "strong: the global batch is kept")
+        check([r["status"] for r in rows[1:]] == ["predicted"] * 3 + ["refused"] * 3, "8 sequences: 8 ranks at most")
+        check("which 16 data-parallel ranks (dp_replicate x dp_shard) cannot share" in rows[4]["message"],
+              f"the refusal must say why: {rows[4]['message']}")
+        check("| 16 | dp_shard=16 | 8 / 4 | predicted (h100) | | | | | | refused: strong scaling keeps" in md,
+              "results.md must show the refused prediction")
+        run([sys.executable, os.path.join(HARNESS, "collect.py"), d, "--cluster", small, "--predict-to", "2"])
+        rows, md = predicted_table(d)
+        check([r["predicted_status"] for r in rows] == ["does not fit"] * 2, "a 1 MiB device fits nothing")
+        check("above device.memory_gib = 0.001" in rows[1]["message"], f"message {rows[1]['message']}")
+        check("| predicted (small-h100) | | | | | | does not fit: " in md, "results.md must say it does not fit")
+
+        # A --point study is predicted point by point; a point the planner refuses is shown with its message.
+        d = os.path.join(work, "points")
+        run([sys.executable, SCALING] + common + ["--mode", "strong", "--point", "1:tp=1", "--point", "3:tp=3",
+                                                  "--cluster", H100, "--out", d], expect=1)
+        rows, md = predicted_table(d)
+        check([r["predicted_status"] for r in rows] == ["fits", "refused"], "tp=3 on 4 heads: refused")
+        check("parallel.tp" in rows[1]["predicted_message"], f"the planner's reason: {rows[1]['predicted_message']}")
+        check("| 3 | tp=3 | 8 / 4 | refused |" in md and "| refused: " in md, "results.md: the refused prediction")
+
+        # Bad combinations: one message, exit 2, nothing written.
+        bad = os.path.join(work, "bad")
+        broken = os.path.join(work, "broken.toml")
+        with open(broken, "w") as f:
+            f.write(text.replace("memory_bandwidth_gbs", "# memory_bandwidth_gbs"))
+        for extra, message in (
+                (["--ranks", "1", "--layout", "dp", "--predict-to", "8"], "--predict-to needs --cluster FILE"),
+                (["--ranks", "1", "--layout", "dp", "--cluster", os.path.join(work, "nope.toml")],
+                 "no such file; give a cluster file such as inputs/clusters/here.toml"),
+                (["--ranks", "1", "--layout", "dp", "--cluster", HERE, "--predict-cluster", H100],
+                 "--predict-cluster FILE is the cluster of the --predict-to extension"),
+                (["--point", "1:tp=1", "--cluster", H100, "--predict-to", "8"],
+                 "a study of --point layouts has no rule"),
+                (["--ranks", "1,2", "--layout", "dp", "--cluster", H100, "--predict-to", "3"],
+                 "--predict-to 3: no power of two above the study's largest rank count 2"),
+                (["--ranks", "1", "--layout", "dp", "--cluster", broken],
+                 f"cluster file '{broken}': missing key device.memory_bandwidth_gbs")):
+            out = run([sys.executable, SCALING] + common + ["--mode", "weak", "--out", bad] + extra, expect=2)
+            errors = [line for line in out.stderr.splitlines() if "error" in line]
+            check(len(errors) == 1 and message in errors[0], f"expected one message with '{message}': {out.stderr}")
+            check(not os.path.exists(bad), "a refused study must write nothing")
+        out = run([sys.executable, os.path.join(HARNESS, "collect.py"), d, "--predict-to", "8"], expect=2)
+        check("collect.py: error: --predict-to needs --cluster FILE" in out.stderr, f"collect.py: {out.stderr}")
+        print("ok: predictions equal ndmini plan's beside every point, carried on to 1024 H100s (weak: monotone), "
+              "refused and non-fitting predictions shown, offline collection, bad combinations refused")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
     cases = {"smoke": smoke, "batch": batch, "sbatch": sbatch, "slurm-run": slurm_run, "blas": blas,
+             "predict": predictions,
              "examples-help": examples_help, "examples-readme": examples_readme}
     if len(sys.argv) != 2 or sys.argv[1] not in cases:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(cases)}")
