@@ -7,9 +7,13 @@
 
 #include "comm/communicator.hpp"
 #include "comm/mpi/mpi_calls.hpp"
+#include "comm/progress.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "core/types.hpp"
+#include "kernels/kernels.hpp"
+#include "layers/context_parallel.hpp"
+#include "model/gpt.hpp"
 #include "plan/cost_model.hpp"
 #include "train/budget.hpp"
 #include "train/calibration.hpp"
@@ -24,20 +28,147 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// GB/s of a device-memory copy: each element read once and written once.
-double copy_bandwidth_gbs() {
-  constexpr std::size_t kFloats = std::size_t{1} << 25;  // 128 MiB per buffer: past every cache
-  View1D from("ndmini::calib_copy_from", kFloats), to("ndmini::calib_copy_to", kFloats);
-  Kokkos::deep_copy(from, real(1));
+// The median seconds of `work` over kRepeats runs after one warm-up, wall
+// time (as a training step is timed), every rank at once.
+template <class Work>
+double median_seconds(Work&& work) {
   std::vector<double> seconds;
   for (int rep = -1; rep < kRepeats; ++rep) {
     Kokkos::fence();
     const auto t0 = Clock::now();
-    Kokkos::deep_copy(to, from);
+    work();
     Kokkos::fence();
     if (rep >= 0) seconds.push_back(seconds_since(t0));
   }
-  return 2.0 * kFloats * sizeof(real) / median_of(seconds) / 1e9;
+  return median_of(seconds);
+}
+
+// A GPT-2-small block's shapes: one micro-batch of 1024 rows, 768 channels, 12 heads.
+constexpr int kRows = 1024, kChannels = 768, kHeads = 12, kSeqLen = 256;
+
+// FLOP/s of one block's twelve matrix products (the four Linear layers'
+// forward, weight-gradient and input-gradient products, through the
+// model's own kernels), fp32.
+double block_products_flops() {
+  const int C = kChannels;
+  const int widths[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};  // in, out
+  View2D x("ndmini::calib_x", kRows, 4 * C), y("ndmini::calib_y", kRows, 4 * C), w("ndmini::calib_w", 4 * C, C),
+      dw("ndmini::calib_dw", 4 * C, C), dx("ndmini::calib_dx", kRows, 4 * C);
+  View1D bias("ndmini::calib_bias", 4 * C), dbias("ndmini::calib_dbias", 4 * C);
+  Kokkos::deep_copy(x, real(0.5));
+  Kokkos::deep_copy(w, real(0.01));
+  double flops = 0;
+  for (const auto& io : widths) flops += 3 * 2.0 * kRows * io[0] * io[1];
+  const double s = median_seconds([&] {
+    for (const auto& io : widths) {
+      const auto in = Kokkos::make_pair(0, io[0]), out = Kokkos::make_pair(0, io[1]);
+      const Slice2D xs = Kokkos::subview(x, Kokkos::ALL, in), ys = Kokkos::subview(y, Kokkos::ALL, out),
+                    dxs = Kokkos::subview(dx, Kokkos::ALL, in);
+      // The weight [out, in], contiguous: the first out x in floats of w and dw.
+      const Slice2D ws(w.data(), io[1], io[0]), dws(dw.data(), io[1], io[0]);
+      const Slice1D bs = Kokkos::subview(bias, out), dbs = Kokkos::subview(dbias, out);
+      kernels::linear_forward(ys, xs, ws, bs);
+      kernels::linear_backward(dxs, dws, dbs, ys, xs, ws);
+    }
+  });
+  return flops / s;
+}
+
+// FLOP/s of causal attention's forward and backward (counted as the cost
+// model counts them: 4 C T per token forward, twice that backward) on one
+// micro-batch of 4 sequences of 256 tokens.
+double attention_flops() {
+  const kernels::AttentionShape shape{kRows / kSeqLen, kSeqLen, kChannels, kHeads};
+  ContextParallelAttention attention(nullptr, shape, kSeqLen);
+  View2D qkv("ndmini::calib_qkv", kRows, 3 * kChannels), out("ndmini::calib_out", kRows, kChannels),
+      dout("ndmini::calib_dout", kRows, kChannels), dqkv("ndmini::calib_dqkv", kRows, 3 * kChannels);
+  View1D qkvh("ndmini::calib_qkvh", ContextParallelAttention::qkvh_size(shape)),
+      lse("ndmini::calib_lse", ContextParallelAttention::lse_size(shape));
+  Kokkos::deep_copy(qkv, real(0.1));
+  Kokkos::deep_copy(dout, real(0.01));
+  const ContextParallelAttention::Saved saved{qkvh, lse, {}};
+  const double s = median_seconds([&] {
+    attention.forward(out, qkv, saved);
+    attention.backward(dqkv, dout, out, saved);
+  });
+  return 3 * 4.0 * kRows * kSeqLen * static_cast<double>(kChannels) / s;
+}
+
+// Bytes per second of the AdamW update over 8M parameters (it reads and
+// writes parameter, gradient, which it zeroes, and both moments): how the
+// optimizer streams memory.
+double optimizer_bandwidth() {
+  const std::size_t n = std::size_t{1} << 23;
+  View1D p("ndmini::calib_p", n), grad("ndmini::calib_grad", n), m("ndmini::calib_m", n), v("ndmini::calib_v", n);
+  Kokkos::deep_copy(p, real(0.02));
+  const kernels::AdamWStep step{real(6e-4), real(0.9), real(0.95), real(1e-8), real(0.1), real(1), 1};
+  const double s = median_seconds([&] { kernels::adamw_update(p, grad, m, v, step, true); });
+  return 8.0 * n * sizeof(real) / s;
+}
+
+// The memory-bound kernels of one block's micro-batch (4 x 256 tokens, 768
+// channels): both LayerNorms and the GELU, forward and backward, and the
+// four bias gradients; as bytes per second in the cost model's own count
+// for them (kActivationPasses times the block's activation records, from
+// BlockSizes, the size function the records are allocated by).
+double block_kernels_bandwidth() {
+  const int C = kChannels, H = 4 * kChannels;
+  View2D x("ndmini::calib_ln_x", kRows, C), y("ndmini::calib_ln_y", kRows, C), dx("ndmini::calib_ln_dx", kRows, C),
+      h("ndmini::calib_gelu_x", kRows, H), g("ndmini::calib_gelu_y", kRows, H);
+  View1D gamma("ndmini::calib_gamma", C), beta("ndmini::calib_beta", C), dgamma("ndmini::calib_dgamma", C),
+      dbeta("ndmini::calib_dbeta", C), mean("ndmini::calib_mean", kRows), rstd("ndmini::calib_rstd", kRows),
+      dbias("ndmini::calib_dbias", H);
+  Kokkos::deep_copy(x, real(0.3));
+  Kokkos::deep_copy(h, real(0.2));
+  Kokkos::deep_copy(gamma, real(1));
+  const double s = median_seconds([&] {
+    for (int ln = 0; ln < 2; ++ln) {
+      kernels::layernorm_forward(y, mean, rstd, x, gamma, beta);
+      kernels::layernorm_backward(dx, dgamma, dbeta, y, x, gamma, mean, rstd);
+    }
+    kernels::gelu_forward(g, h);
+    kernels::gelu_backward(g, h, g);
+    const int widths[4] = {3 * C, C, H, C};  // c_attn, attn_proj, c_fc, mlp_proj outputs
+    for (int w : widths)
+      kernels::bias_backward(Kokkos::subview(dbias, Kokkos::make_pair(0, w)),
+                             Kokkos::subview(g, Kokkos::ALL, Kokkos::make_pair(0, w)));
+  });
+  ModelConfig m;
+  m.layers = 1;
+  m.channels = kChannels;
+  m.heads = kHeads;
+  m.seq_len = kSeqLen;
+  const BlockSizes block = GptModel::block_sizes_of(m, kRows / kSeqLen, 1, false, 1);
+  return kActivationPasses * static_cast<double>(block.activation_bytes(false)) / s;
+}
+
+// The fraction of a collective that hides behind compute here: an
+// all-reduce alone, a matrix product alone, then both at once (the
+// all-reduce issued first, as the trainer issues its buckets), with the
+// progress thread the trainer runs. 1: hidden whole; 0: the two add up, as
+// where moving the data takes the cores the compute needs.
+double overlap_fraction(Communicator& comm, MPI_Comm world) {
+  const MpiProgressThread progress(world, CommConfig{}.progress_poll_us);
+  // 64 MiB and one product of about as long here: the fraction is of the
+  // shorter, so neither may be small against the other's noise.
+  constexpr std::size_t kFloats = std::size_t{1} << 24;
+  View1D buf("ndmini::calib_overlap", kFloats);
+  const int C = kChannels;
+  View2D x("ndmini::calib_ov_x", kRows, C), w("ndmini::calib_ov_w", 4 * C, C), y("ndmini::calib_ov_y", kRows, 4 * C);
+  auto compute = [&] { kernels::gemm("N", "T", real(1), x, w, real(0), y); };
+  auto slowest = [&](double t) {
+    mpi_all_reduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world, "the overlap calibration");
+    return t;
+  };
+  const double alone_compute = slowest(median_seconds(compute));
+  const double alone_comm = slowest(median_seconds([&] { comm.iall_reduce(buf.data(), kFloats).wait(); }));
+  const double both = slowest(median_seconds([&] {
+    CommRequest r = comm.iall_reduce(buf.data(), kFloats);
+    compute();
+    r.wait();
+  }));
+  const double hidden = alone_compute + alone_comm - both;
+  return std::clamp(hidden / std::min(alone_compute, alone_comm), 0.0, 1.0);
 }
 
 // Milliseconds of one all-reduce of `count` floats over `comm`: the median
@@ -79,13 +210,10 @@ std::string calibrate_cluster(MPI_Comm world) {
   spec.name = std::string("this machine, measured by ndmini plan --calibrate (") + ExecSpace::name() + ", " +
               std::to_string(size) + " ranks)";
   // Every rank measures at once, as the ranks of a run compute at once; the fastest rank speaks (as for MFU).
-  double rates[3] = {calibrate_gemm_flops(Precision::fp32), calibrate_gemm_flops(Precision::bf16),
-                     copy_bandwidth_gbs()};
-  mpi_all_reduce(MPI_IN_PLACE, rates, 3, MPI_DOUBLE, MPI_MAX, world, "the compute calibration");
+  double rates[2] = {calibrate_gemm_flops(Precision::fp32), calibrate_gemm_flops(Precision::bf16)};
+  mpi_all_reduce(MPI_IN_PLACE, rates, 2, MPI_DOUBLE, MPI_MAX, world, "the compute calibration");
   spec.peak_tflops_fp32 = rates[0] / 1e12;
   spec.peak_tflops_bf16 = rates[1] / 1e12;
-  // The copy measured one rank's share while every rank copied: the node's bandwidth split among them.
-  spec.memory_bandwidth_gbs = rates[2];
   spec.memory_gib = memory_per_rank(Config{}, per_node, nullptr) / (1024.0 * 1024.0 * 1024.0);
 
   // Collectives: latency from a one-float all-reduce, bandwidth from a
@@ -102,7 +230,23 @@ std::string calibrate_cluster(MPI_Comm world) {
   const bool one_node = nodes_max == size;
   spec.intra_latency_us = spec.inter_latency_us = latency_us;
   spec.intra_bandwidth_gbs = spec.inter_bandwidth_gbs = bandwidth_gbs;
-  spec.compute_efficiency = spec.network_efficiency = 1.0;  // measured rates, not datasheet ones
+  spec.network_efficiency = 1.0;  // measured rates, not datasheet ones
+  // What the model's own kernels reach, every rank at once; the slowest
+  // rank speaks (a step waits for it). The model uses memory bandwidth for
+  // the optimizer and the memory-bound kernels only, so both are measured
+  // through those kernels (on a host they differ from a plain copy both
+  // ways: caches help the small ones, the GELU's tanh is arithmetic).
+  double reached[4] = {block_products_flops(), attention_flops(), optimizer_bandwidth(), block_kernels_bandwidth()};
+  mpi_all_reduce(MPI_IN_PLACE, reached, 4, MPI_DOUBLE, MPI_MIN, world, "the kernel calibration");
+  // A peak is never below what the products were seen to reach (a noisy
+  // calibration run would otherwise make an efficiency read above 1).
+  const double peak = std::max({rates[0], reached[0], reached[1]});
+  spec.peak_tflops_fp32 = peak / 1e12;
+  spec.compute_efficiency = reached[0] / peak;
+  spec.attention_efficiency = reached[1] / peak;
+  spec.memory_bandwidth_gbs = reached[2] / 1e9;
+  spec.kernel_bandwidth_gbs = reached[3] / 1e9;
+  spec.overlap_efficiency = overlap_fraction(comm, world);
   if (rank != 0) return "";
   return cluster_toml(
       spec,
@@ -112,15 +256,27 @@ std::string calibrate_cluster(MPI_Comm world) {
        {"device.memory_gib", "MemAvailable of the node / its ranks (host memory on a host build)"},
        {"device.peak_tflops_fp32", "the start-up GEMM calibration, fp32, 1024^3 NT/TN/NN, best run, fastest rank"},
        {"device.peak_tflops_bf16", "the same in bf16 (oneDNN where built, else emulated through fp32)"},
-       {"device.memory_bandwidth_gbs", "a 128 MiB copy, read + write, median of 7, every rank at once"},
+       {"device.memory_bandwidth_gbs",
+        "the AdamW update of 8M parameters, 32 bytes each, median of 7, every rank at once, slowest rank"},
+       {"device.kernel_bandwidth_gbs",
+        "one block's LayerNorms, GELU and bias gradients (4 x 256 tokens, 768 channels), forward and backward, "
+        "counted as the planner counts them (3 x the block's activation records), median of 7, slowest rank"},
        {"intra_node.bandwidth_gbs",
         "a 64 MiB all-reduce over " + std::to_string(size) + " ranks through the comm layer, as ring bus bandwidth"},
        {"intra_node.latency_us", "a one-float all-reduce over " + std::to_string(size) + " ranks, per ring step"},
        {"inter_node.bandwidth_gbs", one_node ? "one node: the intra-node figure (no link between nodes to measure)"
                                              : "measured over all ranks, which span nodes: the slower link dominates"},
        {"inter_node.latency_us", one_node ? "one node: the intra-node figure" : "measured over all ranks"},
-       {"efficiency.compute", "1: the rates above are measured"},
-       {"efficiency.network", "1: the rates above are measured"}});
+       {"efficiency.compute",
+        "a GPT-2-small block's 12 Linear products (1024 rows, fp32), median of 7, slowest "
+        "rank, over peak_tflops_fp32"},
+       {"efficiency.network", "1: the rates above are measured"},
+       {"efficiency.attention",
+        "causal attention forward + backward (4 x 256 tokens, 768 channels, 12 heads), "
+        "median of 7, slowest rank, over peak_tflops_fp32"},
+       {"efficiency.overlap",
+        "a 16 MiB all-reduce hidden behind matrix products (with the progress thread): the fraction of the shorter "
+        "that hides"}});
 }
 
 }  // namespace ndmini

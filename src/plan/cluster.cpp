@@ -23,7 +23,7 @@ namespace {
 struct ClusterKey {
   const char* path;
   bool required;
-  double lo, hi;  // the value must lie in (lo, hi], or [lo, hi] for a latency (0: too small to matter)
+  double lo, hi;  // the value must lie in (lo, hi], or [lo, hi] for a latency (0: too small to matter) or the overlap
   const char* rule;
   double ClusterSpec::*member;  // null: device.per_node, a whole number
 };
@@ -35,6 +35,7 @@ const std::vector<ClusterKey>& cluster_keys() {
       {"device.peak_tflops_fp32", true, 0, 1e6, "dense TFLOP/s, above 0", &ClusterSpec::peak_tflops_fp32},
       {"device.peak_tflops_bf16", true, 0, 1e6, "dense TFLOP/s, above 0", &ClusterSpec::peak_tflops_bf16},
       {"device.memory_bandwidth_gbs", true, 0, 1e6, "GB/s, above 0", &ClusterSpec::memory_bandwidth_gbs},
+      {"device.kernel_bandwidth_gbs", false, 0, 1e6, "GB/s, above 0", &ClusterSpec::kernel_bandwidth_gbs},
       {"intra_node.bandwidth_gbs", true, 0, 1e6, "GB/s per device and direction, above 0",
        &ClusterSpec::intra_bandwidth_gbs},
       {"intra_node.latency_us", true, 0, 1e6, "microseconds, 0 or more", &ClusterSpec::intra_latency_us},
@@ -45,6 +46,9 @@ const std::vector<ClusterKey>& cluster_keys() {
        &ClusterSpec::compute_efficiency},
       {"efficiency.network", false, 0, 1, "a fraction of the bandwidth, above 0 and at most 1",
        &ClusterSpec::network_efficiency},
+      {"efficiency.attention", false, 0, 1, "a fraction of the peak, above 0 and at most 1",
+       &ClusterSpec::attention_efficiency},
+      {"efficiency.overlap", false, 0, 1, "a fraction, 0 to 1", &ClusterSpec::overlap_efficiency},
   };
   return keys;
 }
@@ -109,7 +113,9 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& origin) {
     std::ostringstream shown;
     shown << *value;
     if (!std::isfinite(*value) || *value < k.lo ||
-        (*value == k.lo && std::string(k.path).find("latency") == std::string::npos) || *value > k.hi)
+        (*value == k.lo && std::string(k.path).find("latency") == std::string::npos &&
+         std::string(k.path) != "efficiency.overlap") ||
+        *value > k.hi)
       refuse(origin, std::string(k.path) + " = " + shown.str() + " is impossible: must be " + k.rule);
     if (k.member == nullptr) {
       if (*value != std::floor(*value)) refuse(origin, "device.per_node = " + shown.str() + " must be " + k.rule);
@@ -119,6 +125,9 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& origin) {
     }
   }
   spec.devices_per_node = static_cast<int>(per_node);
+  // Absent optional keys take the figures they refine.
+  if (spec.attention_efficiency == 0) spec.attention_efficiency = spec.compute_efficiency;
+  if (spec.kernel_bandwidth_gbs == 0) spec.kernel_bandwidth_gbs = spec.memory_bandwidth_gbs;
   return spec;
 }
 

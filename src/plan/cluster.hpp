@@ -11,6 +11,8 @@
 //   [intra_node] bandwidth_gbs = 300   latency_us = 3     # one direction, per device
 //   [inter_node] bandwidth_gbs = 25    latency_us = 8
 //   [efficiency] compute = 0.6   network = 0.8           # optional, see kDefault*Efficiency
+//                attention = 0.4 overlap = 0.9          # optional: as compute, 1
+//   [device] kernel_bandwidth_gbs = 900                 # optional: memory_bandwidth_gbs
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +40,15 @@ struct ClusterSpec {
   double inter_bandwidth_gbs = 0, inter_latency_us = 0;
   double compute_efficiency = kDefaultComputeEfficiency;
   double network_efficiency = kDefaultNetworkEfficiency;
+  // Optional, measured by ndmini plan --calibrate: the fraction of the peak
+  // the attention kernels reach (absent: compute_efficiency); the bandwidth
+  // the memory-bound kernels reach, in the cost model's count of their
+  // bytes (absent: memory_bandwidth_gbs); and of a collective that can hide
+  // behind compute, the part that does (absent: 1, as on a device whose
+  // copy engines move data while it computes).
+  double attention_efficiency = 0;
+  double kernel_bandwidth_gbs = 0;
+  double overlap_efficiency = 1;
 
   // Dense peak in FLOP/s of one device for matrix products in `precision`.
   double peak_flops(Precision precision) const;

@@ -17,10 +17,6 @@ namespace {
 // moments and writes parameter and moments (28 bytes); the gradient norm
 // reads the gradient (4) and zeroing it for the next step writes it (4).
 constexpr double kOptimizerBytesPerElement = 36;
-// Memory-bound kernels (LayerNorm, GELU, softmax, residual adds, the loss)
-// move each activation byte about this many times per micro-batch: written
-// in the forward, read and its gradient written in the backward.
-constexpr double kActivationPasses = 3;
 
 // The reported groups of ParallelContext::reported(), in its order, and the axes each spans.
 struct GroupAxes {
@@ -192,6 +188,26 @@ double forward_flops(const ModelConfig& m, const Chunk& c, int micro_batch, cons
   return tokens * per_token;
 }
 
+// Of forward_flops, the attention's: 4 C T per layer and token.
+double attention_flops(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d) {
+  const double C = m.channels, T = m.seq_len;
+  return static_cast<double>(micro_batch) * T / d.cp / d.tp * c.layers() * 4 * C * T;
+}
+
+// Milliseconds of one micro-batch's forward through `c`: the Linear
+// products at the compute rate, attention at its own (FLOPs per ms).
+double forward_ms(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d, double rate,
+                  double attention_rate) {
+  const double attention = attention_flops(m, c, micro_batch, d);
+  return (forward_flops(m, c, micro_batch, d) - attention) / rate + attention / attention_rate;
+}
+
+// A collective the model hides (wholly or in part) behind compute: of what
+// it would hide with full overlap, only the cluster's overlap fraction.
+double exposed_with_overlap(double ms, double exposed_at_full_overlap, double overlap) {
+  return ms - overlap * (ms - exposed_at_full_overlap);
+}
+
 }  // namespace
 
 PlanMemory plan_memory(const MemoryEstimate& e) {
@@ -237,7 +253,9 @@ std::vector<GroupTraffic> traffic_per_step(const Config& cfg, const RunLayout& l
 
 double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
   const ParallelDims& d = l.dims;
-  const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
+  // The faster of the products' and the attention's rates for all FLOPs: a bound.
+  const double rate = cluster.peak_flops(precision) *
+                      std::max(cluster.compute_efficiency, cluster.attention_efficiency) / 1e3;  // FLOPs per ms
   double total = 0;  // per micro-batch, summed over the stages
   for (int s = 0; s < d.pp; ++s)
     for (const Chunk& c : l.plan.chunks_of(s)) {
@@ -259,7 +277,10 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   const int B = cfg.train.micro_batch, mb = l.micro_batches;
   const int v = l.schedule.kind() == ScheduleKind::interleaved ? d.virtual_stages : 1;
   const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
-  const double memory_rate = cluster.memory_bandwidth_gbs * 1e6;                         // bytes per ms
+  const double attention_rate = cluster.peak_flops(precision) * cluster.attention_efficiency / 1e3;
+  const double memory_rate = cluster.memory_bandwidth_gbs * 1e6;  // the optimizer streams: bytes per ms
+  const double kernel_rate = cluster.kernel_bandwidth_gbs * 1e6;  // the memory-bound kernels, likewise
+  const double overlap = cluster.overlap_efficiency;
   const BlockSizes bs = GptModel::block_sizes_of(m, B, d.tp, d.sequence_parallel, d.cp);
   // bf16 halves the activations' and the gathered parameters' bytes in the
   // time model; the memory figures follow the allocating code's size functions.
@@ -283,42 +304,48 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     StageTime& st = stages[s];
     double attention = 0;  // of the compute: what ring attention's K/V exchange hides behind
     for (const Chunk& c : l.plan.chunks_of(s)) {
-      const double fwd = forward_flops(m, c, B, d);
-      st.compute += 3 * fwd / rate;
-      attention += 3 * c.layers() * (4.0 * m.channels * m.seq_len) * B * m.seq_len / d.cp / d.tp / rate;
+      st.compute += 3 * forward_ms(m, c, B, d, rate, attention_rate);
+      attention += 3 * attention_flops(m, c, B, d) / attention_rate;
       if (l.recompute == Recompute::block) {
         Chunk blocks_only = c;
         blocks_only.head = false;
-        st.recompute += forward_flops(m, blocks_only, B, d) / rate;
+        st.recompute += forward_ms(m, blocks_only, B, d, rate, attention_rate);
         p.hardware_flops += forward_flops(m, blocks_only, B, d) * mb * d.data_parallel() * d.cp * d.tp;
       }
       double bytes = static_cast<double>(StageRuntime::record_bytes(c, bs, Recompute::none));
       if (c.head)
         bytes += static_cast<double>(GptModel::buffer_sizes(m, B, true, d.tp, d.sequence_parallel, d.cp).logits) *
                  sizeof(real);
-      st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / memory_rate;
+      st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / kernel_rate;
     }
     TrafficCounter t = count_traffic(cfg, l, s, &cluster, half);
     // Blocking collectives inside the compute: tp always; the pipeline's
     // receives (half its transfers; the sends overlap); the ring exchange
-    // where it takes longer than the attention it hides behind.
+    // where it takes longer than the attention it hides behind. What may
+    // hide, hides as far as the cluster's overlap fraction lets it.
     t[kTp].exposed_ms = t[kTp].ms;
-    t[kPp].exposed_ms = t[kPp].ms / 2;
-    t[kCp].exposed_ms = std::max(0.0, t[kCp].ms - attention * mb);
+    t[kPp].exposed_ms = exposed_with_overlap(t[kPp].ms, t[kPp].ms / 2, overlap);
+    t[kCp].exposed_ms = exposed_with_overlap(t[kCp].ms, std::max(0.0, t[kCp].ms - attention * mb), overlap);
     st.per_micro_batch =
         st.compute + st.recompute + st.kernels + (t[kTp].exposed_ms + t[kPp].exposed_ms + t[kCp].exposed_ms) / mb;
     const double work = mb * (st.compute + st.recompute + st.kernels);
     // FSDP: each unit's all-gather is prefetched behind the unit before it and
     // its reduce-scatter runs behind the units after: exposed is what the
     // compute cannot cover, plus the first unit's gather.
-    if (t[kFsdp].calls > 0) t[kFsdp].exposed_ms = std::max(0.0, t[kFsdp].ms - work) + t[kFsdp].ms / t[kFsdp].calls;
+    if (t[kFsdp].calls > 0)
+      t[kFsdp].exposed_ms = exposed_with_overlap(
+          t[kFsdp].ms, std::min(t[kFsdp].ms, std::max(0.0, t[kFsdp].ms - work) + t[kFsdp].ms / t[kFsdp].calls),
+          overlap);
     // Data parallelism: buckets start as the last micro-batch's backward
     // finishes each unit; HSDP's shard all-reduce follows FSDP's reductions.
     if (t[kDpReplicate].calls > 0) {
       const double last_backward = 2.0 / 3 * (st.compute + st.kernels) + st.recompute;
       t[kDpReplicate].exposed_ms =
-          d.fsdp() > 1 ? t[kDpReplicate].ms
-                       : std::max(t[kDpReplicate].ms / t[kDpReplicate].calls, t[kDpReplicate].ms - last_backward);
+          d.fsdp() > 1
+              ? t[kDpReplicate].ms
+              : exposed_with_overlap(
+                    t[kDpReplicate].ms,
+                    std::max(t[kDpReplicate].ms / t[kDpReplicate].calls, t[kDpReplicate].ms - last_backward), overlap);
     }
     for (Group g : {kTied, kBatch, kNorm}) t[g].exposed_ms = t[g].ms;
     st.comm = t.groups(d);

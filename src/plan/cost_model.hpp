@@ -19,6 +19,11 @@
 
 namespace ndmini {
 
+// Memory-bound kernels (LayerNorm, GELU, softmax, residual adds, the loss)
+// move each activation byte about this many times per micro-batch: written
+// in the forward, read and its gradient written in the backward.
+inline constexpr double kActivationPasses = 3;
+
 // Bytes per device of one pipeline stage, by category; total() is the
 // estimate that `train` and `check` refuse a deck by (the busiest stage's).
 struct PlanMemory {
@@ -57,9 +62,11 @@ struct StepPrediction {
   double hardware_flops = 0;  // also the forwards recomputation runs again
   std::vector<GroupTraffic> comm;
   // Milliseconds per step.
-  double compute_ms = 0;    // matrix products and attention: FLOPs / (peak x efficiency), recompute excluded
+  // Matrix products: FLOPs / (peak x efficiency.compute), attention's / (peak
+  // x efficiency.attention); recompute excluded.
+  double compute_ms = 0;
   double recompute_ms = 0;  // the forwards recompute = block runs again
-  double kernels_ms = 0;    // memory-bound kernels: activation bytes / memory bandwidth
+  double kernels_ms = 0;    // memory-bound kernels: kActivationPasses x activation bytes / kernel bandwidth
   double bubble_ms = 0;     // the pipeline's idle time, (pp - 1) / v micro-batch times
   double optimizer_ms = 0;  // AdamW and the gradient norm: bytes / memory bandwidth
   double exposed_comm_ms = 0;

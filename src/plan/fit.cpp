@@ -127,6 +127,7 @@ std::string run_fit(const FitRequest& request) {
   report += line;
   refit("efficiency.compute", after.compute_efficiency, compute_scale,
         "measured compute = predicted products / scale + kernels + optimizer");
+  refit("efficiency.attention", after.attention_efficiency, compute_scale, "with the products' scale");
   refit("efficiency.network", after.network_efficiency, network_scale,
         "measured exposed dp_replicate, fsdp, tp, cp, tied_wte time = predicted x scale");
 

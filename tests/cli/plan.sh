@@ -78,6 +78,21 @@ PY
   fractional_devices)
     cluster_with 's/^per_node = 8 /per_node = 7.5 /'
     expect_exit2 "device.per_node = 7.5 must be a whole number" tiny.toml --cluster bad.toml --world 1 ;;
+  optional_keys)
+    # The optional refinements: an overlap of 0 is a fraction like any other, 1.5 is not.
+    cluster_with '$ a [efficiency]\noverlap = 0\nattention = 0.5'
+    run 1 plan tiny.toml --cluster bad.toml --world 2 --set parallel.dp_replicate=2 --json >out.json 2>&1 ||
+      { cat out.json; fail "overlap = 0 was refused"; }
+    python3 - out.json <<'PY' || fail "overlap = 0 did not expose the data-parallel reduction whole"
+import json, sys
+comm = {c["group"]: c for c in json.load(open(sys.argv[1]))["layouts"][0]["comm"]}
+dp = comm["dp_replicate"]
+assert dp["ms"] > 0 and abs(dp["exposed_ms"] - dp["ms"]) <= 1e-12 * dp["ms"], dp
+PY
+    cluster_with '$ a [efficiency]\noverlap = 1.5'
+    expect_exit2 "efficiency.overlap = 1.5 is impossible" tiny.toml --cluster bad.toml --world 1
+    cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nkernel_bandwidth_gbs = 0/'
+    expect_exit2 "device.kernel_bandwidth_gbs = 0 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
   unknown_key)
     cluster_with 's/^latency_us = 8 /latncy_us = 8 /'
     expect_exit2 "unknown key 'inter_node.latncy_us'" tiny.toml --cluster bad.toml --world 1 ;;
@@ -102,6 +117,9 @@ PY
     [ ! -e here.toml.tmp ] || fail "the temporary file was left behind"
     run 1 plan tiny.toml --cluster here.toml --world 2 --search --top 3 >out.txt 2>&1 || { cat out.txt; fail "here.toml was refused"; }
     grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
+    for key in kernel_bandwidth_gbs attention overlap; do
+      grep -qE "^$key = [0-9.e+-]+$" here.toml || fail "the calibration wrote no $key"
+    done
     # One rank has no collective to ping: refused, nothing written.
     rm here.toml
     expect_exit2 "launch at least 2" --calibrate --out here.toml
