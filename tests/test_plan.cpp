@@ -81,7 +81,7 @@ void expect_plan_equals_run(const Layout& layout, const std::vector<std::string>
   EXPECT_LE(planned, 1.1 * peak) << what << ": the plan is over 10% above the peak" << tracker.peak_breakdown();
   if (world_rank() == 0)
     std::printf("[plan] %d ranks, %-72s%s memory plan / peak %.1f / %.1f KiB, traffic checked\n", layout.ranks,
-                label(layout).c_str(), extra.empty() ? "" : " (bf16 reductions)", planned / 1024, peak / 1024);
+                label(layout).c_str(), extra.empty() ? "" : " (bf16)", planned / 1024, peak / 1024);
 }
 
 }  // namespace
@@ -96,18 +96,24 @@ TEST(Plan, TrafficStateAndMemoryEqualATrainingRunForEveryLayout) {
   EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
 }
 
-// comm.reduce_dtype = "bf16": the gradient reductions' bytes halve in the
-// plan as in the comm layer's counters, and the bf16 buffers they take are
-// in the memory plan. Layouts whose other traffic is fp32 under bf16 too
-// (traffic_per_step counts activations and FSDP gathers in fp32): data
-// parallelism's buckets, the tied embedding of a pipeline, beside tp.
-TEST(Plan, Bf16ReductionsEqualATrainingRun) {
+// Under bf16, with comm.reduce_dtype = "bf16": what travels in bf16 (FSDP's
+// gathers, ring attention's K/V, sequence parallelism's gathered LayerNorm
+// outputs, the gradient reductions) and what stays fp32 (tp's partial sums,
+// activation gradients, the pipeline's activations) in the plan as in the
+// comm layer's counters, and the bf16 buffers in the memory plan: a layout
+// of each axis and of the mixes that change what a group carries.
+TEST(Plan, Bf16EqualsATrainingRun) {
   const std::vector<std::string> bf16 = {"train.precision=bf16", "comm.reduce_dtype=bf16"};
   const std::vector<Layout> some = {
       {2, {"parallel.dp_replicate=2"}, {}},
+      {2, {"parallel.dp_shard=2"}, {}},
+      {2, {"parallel.cp=2"}, {}},
+      {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
       {2, {"parallel.pp=2", "parallel.schedule=gpipe"}, {}},
       {4, {"parallel.pp=2", "parallel.dp_replicate=2"}, {}},
       {4, {"parallel.dp_replicate=2", "parallel.tp=2"}, {}},
+      {4, {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
+      {4, {"parallel.dp_shard=2", "parallel.cp=2", "train.recompute=block"}, {}},
       {8, {"parallel.dp_replicate=8"}, {}},
   };
   int tested = 0;

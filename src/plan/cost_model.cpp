@@ -78,9 +78,11 @@ class TrafficCounter {
 
 // Counts what the layers (layers/tensor_parallel.cpp, layers/context_parallel.cpp),
 // FSDP, data parallelism, the pipeline and the trainer send in one step of `stage`.
-// `half`: bf16 compute (activations, their gradients and the gathered
-// parameters travel in 2 bytes); gradient reductions move the wire format
-// of comm.reduce_dtype (parallel/grad_reduction.hpp).
+// `half`: bf16 compute, under which what ndmini keeps in bf16 travels in 2
+// bytes (FSDP's gathered parameters, ring attention's K/V, sequence
+// parallelism's gathered LayerNorm outputs) and the rest in 4 (tp's partial
+// sums, every activation gradient, the pipeline's activations); gradient
+// reductions move the wire format of comm.reduce_dtype (parallel/grad_reduction.hpp).
 TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
                              bool half = false) {
   const ParallelDims& d = l.dims;
@@ -88,7 +90,8 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   TrafficCounter t(d, cluster);
   const BlockSizes bs = GptModel::block_sizes_of(m, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   const double N = static_cast<double>(bs.rows), NC = static_cast<double>(bs.full());
-  const double kFloat = half ? 2.0 : sizeof(real);  // an activation element's bytes
+  const double kFloat = sizeof(real);              // an fp32 activation or activation gradient
+  const double kHalf = half ? 2.0 : sizeof(real);  // a value ndmini keeps in bf16 under bf16
   const double kGradFloat = cfg.comm.reduce_dtype == Precision::bf16 ? sizeof(bf16) : sizeof(real);  // a gradient's
   const double part = static_cast<double>(bs.attention.part_size());  // one of q, k, v on this rank
   const double activation = static_cast<double>(bs.residual());       // what the pipeline sends
@@ -98,23 +101,25 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   const std::vector<Chunk> chunks = l.plan.chunks_of(stage);
   const std::vector<PipelineAction> actions = l.schedule.actions(stage);
 
-  // One block: forward (twice per micro-batch with recomputation) and backward.
-  auto block_tp = [&](std::int64_t blocks) {
+  // One block's forward (twice per micro-batch with recomputation) and backward.
+  auto block_tp = [&](std::int64_t blocks, bool forward) {
     if (!tp) return;
-    if (sp) {  // LayerNorm outputs gathered, row-parallel outputs reduce-scattered
-      t.add(kTp, Collective::all_gather, 2 * blocks, NC * kFloat);
+    if (sp) {  // LayerNorm outputs gathered, row-parallel outputs reduce-scattered (backward: their gradients)
+      t.add(kTp, Collective::all_gather, 2 * blocks, NC * (forward ? kHalf : kFloat));
       t.add(kTp, Collective::reduce_scatter, 2 * blocks, NC * kFloat);
     } else {  // the two row-parallel outputs (forward) or the two input gradients (backward)
       t.add(kTp, Collective::all_reduce, 2 * blocks, NC * kFloat);
     }
   };
   auto block_cp_forward = [&](std::int64_t blocks) {
-    if (cp) t.add(kCp, Collective::p2p, blocks * (d.cp - 1), 4 * part * kFloat);  // K/V out and in, cp - 1 times
+    if (cp) t.add(kCp, Collective::p2p, blocks * (d.cp - 1), 4 * part * kHalf);  // K/V out and in, cp - 1 times
   };
   auto block_cp_backward = [&](std::int64_t blocks) {
     if (!cp) return;
-    // K/V and dK/dV around the ring, then the dK/dV sums home: cp + 1 batches, (8 cp - 4) parts.
-    t.add(kCp, Collective::p2p, blocks * (d.cp + 1), (8.0 * d.cp - 4) / (d.cp + 1) * part * kFloat);
+    // K/V around the ring (4 parts, cp - 1 times), dK/dV after each block
+    // (4 fp32 parts, cp - 1 times) and their sums home (4): cp + 1 batches.
+    const double bytes = 4.0 * (d.cp - 1) * part * kHalf + 4.0 * d.cp * part * kFloat;
+    t.add(kCp, Collective::p2p, blocks * (d.cp + 1), bytes / (d.cp + 1));
   };
   for (const PipelineAction& a : actions) {
     const auto it = std::find_if(chunks.begin(), chunks.end(), [&](const Chunk& c) { return c.index == a.chunk; });
@@ -123,19 +128,20 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
     if (a.kind == PipelineAction::Kind::forward) {
       if (tp && c.embedding)  // the vocabulary-parallel lookup summed over tp
         t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kFloat);
-      block_tp(blocks);
+      block_tp(blocks, true);
       block_cp_forward(blocks);
       if (tp && c.head) {
-        if (sp) t.add(kTp, Collective::all_gather, 1, NC * kFloat);  // ln_f's output
-        t.add(kTp, Collective::all_reduce, 1, N * kFloat);           // the logits' row maxima
-        t.add(kTp, Collective::all_reduce, 1, 2 * N * kFloat);       // the softmax sums and target logits
+        if (sp) t.add(kTp, Collective::all_gather, 1, NC * kHalf);  // ln_f's output
+        t.add(kTp, Collective::all_reduce, 1, N * kFloat);          // the logits' row maxima
+        t.add(kTp, Collective::all_reduce, 1, 2 * N * kFloat);      // the softmax sums and target logits
         // The head's backward runs inside the forward: d(ln_f input) summed over tp.
         t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kFloat);
       }
       if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation * kFloat);      // receive the input
       if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation * kFloat);  // send the output
     } else {
-      block_tp(blocks * (recompute ? 2 : 1));
+      if (recompute) block_tp(blocks, true);
+      block_tp(blocks, false);
       if (recompute) block_cp_forward(blocks);
       block_cp_backward(blocks);
       if (sp && c.embedding) t.add(kTp, Collective::all_gather, 1, NC * kFloat);  // d(embedding output)
@@ -155,7 +161,7 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
     const StageRuntime::FsdpTraffic f =
         StageRuntime::fsdp_traffic(layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
     if (f.all_gathers > 0)
-      t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kFloat);
+      t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kHalf);
     if (f.reduce_scatters > 0)
       t.add(kFsdp, Collective::reduce_scatter, f.reduce_scatters,
             f.reduce_scatter_floats / f.reduce_scatters * kGradFloat);
@@ -248,7 +254,7 @@ double collective_ms(Collective kind, double bytes, int n, double bandwidth_gbs,
 }
 
 std::vector<GroupTraffic> traffic_per_step(const Config& cfg, const RunLayout& layout, int stage) {
-  return count_traffic(cfg, layout, stage, nullptr).groups(layout.dims);
+  return count_traffic(cfg, layout, stage, nullptr, cfg.train.precision == Precision::bf16).groups(layout.dims);
 }
 
 double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
