@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""Two cores as one rank with two threads, or as two single-thread ranks.
+
+For each precision, three runs of a deck side by side, interleaved in every
+repetition (so a busy minute hits them alike):
+  1 rank, 1 thread     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+  1 rank, 2 threads    OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2
+  2 ranks, 1 thread    parallel.dp_replicate=2, half the micro-batch each
+It prints tokens/s (median of the repetitions, and their range), the
+speed-up of each over one thread, the matrix-product libraries' thread
+counts from the banner's `gemm:` line (what really ran on two threads), and
+whether the 1- and 2-thread runs' losses are the same bits.
+
+Usage: threads_vs_ranks.py [NDMINI] [--deck DECK] [--steps N] [--repeats R] [--out FILE]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+CONFIGS = [  # label, ranks, threads, overrides
+    ("1 rank, 1 thread", 1, 1, []),
+    ("1 rank, 2 threads", 1, 2, []),
+    ("2 ranks (dp_replicate), 1 thread each", 2, 1, ["parallel.dp_replicate=2"]),
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("ndmini", nargs="?", default=os.path.join(REPO, "build", "miniapp", "ndmini"))
+    p.add_argument("--deck", default=os.path.join(REPO, "inputs", "small.toml"))
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out")
+    a = p.parse_args()
+    if a.steps < 2 or a.repeats < 1:
+        sys.exit("threads_vs_ranks.py: --steps must be at least 2 (the first is warm-up), --repeats at least 1")
+    if not os.access(a.ndmini, os.X_OK):
+        sys.exit(f"threads_vs_ranks.py: {a.ndmini} is not an executable (build first: cmake --build build)")
+    work = tempfile.mkdtemp(prefix="ndmini-threads-vs-ranks.")
+    results = {}  # (precision, label) -> {"tok": [...], "gemm": str, "losses": [...]}
+    for rep in range(a.repeats):
+        for precision in ("fp32", "bf16"):
+            for label, ranks, threads, overrides in CONFIGS:
+                metrics = os.path.join(work, f"m-{precision}-{ranks}-{threads}-{rep}.jsonl")
+                # Half the micro-batch on each of two data-parallel ranks: the same global batch.
+                micro = ["train.micro_batch=2"] if ranks == 2 else []
+                sets = [f"train.steps={a.steps}", "train.log_every=1", f"train.precision={precision}",
+                        "perf.peak_gflops=100"] + overrides + micro
+                cmd = ["mpiexec", "-n", str(ranks), a.ndmini, "train", a.deck, "--metrics", metrics]
+                for s in sets:
+                    cmd += ["--set", s]
+                env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+                r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+                if r.returncode != 0:
+                    sys.exit(f"{precision} {label}: ndmini train failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+                with open(metrics) as f:
+                    records = [json.loads(line) for line in f if line.strip()]
+                entry = results.setdefault((precision, label), {"tok": [], "gemm": "", "losses": None})
+                entry["tok"].append(records[-1]["tokens_per_s"])
+                entry["gemm"] = next((line for line in r.stdout.splitlines() if line.startswith("gemm:")), "")
+                entry["losses"] = [rec["loss"] for rec in records if "step" in rec]
+                print(f"rep {rep + 1}/{a.repeats} {precision} {label:40s} {entry['tok'][-1]:8.0f} tok/s", flush=True)
+
+    lines = [f"Deck `{os.path.relpath(a.deck, REPO)}`, {a.steps} steps per run (the first left out), "
+             f"{a.repeats} repetitions, the three runs of each precision interleaved.", ""]
+    for precision in ("fp32", "bf16"):
+        base = statistics.median(results[(precision, CONFIGS[0][0])]["tok"])
+        lines += [f"**{precision}**", "", "| run | tokens/s (median, range) | over 1 thread | products on |",
+                  "|---|---|---|---|"]
+        for label, _, _, _ in CONFIGS:
+            e = results[(precision, label)]
+            med = statistics.median(e["tok"])
+            lines.append(f"| {label} | {med:.0f} ({min(e['tok']):.0f}-{max(e['tok']):.0f}) | {med / base:.2f}x | "
+                         f"{e['gemm'].removeprefix('gemm: ').replace(' | ', '; ')} |")
+        same = results[(precision, CONFIGS[0][0])]["losses"] == results[(precision, CONFIGS[1][0])]["losses"]
+        lines += ["", f"Losses of the 1- and 2-thread runs ({a.steps} steps): "
+                      f"{'the same bits' if same else 'DIFFERENT'}.", ""]
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
