@@ -26,7 +26,6 @@ Usage: plan_vs_measured.py [NDMINI] [--deck DECK] [--steps N] [--repeats R]
   --cluster  a cluster file to use instead of calibrating now
   --out      also write the Markdown table to FILE
 """
-import argparse
 import json
 import os
 import statistics
@@ -34,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+import deck_runs  # bench/deck_runs.py: the arguments the deck-training scripts share
+
+REPO = deck_runs.REPO
 
 # label, ranks, overrides. The micro-batch follows the layout: two
 # data-parallel ranks split the batch of 4; a pipeline needs micro-batches
@@ -78,18 +78,9 @@ def pct(predicted, measured):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("ndmini", nargs="?", default=os.path.join(REPO, "build", "miniapp", "ndmini"))
-    p.add_argument("--deck", default=os.path.join(REPO, "inputs", "small.toml"))
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--repeats", type=int, default=3)
+    p = deck_runs.parser(__doc__)
     p.add_argument("--cluster")
-    p.add_argument("--out")
-    a = p.parse_args()
-    if a.steps < 2 or a.repeats < 1:
-        sys.exit("plan_vs_measured.py: --steps must be at least 2 (the first is warm-up), --repeats at least 1")
-    if not os.access(a.ndmini, os.X_OK):
-        sys.exit(f"plan_vs_measured.py: {a.ndmini} is not an executable (build first: cmake --build build)")
+    a = deck_runs.parse(p, "plan_vs_measured.py")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     work = tempfile.mkdtemp(prefix="ndmini-plan-vs-measured.")
     cluster = a.cluster

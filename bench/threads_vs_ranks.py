@@ -14,7 +14,6 @@ whether the 1- and 2-thread runs' losses are the same bits.
 
 Usage: threads_vs_ranks.py [NDMINI] [--deck DECK] [--steps N] [--repeats R] [--out FILE]
 """
-import argparse
 import json
 import os
 import statistics
@@ -22,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+import deck_runs  # bench/deck_runs.py: the arguments the deck-training scripts share
+
+REPO = deck_runs.REPO
 
 CONFIGS = [  # label, ranks, threads, overrides
     ("1 rank, 1 thread", 1, 1, []),
@@ -33,17 +33,8 @@ CONFIGS = [  # label, ranks, threads, overrides
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("ndmini", nargs="?", default=os.path.join(REPO, "build", "miniapp", "ndmini"))
-    p.add_argument("--deck", default=os.path.join(REPO, "inputs", "small.toml"))
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out")
-    a = p.parse_args()
-    if a.steps < 2 or a.repeats < 1:
-        sys.exit("threads_vs_ranks.py: --steps must be at least 2 (the first is warm-up), --repeats at least 1")
-    if not os.access(a.ndmini, os.X_OK):
-        sys.exit(f"threads_vs_ranks.py: {a.ndmini} is not an executable (build first: cmake --build build)")
+    p = deck_runs.parser(__doc__)
+    a = deck_runs.parse(p, "threads_vs_ranks.py")
     work = tempfile.mkdtemp(prefix="ndmini-threads-vs-ranks.")
     results = {}  # (precision, label) -> {"tok": [...], "gemm": str, "losses": [...]}
     for rep in range(a.repeats):

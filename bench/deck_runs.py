@@ -1,0 +1,30 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""What the bench scripts that train a deck several times share: their
+arguments (the executable, the deck, steps per run, repetitions, an output
+file) and the checks of them."""
+import argparse
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parser(doc):
+    """An argument parser with the shared arguments; add a script's own, then call parse()."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("ndmini", nargs="?", default=os.path.join(REPO, "build", "miniapp", "ndmini"))
+    p.add_argument("--deck", default=os.path.join(REPO, "inputs", "small.toml"))
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out")
+    return p
+
+
+def parse(p, script):
+    """The parsed arguments, or an exit naming `script` and what to fix."""
+    a = p.parse_args()
+    if a.steps < 2 or a.repeats < 1:
+        sys.exit(f"{script}: --steps must be at least 2 (the first is warm-up), --repeats at least 1")
+    if not os.access(a.ndmini, os.X_OK):
+        sys.exit(f"{script}: {a.ndmini} is not an executable (build first: cmake --build build)")
+    return a
