@@ -108,6 +108,7 @@ TEST(Plan, Bf16EqualsATrainingRun) {
       {2, {"parallel.dp_replicate=2"}, {}},
       {2, {"parallel.dp_shard=2"}, {}},
       {2, {"parallel.cp=2"}, {}},
+      {2, {"parallel.tp=2"}, {}},
       {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}, {}},
       {2, {"parallel.pp=2", "parallel.schedule=gpipe"}, {}},
       {4, {"parallel.pp=2", "parallel.dp_replicate=2"}, {}},

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/kernels.hpp"
 
 namespace ndmini {
 namespace {
@@ -64,6 +65,8 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
       dkv_[i] = View1D("cp_attention_dkv", b.dkv);
     }
     dkv_in_ = View1D("cp_attention_dkv_in", b.dkv_in);
+    if (b.dkv_wire > 0)
+      for (Bf16View1D& w : dkv_wire_) w = uninitialized_bf16("cp_attention_dkv_wire", b.dkv_wire);
     ops_.reserve(4);
   }
 }
@@ -84,6 +87,7 @@ ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const k
   if (cp > 1) {
     b.kv = bf16 ? part : 2 * part;  // bf16: 2 part values, two to a float
     b.dkv = b.dkv_in = 2 * part;
+    if (bf16) b.dkv_wire = 2 * part;
   }
   return b;
 }
@@ -243,23 +247,41 @@ void ContextParallelAttention::backward_ring(const T* qkvh, const T* dout_heads,
       ops_.push_back({P2POp::Kind::send, reinterpret_cast<real*>(const_cast<T*>(kv)), kv_floats<T>(), next, kKvTag});
       ops_.push_back({P2POp::Kind::recv, kv_[s % 2].data(), kv_floats<T>(), prev, kKvTag});
     }
-    if (s > 0) {  // the dK/dV sum of the block just done, and the partial sum of the one in hand
-      ops_.push_back({P2POp::Kind::send, dkv_[(s - 1) % 2].data(), 2 * part, next, kDkvTag});
-      ops_.push_back({P2POp::Kind::recv, dkv_in_.data(), 2 * part, prev, kDkvTag});
-    }
+    if (s > 0) add_dkv_exchange(dkv_[(s - 1) % 2], dkv_in_.data(), next, prev);
     CommRequest req = comm_->batch_p2p(ops_);
     View1D& dkv = dkv_[s % 2];
     Kokkos::deep_copy(dkv, real(0));
     backward_step((r - s + cp) % cp, qkvh, kv, dout_heads, dkv.data(), saved, req);
     req.wait();
-    if (s > 0) accumulate(dkv, dkv_in_);
+    if (s > 0) {
+      widen_arrived_dkv(dkv_in_.data());
+      accumulate(dkv, dkv_in_);
+    }
     kv = reinterpret_cast<const T*>(kv_[s % 2].data());
   }
   // The complete sums go home: ours arrives from rank r-1 into dk, dv.
   ops_.clear();
-  ops_.push_back({P2POp::Kind::send, dkv_[(cp - 1) % 2].data(), 2 * part, next, kDkvTag});
-  ops_.push_back({P2POp::Kind::recv, dqkvh_.data() + part, 2 * part, prev, kDkvTag});
+  add_dkv_exchange(dkv_[(cp - 1) % 2], dqkvh_.data() + part, next, prev);
   comm_->batch_p2p(ops_).wait();
+  widen_arrived_dkv(dqkvh_.data() + part);
+}
+
+// The dK/dV sum `out` to the next rank and the previous rank's into `in`
+// (2 parts each); under bf16 both through the wire buffers.
+void ContextParallelAttention::add_dkv_exchange(const View1D& out, real* in, int next, int prev) {
+  const std::size_t n = 2 * shape_.part_size();
+  if (!bf16_) {
+    ops_.push_back({P2POp::Kind::send, out.data(), n, next, kDkvTag});
+    ops_.push_back({P2POp::Kind::recv, in, n, prev, kDkvTag});
+    return;
+  }
+  kernels::round_to_bf16(dkv_wire_[0], out);
+  ops_.push_back({P2POp::Kind::send, reinterpret_cast<real*>(dkv_wire_[0].data()), n / 2, next, kDkvTag});
+  ops_.push_back({P2POp::Kind::recv, reinterpret_cast<real*>(dkv_wire_[1].data()), n / 2, prev, kDkvTag});
+}
+
+void ContextParallelAttention::widen_arrived_dkv(real* in) {
+  if (bf16_) kernels::widen_bf16(Slice1D(in, dkv_wire_[1].extent(0)), dkv_wire_[1]);
 }
 
 template <class T>

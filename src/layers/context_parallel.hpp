@@ -34,7 +34,9 @@
 // partial sum from the ranks before it is in flight, adds the two, and sends
 // the sum on with the next step's exchange. After the last step the sums,
 // now complete, take one more hop home (that exchange carries only dK, dV):
-// cp exchanges in all, each issued by every rank in the same order.
+// cp exchanges in all, each issued by every rank in the same order. Under
+// bf16 K/V and the dK/dV sums travel in bf16 (the sums rounded before each
+// hop and widened on arrival; each rank adds its share in fp32).
 //
 // Every exchange is accounted by the cp Communicator itself (calls, bytes,
 // time, exposed time).
@@ -95,15 +97,17 @@ class ContextParallelAttention {
   // constructor and the memory estimate use these): head-major O / dO, D,
   // dq dk dv and the block kernel's tile always; the ring's K/V and dK/dV
   // buffers when cp > 1.
-  // Under bf16: dO and the tiles' bf16 rounding in bf16 values, and the
-  // ring's K/V blocks, bf16 values two to a float slot (kv counts floats).
+  // Under bf16: dO and the tiles' bf16 rounding in bf16 values, the
+  // ring's K/V blocks, bf16 values two to a float slot (kv counts floats),
+  // and the dK/dV sums on the wire (one outgoing, one arriving).
   struct Buffers {
     std::size_t heads = 0, delta = 0, dqkvh = 0, scratch = 0;
     std::size_t kv = 0, dkv = 0, dkv_in = 0;      // ring: each of kv and dkv twice (double buffers)
     std::size_t dout_bf16 = 0, scratch_bf16 = 0;  // bf16 values
+    std::size_t dkv_wire = 0;                     // bf16 values, twice (out and in): bf16 with a ring
     std::size_t bytes() const {
       return (heads + delta + dqkvh + scratch + 2 * kv + 2 * dkv + dkv_in) * sizeof(real) +
-             (dout_bf16 + scratch_bf16) * sizeof(bf16);
+             (dout_bf16 + scratch_bf16 + 2 * dkv_wire) * sizeof(bf16);
     }
   };
   static Buffers buffer_sizes(const kernels::AttentionShape& local, int cp, bool bf16 = false);
@@ -149,6 +153,11 @@ class ContextParallelAttention {
   kernels::ConstHeadRows chunk_rows(const real* base, int half, std::size_t head_stride, int width) const;
   kernels::ConstBf16HeadRows chunk_rows(const bf16* base, int half, std::size_t head_stride, int width) const;
   kernels::AttentionBlock block(int q_half, int src, int k_half) const;
+  // The ring's dK/dV hop: adds to ops_ the send of the sum `out` to `next`
+  // and the receive of `prev`'s into `in` (under bf16 into the wire buffer:
+  // widen_arrived_dkv(in) then writes it to `in`).
+  void add_dkv_exchange(const View1D& out, real* in, int next, int prev);
+  void widen_arrived_dkv(real* in);
   // Floats of one K/V message: both parts of T values.
   template <class T>
   std::size_t kv_floats() const {
@@ -167,6 +176,7 @@ class ContextParallelAttention {
   View1D dkv_[2];                        // ring: dK/dV partial sums being built / being sent
   View1D dkv_in_;                        // ring: the partial sum arriving from rank - 1
   Bf16View1D dout_bf16_, scratch_bf16_;  // bf16: dO head-major, the tiles rounded
+  Bf16View1D dkv_wire_[2];               // bf16 with a ring: a dK/dV sum rounded to send / arriving
   std::vector<P2POp> ops_;
 };
 

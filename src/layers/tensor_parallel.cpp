@@ -23,6 +23,7 @@ TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::si
     size_ = tp->size();
     rank_ = tp->rank();
     sp_ = sequence_parallel;
+    bf16_ = bf16;
   }
   if (vocab % size_ != 0 || channels % size_ != 0 || (sp_ && rows % size_ != 0))
     throw InternalError("the model does not divide over tp (the layout check should have refused it)");
@@ -37,6 +38,8 @@ TensorParallel::TensorParallel(Communicator* tp, bool sequence_parallel, std::si
     ln_local_ = buffer("ndmini::sp_ln_local", b.ln_local);
   dres_full_ = buffer("ndmini::sp_dres_full", b.dres_full);
   dln_local_ = buffer("ndmini::sp_dln_local", b.dln_local);
+  if (b.wire_full > 0) wire_full_ = uninitialized_bf16("ndmini::tp_wire_full", b.wire_full);
+  if (b.wire_local > 0) wire_local_ = uninitialized_bf16("ndmini::tp_wire_local", b.wire_local);
 }
 
 TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels,
@@ -53,6 +56,10 @@ TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_paral
     b.ln_local = N / tp * C;
     b.dres_full = N * C;
     b.dln_local = N / tp * C;
+  }
+  if (tp > 1 && bf16) {
+    b.wire_full = N * C;
+    if (sequence_parallel) b.wire_local = N / tp * C;
   }
   return b;
 }
@@ -92,33 +99,71 @@ template <class Input, class Weight>
 void TensorParallel::row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual) {
   if (size_ == 1) {
     kernels::linear_forward(y, in, weight, bias, residual);
-  } else if (!sp_) {
+  } else if (!sp_ && !bf16_) {
     // Rank 0 seeds the residual and the bias; the all-reduce adds every rank's partial product.
     if (rank_ == 0)
       kernels::linear_forward(y, in, weight, bias, residual);
     else
       kernels::linear_forward(y, in, weight, ConstSlice1D());
-    tp_->all_reduce(y.data(), rows_ * channels_);
+    sum(y.data());
+  } else if (!sp_) {
+    // bf16 sums only the partial products: the residual stream never passes through bf16.
+    kernels::linear_forward(y, in, weight, ConstSlice1D());
+    sum(y.data());
+    kernels::add_residual_bias(y, residual, bias);
   } else {
     kernels::linear_forward(as_matrix(partial_, rows_, channels_), in, weight, ConstSlice1D());
-    tp_->reduce_scatter(partial_.data(), y.data(), local_rows_ * channels_);
+    sum_scatter(partial_.data(), y.data());
     kernels::add_residual_bias(y, residual, bias);
   }
+}
+
+void TensorParallel::sum(real* full) {
+  const std::size_t n = rows_ * channels_;
+  if (!bf16_) {
+    tp_->all_reduce(full, n);
+    return;
+  }
+  kernels::round_to_bf16(Bf16Slice1D(wire_full_.data(), n), ConstSlice1D(full, n));
+  tp_->all_reduce(wire_full_.data(), n);
+  kernels::widen_bf16(Slice1D(full, n), wire_full_);
+}
+
+void TensorParallel::sum_scatter(const real* full, real* local) {
+  const std::size_t n = local_rows_ * channels_;
+  if (!bf16_) {
+    tp_->reduce_scatter(full, local, n);
+    return;
+  }
+  kernels::round_to_bf16(wire_full_, ConstSlice1D(full, rows_ * channels_));
+  tp_->ireduce_scatter(wire_full_.data(), wire_local_.data(), n).wait();
+  kernels::widen_bf16(Slice1D(local, n), wire_local_);
+}
+
+void TensorParallel::gather(const real* local, real* full) {
+  const std::size_t n = local_rows_ * channels_;
+  if (!bf16_) {
+    tp_->all_gather(local, full, n);
+    return;
+  }
+  kernels::round_to_bf16(wire_local_, ConstSlice1D(local, n));
+  tp_->all_gather(wire_local_.data(), wire_full_.data(), n);
+  kernels::widen_bf16(Slice1D(full, rows_ * channels_), wire_full_);
 }
 
 ConstSlice2D TensorParallel::reduce_input_grad(Slice2D partial) {
   if (size_ == 1) return partial;
   if (!sp_) {
-    tp_->all_reduce(partial.data(), rows_ * channels_);
+    sum(partial.data());
     return partial;
   }
-  tp_->reduce_scatter(partial.data(), dln_local_.data(), local_rows_ * channels_);
+  sum_scatter(partial.data(), dln_local_.data());
   return as_matrix(dln_local_, local_rows_, channels_);
 }
 
 ConstSlice2D TensorParallel::gather_output_grad(ConstSlice2D dres) {
   if (!sp_) return dres;
-  tp_->all_gather(dres.data(), dres_full_.data(), local_rows_ * channels_);
+  gather(dres.data(), dres_full_.data());
   return as_matrix(dres_full_, rows_, channels_);
 }
 
@@ -137,10 +182,10 @@ void TensorParallel::embedding_forward(Slice2D out, ConstTokenView tokens, Const
   const ConstTokenView none;
   if (sp_) {
     kernels::embedding_forward(as_matrix(partial_, rows_, channels_), tokens, wte, ConstSlice2D(), none, vocab_start());
-    tp_->reduce_scatter(partial_.data(), out.data(), local_rows_ * channels_);
+    sum_scatter(partial_.data(), out.data());
   } else {
     kernels::embedding_forward(out, tokens, wte, ConstSlice2D(), none, vocab_start());
-    tp_->all_reduce(out.data(), rows_ * channels_);
+    sum(out.data());
   }
   kernels::position_embedding_forward(out, wpe, positions);
 }

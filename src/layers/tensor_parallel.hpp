@@ -15,6 +15,13 @@
 // all-gather, leaving a reduce-scatter, instead of the all-reduce on leaving.
 // The all-gathered LayerNorm outputs are kept whole for the backward.
 //
+// Under bf16 every transfer of an activation or of its gradient is bf16 on
+// the wire (half the bytes): the fp32 values are rounded to nearest even, the
+// sums are bf16 sums (Communicator's bf16 all-reduce and reduce-scatter) and
+// the results are widened back, so what the layers compute with stays fp32.
+// The embedding's sum is exact either way (one non-zero term, a bf16 value).
+// The cross-entropy statistics stay fp32 (the softmax is fp32 throughout).
+//
 // Rows: N = micro_batch x seq_len / cp token rows per micro-batch on this
 // rank; the residual stream holds local_rows() of them. All buffers are in
 // MemSpace; every collective goes through the tp Communicator.
@@ -31,20 +38,22 @@ class TensorParallel {
   // tp: the tp group (null or size 1: no tensor parallelism; every call is
   // then the plain single-rank operation).
   // bf16: mixed precision (LayerNorm outputs entering a region are bf16,
-  // all-gathered as bf16 with SP).
+  // and every activation and activation gradient travels in bf16).
   TensorParallel(Communicator* tp, bool sequence_parallel, std::size_t rows, int channels, int vocab,
                  bool bf16 = false);
 
   // The floats of the buffers a TensorParallel allocates (its constructor
   // and the memory estimate use these): partial products and cross-entropy
-  // statistics with tp > 1, the sequence-parallel slices with SP.
+  // statistics with tp > 1, the sequence-parallel slices with SP, and under
+  // bf16 the wire buffers (bf16 values) of every N-row and local-row transfer.
   struct Buffers {
     std::size_t partial = 0, xent_max = 0, xent_stats = 0;   // tp > 1
     std::size_t ln_local = 0, dres_full = 0, dln_local = 0;  // sequence parallelism (ln_local: bf16 values under bf16)
+    std::size_t wire_full = 0, wire_local = 0;               // bf16 values: bf16 and tp > 1 (wire_local: with SP)
     bool bf16 = false;
     std::size_t bytes() const {
       return (partial + xent_max + xent_stats + dres_full + dln_local) * sizeof(real) +
-             ln_local * (bf16 ? sizeof(ndmini::bf16) : sizeof(real));
+             ln_local * (bf16 ? sizeof(ndmini::bf16) : sizeof(real)) + (wire_full + wire_local) * sizeof(ndmini::bf16);
     }
   };
   static Buffers buffer_sizes(int tp, bool sequence_parallel, std::size_t rows, int channels, bool bf16 = false);
@@ -69,7 +78,8 @@ class TensorParallel {
   // row-parallel layer: the partial products summed over tp (all-reduce; a
   // reduce-scatter with SP). Without tp a plain linear layer.
   void row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual);
-  // The same with bf16 input and weight (mixed precision); y and the sums stay fp32.
+  // The same with bf16 input and weight (mixed precision): y stays fp32, the
+  // partial products are summed in bf16 and the residual and bias added after.
   void row_parallel_forward(Slice2D y, ConstBf16Slice2D in, ConstBf16Slice2D weight, ConstSlice1D bias,
                             ConstSlice2D residual);
   // Backward of entering: `partial` [N, C] holds this rank's part of the
@@ -106,6 +116,13 @@ class TensorParallel {
  private:
   template <class Input, class Weight>
   void row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual);
+  // The three transfers of N-row activations and their gradients, in bf16 on
+  // the wire under bf16: sum[N, C] over tp in place (all-reduce); the sum of
+  // full[N, C] over tp, this rank's local rows into local (reduce-scatter);
+  // every rank's local rows into full (all-gather).
+  void sum(real* full);
+  void sum_scatter(const real* full, real* local);
+  void gather(const real* local, real* full);
   // layernorm_enter in fp32 or bf16; `local`: this rank's rows with SP.
   template <class Full, class Local>
   void enter(Full full, const Local& local, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
@@ -113,11 +130,12 @@ class TensorParallel {
 
   Communicator* tp_ = nullptr;
   int size_ = 1, rank_ = 0;
-  bool sp_ = false;
+  bool sp_ = false, bf16_ = false;
   std::size_t rows_ = 0, local_rows_ = 0;
   int channels_ = 0, vocab_ = 0;
   View1D partial_, ln_local_, dres_full_, dln_local_, xent_max_, xent_stats_;
   Bf16View1D ln_local_bf16_;  // bf16 with SP: this rank's LayerNorm rows before the gather
+  Bf16View1D wire_full_, wire_local_;  // bf16: N rows and local rows on the wire
 };
 
 }  // namespace ndmini

@@ -78,11 +78,10 @@ class TrafficCounter {
 
 // Counts what the layers (layers/tensor_parallel.cpp, layers/context_parallel.cpp),
 // FSDP, data parallelism, the pipeline and the trainer send in one step of `stage`.
-// `half`: bf16 compute, under which what ndmini keeps in bf16 travels in 2
-// bytes (FSDP's gathered parameters, ring attention's K/V, sequence
-// parallelism's gathered LayerNorm outputs) and the rest in 4 (tp's partial
-// sums, every activation gradient, the pipeline's activations); gradient
-// reductions move the wire format of comm.reduce_dtype (parallel/grad_reduction.hpp).
+// `half`: bf16 compute, under which FSDP's gathered parameters and every
+// activation and activation gradient of tp, SP, cp and pp travel in 2 bytes;
+// the cross-entropy's statistics stay 4. Gradient reductions move the wire
+// format of comm.reduce_dtype (parallel/grad_reduction.hpp).
 TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
                              bool half = false) {
   const ParallelDims& d = l.dims;
@@ -90,11 +89,13 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   TrafficCounter t(d, cluster);
   const BlockSizes bs = GptModel::block_sizes_of(m, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   const double N = static_cast<double>(bs.rows), NC = static_cast<double>(bs.full());
-  const double kFloat = sizeof(real);              // an fp32 activation or activation gradient
-  const double kHalf = half ? 2.0 : sizeof(real);  // a value ndmini keeps in bf16 under bf16
+  const double kFloat = sizeof(real);              // an fp32 value (the cross-entropy statistics)
+  const double kHalf = half ? 2.0 : sizeof(real);  // an activation, its gradient or a gathered parameter
   const double kGradFloat = cfg.comm.reduce_dtype == Precision::bf16 ? sizeof(bf16) : sizeof(real);  // a gradient's
   const double part = static_cast<double>(bs.attention.part_size());  // one of q, k, v on this rank
-  const double activation = static_cast<double>(bs.residual());       // what the pipeline sends
+  // What the pipeline sends: bf16 values two to a float slot under bf16.
+  const double activation_bytes =
+      half ? sizeof(real) * std::ceil(bs.residual() / 2.0) : static_cast<double>(bs.residual()) * sizeof(real);
   const bool tp = d.tp > 1, sp = tp && d.sequence_parallel, cp = d.cp > 1;
   const bool recompute = l.recompute == Recompute::block;
   const int S = l.plan.chunks();
@@ -102,13 +103,13 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   const std::vector<PipelineAction> actions = l.schedule.actions(stage);
 
   // One block's forward (twice per micro-batch with recomputation) and backward.
-  auto block_tp = [&](std::int64_t blocks, bool forward) {
+  auto block_tp = [&](std::int64_t blocks) {
     if (!tp) return;
     if (sp) {  // LayerNorm outputs gathered, row-parallel outputs reduce-scattered (backward: their gradients)
-      t.add(kTp, Collective::all_gather, 2 * blocks, NC * (forward ? kHalf : kFloat));
-      t.add(kTp, Collective::reduce_scatter, 2 * blocks, NC * kFloat);
+      t.add(kTp, Collective::all_gather, 2 * blocks, NC * kHalf);
+      t.add(kTp, Collective::reduce_scatter, 2 * blocks, NC * kHalf);
     } else {  // the two row-parallel outputs (forward) or the two input gradients (backward)
-      t.add(kTp, Collective::all_reduce, 2 * blocks, NC * kFloat);
+      t.add(kTp, Collective::all_reduce, 2 * blocks, NC * kHalf);
     }
   };
   auto block_cp_forward = [&](std::int64_t blocks) {
@@ -117,8 +118,8 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   auto block_cp_backward = [&](std::int64_t blocks) {
     if (!cp) return;
     // K/V around the ring (4 parts, cp - 1 times), dK/dV after each block
-    // (4 fp32 parts, cp - 1 times) and their sums home (4): cp + 1 batches.
-    const double bytes = 4.0 * (d.cp - 1) * part * kHalf + 4.0 * d.cp * part * kFloat;
+    // (4 parts, cp - 1 times) and their sums home (4): cp + 1 batches.
+    const double bytes = 4.0 * (d.cp - 1) * part * kHalf + 4.0 * d.cp * part * kHalf;
     t.add(kCp, Collective::p2p, blocks * (d.cp + 1), bytes / (d.cp + 1));
   };
   for (const PipelineAction& a : actions) {
@@ -127,26 +128,26 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
     const std::int64_t blocks = c.layers();
     if (a.kind == PipelineAction::Kind::forward) {
       if (tp && c.embedding)  // the vocabulary-parallel lookup summed over tp
-        t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kFloat);
-      block_tp(blocks, true);
+        t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kHalf);
+      block_tp(blocks);
       block_cp_forward(blocks);
       if (tp && c.head) {
         if (sp) t.add(kTp, Collective::all_gather, 1, NC * kHalf);  // ln_f's output
         t.add(kTp, Collective::all_reduce, 1, N * kFloat);          // the logits' row maxima
         t.add(kTp, Collective::all_reduce, 1, 2 * N * kFloat);      // the softmax sums and target logits
         // The head's backward runs inside the forward: d(ln_f input) summed over tp.
-        t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kFloat);
+        t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kHalf);
       }
-      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation * kFloat);      // receive the input
-      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation * kFloat);  // send the output
+      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation_bytes);      // receive the input
+      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation_bytes);  // send the output
     } else {
-      if (recompute) block_tp(blocks, true);
-      block_tp(blocks, false);
+      if (recompute) block_tp(blocks);
+      block_tp(blocks);
       if (recompute) block_cp_forward(blocks);
       block_cp_backward(blocks);
-      if (sp && c.embedding) t.add(kTp, Collective::all_gather, 1, NC * kFloat);  // d(embedding output)
-      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation * kFloat);   // receive d(output)
-      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation * kFloat);       // send d(input)
+      if (sp && c.embedding) t.add(kTp, Collective::all_gather, 1, NC * kHalf);  // d(embedding output)
+      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation_bytes);     // receive d(output)
+      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation_bytes);         // send d(input)
     }
   }
 

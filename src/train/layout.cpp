@@ -61,11 +61,11 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
     MemoryEstimate e = gpt_memory_estimate(
         cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage), l.schedule.max_in_flight(stage), l.recompute,
         replay.actions(stage), cfg.parallel.reshard_after_forward, cfg.train.precision, cfg.comm.reduce_dtype);
-    // The pipeline's buffers for the input gradients it sends.
+    // The pipeline's transfer buffers.
     if (d.pp > 1) {
       const auto sends = static_cast<std::int64_t>(
-          std::min(9.0e18, static_cast<double>(PipelineRunner::most_grad_buffers(l.plan, stage, l.micro_batches)) *
-                               activation * sizeof(real)));
+          PipelineRunner::most_buffer_bytes(l.plan, stage, l.micro_batches, l.schedule.max_in_flight(stage),
+                                            activation, cfg.train.precision == Precision::bf16));
       e.scratch_bytes += sends;
       e.comm_buffer_bytes += sends;
     }

@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 #include "core/timer.hpp"
+#include "kernels/kernels.hpp"
 
 namespace ndmini {
 namespace {
@@ -12,14 +13,18 @@ namespace {
 // which stays correct because MPI matches messages between a pair in order.
 constexpr int kTagSpace = 32768;
 
+// Float slots of n bf16 values on the wire (an odd n pads one value).
+std::size_t wire_slots(std::size_t n) { return (n + 1) / 2; }
+
 }  // namespace
 
-PipelineRunner::PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule)
+PipelineRunner::PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule, bool bf16)
     : pp_(pp),
       plan_(plan),
       actions_(schedule.actions(pp.rank())),
       micro_batches_(schedule.micro_batches()),
-      max_in_flight_(std::max(1, schedule.max_in_flight(pp.rank()))) {
+      max_in_flight_(std::max(1, schedule.max_in_flight(pp.rank()))),
+      bf16_(bf16) {
   if (pp.backend() != Communicator::Backend::mpi)
     throw InternalError("the pipeline's sends must not block (an MPI pp group; see pipeline.hpp)");
 }
@@ -54,6 +59,38 @@ std::size_t PipelineRunner::most_grad_buffers(const StagePlan& plan, int stage, 
   return chunks * micro_batches;
 }
 
+std::size_t PipelineRunner::most_buffer_bytes(const StagePlan& plan, int stage, int micro_batches, int max_in_flight,
+                                              std::size_t activation, bool bf16) {
+  const double grads = static_cast<double>(most_grad_buffers(plan, stage, micro_batches));
+  const double bytes = bf16 ? activation * sizeof(real) +
+                                  (grads + std::max(1, max_in_flight) + 1) * 2 * wire_slots(activation) * sizeof(bf16)
+                            : grads * activation * sizeof(real);
+  return static_cast<std::size_t>(std::min(9.0e18, bytes));
+}
+
+CommRequest PipelineRunner::send_values(PendingSend& send, const real* values, std::size_t n, int peer, int tag) {
+  if (!bf16_) return pp_.isend(values, n, peer, tag);
+  if (free_wires_.empty()) {
+    send.wire = Bf16View1D("ndmini::pipeline_wire", 2 * wire_slots(n));  // zeroed: a padding value is 0
+  } else {
+    send.wire = free_wires_.back();
+    free_wires_.pop_back();
+  }
+  kernels::round_to_bf16(Bf16Slice1D(send.wire.data(), n), ConstSlice1D(values, n));
+  return pp_.isend(reinterpret_cast<const real*>(send.wire.data()), wire_slots(n), peer, tag);
+}
+
+void PipelineRunner::receive(real* values, std::size_t n, int peer, int tag, bool timed) {
+  const bool bf16 = bf16_;
+  if (bf16 && receive_wire_.extent(0) == 0) receive_wire_ = Bf16View1D("ndmini::pipeline_receive", 2 * wire_slots(n));
+  CommRequest recv = bf16 ? pp_.irecv(reinterpret_cast<real*>(receive_wire_.data()), wire_slots(n), peer, tag)
+                          : pp_.irecv(values, n, peer, tag);
+  const auto t0 = Clock::now();
+  recv.wait();
+  if (timed) bubble_ms_ += ms_since(t0);
+  if (bf16) kernels::widen_bf16(Slice1D(values, n), ConstBf16Slice1D(receive_wire_.data(), n));
+}
+
 View1D PipelineRunner::grad_buffer(std::size_t n) {
   if (free_buffers_.empty()) return View1D(Kokkos::view_alloc(Kokkos::WithoutInitializing, "ndmini::pipeline_grad"), n);
   View1D b = free_buffers_.back();
@@ -75,6 +112,7 @@ double PipelineRunner::run(PipelineStage& stage) {
         continue;
       }
       if (it->buffer.extent(0) > 0) free_buffers_.push_back(it->buffer);
+      if (it->wire.extent(0) > 0) free_wires_.push_back(it->wire);
       it = sends_.erase(it);
     }
   };
@@ -89,10 +127,7 @@ double PipelineRunner::run(PipelineStage& stage) {
                                                          : "ndmini::pipeline wait for the next stage");
       // Timed from after the issue: issuing fences this stage's own kernels,
       // which are compute, not waiting for a neighbour.
-      CommRequest recv = pp_.irecv(in.buffer, n, in.peer, in.tag);
-      const auto t0 = Clock::now();
-      recv.wait();
-      bubble_ms_ += ms_since(t0);
+      receive(in.buffer, n, in.peer, in.tag, true);
     }
     const bool last = a.micro_batch + 1 == micro_batches_;
     View1D grad;
@@ -112,8 +147,12 @@ double PipelineRunner::run(PipelineStage& stage) {
         send.chunk = a.chunk;
         send.micro_batch = a.micro_batch;
       }
-      send.buffer = grad;
-      send.request = pp_.isend(out.buffer, n, out.peer, out.tag);
+      send.request = send_values(send, out.buffer, n, out.peer, out.tag);
+      // fp32: the input gradient itself is on the wire; bf16: its rounded copy is, so it can be reused at once.
+      if (bf16_ && grad.extent(0) > 0)
+        free_buffers_.push_back(grad);
+      else
+        send.buffer = grad;
       sends_.push_back(std::move(send));
     }
     reap(false);
@@ -131,10 +170,14 @@ double PipelineRunner::evaluate(PipelineStage& stage, int micro_batches) {
   const std::vector<Chunk> chunks = plan_.chunks_of(pp_.rank());
   // Sends of forward outputs in flight, oldest first; each holds its record.
   std::deque<PendingSend> sends;
-  auto complete_oldest = [&] {
-    sends.front().request.wait();
+  auto complete_front = [&] {
+    if (sends.front().wire.extent(0) > 0) free_wires_.push_back(sends.front().wire);
     stage.discard(sends.front().chunk, sends.front().micro_batch);
     sends.pop_front();
+  };
+  auto complete_oldest = [&] {
+    sends.front().request.wait();
+    complete_front();
   };
   for (int mb = 0; mb < micro_batches; ++mb)
     for (const Chunk& c : chunks) {
@@ -144,24 +187,21 @@ double PipelineRunner::evaluate(PipelineStage& stage, int micro_batches) {
       while (static_cast<int>(sends.size()) >= max_in_flight_) complete_oldest();
       if (c.index > 0) {
         const ProfileRegion region("ndmini::pipeline wait for the previous stage");
-        pp_.irecv(stage.input_buffer(c.index, mb), n, plan_.rank_of(c.index - 1), tag(c.index, mb, false)).wait();
+        receive(stage.input_buffer(c.index, mb), n, plan_.rank_of(c.index - 1), tag(c.index, mb, false), false);
       }
       loss += stage.forward(c.index, mb, false);
       if (c.index + 1 < plan_.chunks()) {
         PendingSend send;
         send.chunk = c.index;
         send.micro_batch = mb;
-        send.request = pp_.isend(const_cast<real*>(stage.output(c.index, mb)), n, plan_.rank_of(c.index + 1),
-                                 tag(c.index + 1, mb, false));
+        send.request = send_values(send, stage.output(c.index, mb), n, plan_.rank_of(c.index + 1),
+                                   tag(c.index + 1, mb, false));
         sends.push_back(std::move(send));
       } else {
         stage.discard(c.index, mb);
       }
       // Records whose sends are done go at once.
-      while (!sends.empty() && (!sends.front().request.active() || sends.front().request.test())) {
-        stage.discard(sends.front().chunk, sends.front().micro_batch);
-        sends.pop_front();
-      }
+      while (!sends.empty() && (!sends.front().request.active() || sends.front().request.test())) complete_front();
     }
   const ProfileRegion region("ndmini::pipeline wait for the last sends");
   while (!sends.empty()) complete_oldest();

@@ -25,6 +25,12 @@
 //
 // Progress: MPI moves a large (rendezvous) message only inside MPI calls, so
 // its transfer happens while the receiver waits; the bubble then includes it.
+//
+// Under bf16 the activations and their gradients travel in bf16, two values
+// to a float slot (half the bytes): the sender rounds into a wire buffer of
+// its own, kept until the send completes, and the receiver widens into the
+// stage's fp32 buffer, so the residual stream a stage starts from is the
+// sender's rounded to bf16.
 #include <cstddef>
 #include <deque>
 #include <vector>
@@ -60,7 +66,8 @@ class PipelineStage {
 class PipelineRunner {
  public:
   // pp: the pp group, MPI backend (its rank r runs the chunks StagePlan::chunks_of(r)).
-  PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule);
+  // bf16: the transfers are bf16 on the wire.
+  PipelineRunner(Communicator& pp, const StagePlan& plan, const Schedule& schedule, bool bf16 = false);
 
   // Runs every action of this stage for one optimizer step. Returns the sum
   // of the losses this stage computed (the head stage's; 0 elsewhere).
@@ -70,6 +77,13 @@ class PipelineRunner {
   // a chunk after the first while its send is in flight (kept for reuse
   // once it completed), so at most one per such backward.
   static std::size_t most_grad_buffers(const StagePlan& plan, int stage, int micro_batches);
+  // The most bytes of transfer buffers pp rank `stage` holds in a step
+  // (activation: activation_elements()): fp32, the input gradients' buffers
+  // above; bf16, one fp32 input gradient (rounded at once), a wire buffer
+  // to receive into, and one per send in flight: a forward's until that
+  // record's backward (at most max_in_flight) and the input gradients' above.
+  static std::size_t most_buffer_bytes(const StagePlan& plan, int stage, int micro_batches, int max_in_flight,
+                                       std::size_t activation, bool bf16);
 
   // Milliseconds this stage waited for its neighbours in the last run.
   double bubble_ms() const { return bubble_ms_; }
@@ -95,20 +109,28 @@ class PipelineRunner {
   Transfer outgoing(PipelineStage& stage, const PipelineAction& a, real* input_grad);
   int tag(int chunk, int micro_batch, bool gradient) const;
   View1D grad_buffer(std::size_t n);
+  struct PendingSend {
+    int chunk = -1, micro_batch = -1;  // forward outputs: completed before that record is freed
+    View1D buffer;                     // input gradients (fp32 wire): the buffer, reused once the send completed
+    Bf16View1D wire;                   // bf16: the rounded values on the wire, reused likewise
+    CommRequest request;               // last: destroyed (and so waited for) before the buffers
+  };
+  // n activation values to `peer`, from a wire buffer under bf16 (kept in `send`).
+  CommRequest send_values(PendingSend& send, const real* values, std::size_t n, int peer, int tag);
+  // n activation values from `peer` into `values`; waits, timing the wait as bubble when `timed`.
+  void receive(real* values, std::size_t n, int peer, int tag, bool timed);
 
   Communicator& pp_;
   StagePlan plan_;
   std::vector<PipelineAction> actions_;
   int micro_batches_;
   int max_in_flight_;
+  bool bf16_;
   double bubble_ms_ = 0;
-  struct PendingSend {
-    int chunk = -1, micro_batch = -1;  // forward outputs: completed before that record is freed
-    View1D buffer;                     // input gradients: the buffer, reused once the send completed
-    CommRequest request;               // last: destroyed (and so waited for) before the buffer
-  };
   std::deque<PendingSend> sends_;
   std::vector<View1D> free_buffers_;
+  std::vector<Bf16View1D> free_wires_;
+  Bf16View1D receive_wire_;  // bf16: where a transfer arrives before it is widened
 };
 
 }  // namespace ndmini
