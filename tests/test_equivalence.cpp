@@ -434,6 +434,41 @@ TEST(Equivalence, Bf16ReductionsHalveTheGradientBytes) {
   EXPECT_EQ(dp_half.at("all_reduce") * 2, dp.at("all_reduce"));
 }
 
+// Under bf16 every activation and activation gradient tp, SP, cp and pp
+// send travels in bf16: half the bytes of fp32, exactly. (tp's all-reduces
+// also carry the cross-entropy's statistics and SP's gradient sums, which
+// stay fp32: the planner's test checks those layouts byte for byte.)
+TEST(Equivalence, Bf16HalvesTheActivationBytes) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  // One layer for tp: a step's calls must fit in the ledger (kLedgerSize).
+  const std::vector<std::string> sp = {"parallel.sequence_parallel=true", "model.layers=1"},
+                                 pp = {"train.micro_batch=1"};
+  auto bytes = [](const char* comm, const char* degree, std::vector<std::string> more, const char* precision) {
+    more.push_back(std::string("train.precision=") + precision);
+    return bytes_of_one_step(comm, degree, more);
+  };
+  const auto tp32 = bytes("tp", "parallel.tp", sp, "fp32"), tp16 = bytes("tp", "parallel.tp", sp, "bf16");
+  const auto cp32 = bytes("cp", "parallel.cp", {}, "fp32"), cp16 = bytes("cp", "parallel.cp", {}, "bf16");
+  const auto pp32 = bytes("pp", "parallel.pp", pp, "fp32"), pp16 = bytes("pp", "parallel.pp", pp, "bf16");
+  if (world_rank() == 0)
+    std::printf(
+        "[equivalence] activation bytes of one step, fp32 / bf16: tp+SP all_gather %lld / %lld, reduce_scatter "
+        "%lld / %lld; cp p2p %lld / %lld; pp p2p %lld / %lld\n",
+        static_cast<long long>(tp32.at("all_gather")), static_cast<long long>(tp16.at("all_gather")),
+        static_cast<long long>(tp32.at("reduce_scatter")), static_cast<long long>(tp16.at("reduce_scatter")),
+        static_cast<long long>(cp32.at("p2p")), static_cast<long long>(cp16.at("p2p")),
+        static_cast<long long>(pp32.at("p2p")), static_cast<long long>(pp16.at("p2p")));
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    EXPECT_GT(tp32.at(op), 0) << op;
+    EXPECT_EQ(tp16.at(op) * 2, tp32.at(op)) << op;
+  }
+  EXPECT_EQ(tp16.at("all_reduce"), tp32.at("all_reduce"));  // the statistics and the gradient sums
+  EXPECT_GT(cp32.at("p2p"), 0);
+  EXPECT_EQ(cp16.at("p2p") * 2, cp32.at("p2p"));
+  EXPECT_GT(pp32.at("p2p"), 0);
+  EXPECT_EQ(pp16.at("p2p") * 2, pp32.at("p2p"));
+}
+
 #ifdef NDMINI_HAVE_ONEDNN
 // The bits of a bf16 run do not depend on the threads of the matrix engine:
 // oneDNN on 1 and on 2 threads train the same losses and parameters. (In a
