@@ -282,7 +282,17 @@ TEST(Config, FaultsThatCouldNeverFireAreRefused) {
   expect_error(deck, {"fault.kind = \"enospc\" needs fault.phase"}, {"fault.kind=enospc", "fault.step=2"});
   expect_error(deck, {"fault.phase applies to saves", "remove it"},
                {"fault.kind=nan", "fault.phase=write", "fault.step=2"});
-  expect_error(deck, {"fault.rank = -1", "a world rank"}, {"fault.kind=kill", "fault.rank=-1"});
+  expect_error(deck, {"fault.rank = -1", "a world rank", "-1 (every rank) with fault.kind = \"skip_collective\""},
+               {"fault.kind=kill", "fault.rank=-1"});
+  // Every rank dropping a group's sums: only groups that sum, only with fault.rank = -1.
+  const Config every = parse_config(
+      deck, "deck.toml", {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=1", "fault.group=dp_replicate"});
+  EXPECT_EQ(every.fault.rank, -1);
+  EXPECT_EQ(every.fault.group, "dp_replicate");
+  expect_error(deck, {"fault.group = \"cp\"", "a communicator that sums", "cp and pp only exchange"},
+               {"fault.kind=skip_collective", "fault.rank=-1", "fault.group=cp"});
+  expect_error(deck, {"fault.group applies to", "fault.rank = -1", "remove it"},
+               {"fault.kind=skip_collective", "fault.rank=1", "fault.group=tp"});
   expect_error(deck, {"fault.step = -2"}, {"fault.kind=kill", "fault.step=-2"});
   expect_error(deck, {"fault.step = 10", "below train.steps = 10"}, {"fault.kind=kill", "fault.step=10"});
   expect_error(deck, {"fault.step = 10", "below train.steps = 10"}, {"fault.kind=skip_collective", "fault.step=10"});

@@ -241,6 +241,43 @@ TEST(Equivalence, EveryLayoutMatchesOneRank) { expect_every_layout_matches_one_r
 
 TEST(Equivalence, EveryLayoutMatchesOneRankUnderBf16) { expect_every_layout_matches_one_rank(kBf16, kBf16Bounds); }
 
+// The negative control the issue of bf16 asks for: the same layouts with
+// every rank dropping the sums of one of its groups from the first step on
+// ([fault] kind = "skip_collective", rank = -1: each rank sums as if alone)
+// must land at least 10x outside the bounds. The group: tp where the layout
+// has it, else the data-parallel gradient sums (dp_replicate, or FSDP's
+// over dp_shard x cp), else the tied wte's over the pipeline's two ends.
+namespace {
+std::string summed_group(const Layout& layout) {
+  auto has = [&](const char* key) {
+    for (const std::string& d : layout.degrees)
+      if (d.rfind(key, 0) == 0) return true;
+    return false;
+  };
+  if (has("parallel.tp=")) return "tp";
+  if (has("parallel.dp_replicate=")) return "dp_replicate";
+  if (has("parallel.dp_shard=") || has("parallel.cp=")) return "fsdp";
+  return "tied_wte";
+}
+}  // namespace
+
+TEST(Equivalence, Bf16BoundsCatchADroppedSum) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  for (const Layout& layout : layouts()) {
+    if (layout.ranks != world_size()) continue;
+    std::vector<std::string> model = layout.model, overrides = joined(layout);
+    model.insert(model.end(), kBf16.begin(), kBf16.end());
+    overrides.insert(overrides.end(), kBf16.begin(), kBf16.end());
+    const std::string group = summed_group(layout);
+    overrides.insert(overrides.end(),
+                     {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
+    const TrainedRun run = train_with(deck(with_eval(overrides)), MPI_COMM_WORLD);
+    const std::string what = label(layout) + ", " + group + "'s sums dropped";
+    expect_far_outside(distance(run, reference(model)), pipeline_bounds(kBf16Bounds, pipeline_boundaries(layout)), 10,
+                       what.c_str(), true);
+  }
+}
+
 // Whether a layout reduces gradients: over data parallelism (dp_replicate,
 // or FSDP's dp_shard x cp), the pipeline's two ends (the tied wte), or tp
 // with SP (the tp-replicated tensors). Elsewhere comm.reduce_dtype changes nothing.

@@ -23,6 +23,17 @@
 #endif
 
 namespace ndmini {
+namespace {
+
+// A reduce-scatter whose sum is dropped (fault injection): recv gets this
+// rank's own block of send, as if the rank were alone in its group.
+template <class T>
+void own_block(const T* send, T* recv, std::size_t count_per_rank, int rank) {
+  Kokkos::deep_copy(Kokkos::View<T*, MemSpace, Unmanaged>(recv, count_per_rank),
+                    Kokkos::View<const T*, MemSpace, Unmanaged>(send + rank * count_per_rank, count_per_rank));
+}
+
+}  // namespace
 
 CommStats& CommStats::operator+=(const CommStats& o) {
   calls += o.calls;
@@ -263,6 +274,15 @@ CommRequest nonblocking(Site site, CollOp op, std::int64_t bytes, Issue&& issue)
 }  // namespace
 }  // namespace detail
 
+void Communicator::drop_sums_for_fault_injection() {
+  drop_sums_ = true;
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr, "ndmini: fault injection: rank %d drops its sums on '%s' from here on\n", world_rank,
+               name_.c_str());
+  std::fflush(stderr);
+}
+
 bool Communicator::skip(const char* op) {
   if (!skip_next_) return false;
   skip_next_ = false;
@@ -275,7 +295,7 @@ bool Communicator::skip(const char* op) {
 }
 
 void Communicator::all_reduce(real* buf, std::size_t count, ReduceOp op) {
-  if (skip("all_reduce")) return;
+  if (skip_sum("all_reduce")) return;
   detail::blocking(
       {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::real_bytes(count),
       [&] { impl_->all_reduce(buf, count, op); }, [&] { return impl_->iall_reduce(buf, count, op); });
@@ -291,6 +311,7 @@ void Communicator::all_gather(const real* send, real* recv, std::size_t count_pe
 }
 
 void Communicator::reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
+  if (drop_sums_) return own_block(send, recv, count_per_rank, rank_);
   if (skip("reduce_scatter")) return;
   detail::blocking(
       {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
@@ -329,7 +350,7 @@ void Communicator::recv(real* buf, std::size_t count, int peer, int tag) {
 }
 
 CommRequest Communicator::iall_reduce(real* buf, std::size_t count, ReduceOp op) {
-  if (skip("all_reduce")) return CommRequest();
+  if (skip_sum("all_reduce")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
                              detail::real_bytes(count), [&] { return impl_->iall_reduce(buf, count, op); });
 }
@@ -362,6 +383,10 @@ CommRequest Communicator::iall_gather(const bf16* send, bf16* recv, std::size_t 
 }
 
 CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
+  if (drop_sums_) {
+    own_block(send, recv, count_per_rank, rank_);
+    return CommRequest();
+  }
   if (skip("reduce_scatter")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
                              detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
@@ -369,19 +394,23 @@ CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::siz
 }
 
 void Communicator::all_reduce(bf16* buf, std::size_t count) {
-  if (skip("all_reduce")) return;
+  if (skip_sum("all_reduce")) return;
   detail::blocking(
       {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::bf16_bytes(count),
       [&] { impl_->all_reduce_bf16(buf, count); }, [&] { return impl_->iall_reduce_bf16(buf, count); });
 }
 
 CommRequest Communicator::iall_reduce(bf16* buf, std::size_t count) {
-  if (skip("all_reduce")) return CommRequest();
+  if (skip_sum("all_reduce")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
                              detail::bf16_bytes(count), [&] { return impl_->iall_reduce_bf16(buf, count); });
 }
 
 CommRequest Communicator::ireduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank) {
+  if (drop_sums_) {
+    own_block(send, recv, count_per_rank, rank_);
+    return CommRequest();
+  }
   if (skip("reduce_scatter")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
                              detail::bf16_bytes(static_cast<std::size_t>(size_) * count_per_rank),
@@ -412,7 +441,7 @@ CommRequest Communicator::irecv(real* buf, std::size_t count, int peer, int tag)
 // Host scalars go over MPI whatever the backend: NCCL wants device buffers,
 // and a round trip through device memory costs more than the reduction.
 double Communicator::all_reduce_scalar(double value, ReduceOp op) {
-  if (skip("all_reduce_scalar")) return value;
+  if (skip_sum("all_reduce_scalar")) return value;
   double out = 0;
   detail::blocking(
       // host values: nothing on the device to wait for

@@ -196,12 +196,21 @@ class Communicator {
   // had not called it. The peers then wait for it; with a watchdog alive the
   // job ends with the diagnosis. Says so on stderr when it happens.
   void skip_next_for_fault_injection() { skip_next_ = true; }
+  // Fault injection on every rank of the group (fault.rank = -1): from now
+  // on every sum called here -- all-reduce, reduce-scatter, in fp32 or bf16,
+  // blocking or not -- returns what this rank would get were it alone in
+  // the group (an all-reduce leaves the buffer as it is, a reduce-scatter
+  // copies this rank's own block) without communicating. Gathers and
+  // exchanges still run. Says so on stderr once.
+  void drop_sums_for_fault_injection();
 
   struct BackendImpl;  // MPI or NCCL
 
  private:
   // Consumes the fault-injection switch: true when this call is to be skipped.
   bool skip(const char* op);
+  // True when sums are dropped (drop_sums_for_fault_injection) or this call is skipped.
+  bool skip_sum(const char* op) { return drop_sums_ || skip(op); }
 
   MPI_Comm comm_;
   std::string name_;
@@ -212,6 +221,7 @@ class Communicator {
   int ledger_id_ = -1;     // this communicator in the ledger's registry
   std::uint64_t seq_ = 0;  // collectives issued on it
   bool skip_next_ = false;
+  bool drop_sums_ = false;
 };
 
 // The MPI bf16 sum's elementwise function: inout[i] = bf16(float(in[i]) +

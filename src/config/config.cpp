@@ -187,6 +187,7 @@ const std::vector<Key>& schema() {
       int_key("fault", "step", &Config::fault, &FaultConfig::step),
       optional_enum_key("fault", "phase", &Config::fault, &FaultConfig::phase, kSavePhaseNames,
                         " (the phases of a save)"),
+      string_key("fault", "group", &Config::fault, &FaultConfig::group),
   };
   return keys;
 }
@@ -303,8 +304,18 @@ void check_range(bool ok, const std::string& origin, const std::string& key, con
 void validate_fault(const Config& c, const std::string& origin) {
   const FaultConfig& f = c.fault;
   const std::string kind = "\"" + std::string(name_of(f.kind)) + "\"";
-  check_range(f.rank >= 0, origin, "fault.rank", std::to_string(f.rank), "must be >= 0 (a world rank)");
+  const bool every_rank = f.kind == FaultKind::skip_collective && f.rank == -1;
+  check_range(f.rank >= 0 || every_rank, origin, "fault.rank", std::to_string(f.rank),
+              "must be >= 0 (a world rank), or -1 (every rank) with fault.kind = \"skip_collective\"");
   check_range(f.step >= 0, origin, "fault.step", std::to_string(f.step), "must be >= 0");
+  const bool sums = f.group == "tp" || f.group == "fsdp" || f.group == "dp_replicate" || f.group == "tied_wte" ||
+                    f.group == "batch" || f.group == "norm";
+  check_range(sums, origin, "fault.group", "\"" + f.group + "\"",
+              "must name a communicator that sums: \"tp\", \"fsdp\", \"dp_replicate\", \"tied_wte\", \"batch\" "
+              "or \"norm\" (cp and pp only exchange)");
+  require(every_rank || f.group == "batch",
+          origin + ": fault.group applies to fault.kind = \"skip_collective\" with fault.rank = -1 (every rank); "
+                   "remove it");
   if (f.kind == FaultKind::none) return;
   const int steps = c.train.steps;
   const bool in_save = f.phase.has_value();

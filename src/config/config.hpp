@@ -154,10 +154,11 @@ struct PerfConfig {
 // kind none (the default) injects nothing.
 struct FaultConfig {
   FaultKind kind = FaultKind::none;
-  int rank = 0;                    // the world rank it hits
+  int rank = 0;                    // the world rank it hits; skip_collective: -1, every rank (drops fault.group's sums)
   int step = 0;                    // kill, nan, skip_collective: the training step (nan at train.steps: the final
                                    // state's check); enospc or kill with a phase: the step of the checkpoint saved
   std::optional<SavePhase> phase;  // for saves: the phase to fail
+  std::string group = "batch";     // skip_collective on every rank: the communicator whose sums are dropped
 };
 
 struct Config {

@@ -121,12 +121,18 @@ const std::map<std::string, std::string>& meanings() {
       {"fault.kind",
        "`\"none\"`, `\"kill\"` (SIGKILL), `\"nan\"` (a NaN gradient), `\"enospc\"` (a full disk in a save) or "
        "`\"skip_collective\"` (a rank skips a collective; the hang detection names it)"},
-      {"fault.rank", "the world rank it hits"},
+      {"fault.rank",
+       "the world rank it hits; `skip_collective` also takes -1: every rank drops its sums over `fault.group` "
+       "from `fault.step` on (each sums as if alone in the group; nobody waits), a layout that forgot those sums"},
       {"fault.step",
        "`kill`, `nan`, `skip_collective`: the training step (from 0; `nan` at `train.steps` hits the check of the "
        "final state); `enospc`, or `kill` with a phase: the step of the checkpoint being saved"},
       {"fault.phase",
        "for saves: `\"create\"`, `\"write\"`, `\"close\"`, `\"rename\"` or `\"latest\"`; required by `enospc`"},
+      {"fault.group",
+       "`skip_collective` with `fault.rank = -1`: the communicator whose sums every rank drops: `\"tp\"`, "
+       "`\"fsdp\"`, `\"dp_replicate\"`, `\"tied_wte\"`, `\"batch\"` or `\"norm\"`; it must have 2 ranks or "
+       "more in the layout"},
   };
   return text;
 }

@@ -50,6 +50,12 @@ bool FaultPlan::skip_collective_at(std::int64_t step, int rank) const {
   return kind_ == FaultKind::skip_collective && step == step_ && rank == rank_;
 }
 
+bool FaultPlan::drops_sums_at(std::int64_t step) const {
+  if (kind_ != FaultKind::skip_collective || rank_ != -1 || step != step_) return false;
+  report_fired();
+  return true;
+}
+
 std::function<void(SavePhase, std::int64_t, const std::string&)> FaultPlan::save_hook() const {
   if ((kind_ != FaultKind::enospc && kind_ != FaultKind::kill) || !phase_ || my_rank_ != rank_) return {};
   const FaultPlan plan = *this;

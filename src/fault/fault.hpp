@@ -38,6 +38,13 @@ class FaultPlan {
   // on stderr ("ndmini: fault injection: rank R skips ..."); the peers wait
   // and the hang detection ends the job.
   bool skip_collective_at(std::int64_t step, int rank) const;
+  // kind "skip_collective" with fault.rank = -1: whether every rank starts
+  // dropping its sums over fault.group at `step` (reported as fired). The
+  // training loop then has that communicator sum as if alone in its group
+  // (Communicator::drop_sums_for_fault_injection): nobody waits, and the run
+  // goes on as a layout that forgot those sums -- the negative control of
+  // the equivalence bounds.
+  bool drops_sums_at(std::int64_t step) const;
   // For io::SaveOptions::hook: kind "enospc" fails, kind "kill" SIGKILLs,
   // the plan's phase of the save of the plan's step on the plan's rank.
   std::function<void(SavePhase, std::int64_t, const std::string&)> save_hook() const;
@@ -48,7 +55,7 @@ class FaultPlan {
  private:
   FaultKind kind_ = FaultKind::none;
   std::optional<SavePhase> phase_;
-  int rank_ = 0, my_rank_ = 0;
+  int rank_ = 0, my_rank_ = 0;  // rank_ -1: every rank
   std::int64_t step_ = 0;
 };
 

@@ -53,9 +53,14 @@ struct BlockTensorSpec {
   int rows_c, cols_c;  // shape in multiples of C (cols 0: a 1-D tensor)
   TpSplit split;
   int sections;  // q/k/v sections of a rows split
-  Slice1D BlockTensors::*vector;
-  Slice2D BlockTensors::*matrix;
-  ConstBf16Slice2D BlockMatricesBf16::*bf16_matrix;
+  // Member pointers through aliases: nvcc's front end rewrites a plain
+  // `T C::*name` member with parentheses that g++ then warns about.
+  using VectorMember = Slice1D BlockTensors::*;
+  using MatrixMember = Slice2D BlockTensors::*;
+  using Bf16MatrixMember = ConstBf16Slice2D BlockMatricesBf16::*;
+  VectorMember vector;
+  MatrixMember matrix;
+  Bf16MatrixMember bf16_matrix;
 };
 // The tensors of a block in unit (and checkpoint) order: the one place that
 // order is written; the parameter layout, the global tensor list and

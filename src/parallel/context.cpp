@@ -33,6 +33,12 @@ std::vector<ParallelContext::Reported> ParallelContext::reported() const {
   return out;
 }
 
+ParallelContext::Reported ParallelContext::group(const std::string& name) const {
+  for (const Reported& r : reported())
+    if (name == r.name) return r;
+  return {"", nullptr, 0};
+}
+
 int ParallelContext::data_parallel_index() const {
   return mesh_.coord(Axis::dp_replicate) * mesh_.degree(Axis::dp_shard) + mesh_.coord(Axis::dp_shard);
 }

@@ -49,6 +49,10 @@ class ParallelContext {
     int size;
   };
   std::vector<Reported> reported() const;
+  // The reported group named `name` ("tp", "fsdp", ...); a null comm where
+  // this rank is not in it (the tied pair on a middle stage), size 0 where
+  // the layout has no such group.
+  Reported group(const std::string& name) const;
 
   // Data parallelism: this rank's index among the dp_replicate x dp_shard
   // ranks that take distinct sequences of the global batch.

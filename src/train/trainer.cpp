@@ -211,7 +211,14 @@ void Trainer::setup() {
   // Refuse what cannot fit, hold the checkpoint folder (one writer; proven
   // usable now, not at the first save).
   agree_on_errors(comm_, [&] { require_memory_fits(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
-  agree_on_errors(comm_, [&] { faults_ = fault::FaultPlan(cfg_.fault, rank_, world_); });
+  agree_on_errors(comm_, [&] {
+    faults_ = fault::FaultPlan(cfg_.fault, rank_, world_);
+    if (cfg_.fault.kind == FaultKind::skip_collective && cfg_.fault.rank == -1 &&
+        ctx_->group(cfg_.fault.group).size < 2)
+      throw Error("fault.group = \"" + cfg_.fault.group +
+                  "\" has fewer than 2 ranks in this layout: dropping its sums would change nothing, so the fault "
+                  "would never fire");
+  });
   agree_on_errors(comm_, [&] { prediction_ = predict_run(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
   saves_ = cfg_.checkpoint.every > 0 || cfg_.checkpoint.at_start;
   if (saves_ || opts_.resume)
@@ -303,6 +310,9 @@ void Trainer::step() {
   const std::optional<double> val_loss = validate_if_due(step, &eval_ms);
   // This rank "forgets" the step's loss reduction: the others wait for it.
   if (faults_.skip_collective_at(step, rank_)) ctx_->batch().skip_next_for_fault_injection();
+  // Every rank drops its sums over fault.group from here on (a negative control).
+  if (faults_.drops_sums_at(step))
+    if (Communicator* group = ctx_->group(cfg_.fault.group).comm) group->drop_sums_for_fault_injection();
   mpi_barrier(comm_, "the step's start");  // steps start together, so per-step times compare across ranks
   const auto t0 = Clock::now();
   const double io_ms_before = result_.io_ms;
