@@ -422,6 +422,33 @@ TEST_P(CommTest, SkippedCollectiveLeavesNoTrace) {
   EXPECT_EQ(ledger[0].seq, 0u);
 }
 
+TEST_P(CommTest, DroppedSumsActAsIfAlone) {
+  // Every rank drops its sums from now on (fault.rank = -1): an all-reduce
+  // leaves the buffer, a reduce-scatter hands back the rank's own block, a
+  // scalar sum its own value, nothing enters the ledger -- and a gather
+  // still gathers.
+  const std::size_t n = 64;
+  const std::vector<real> mine = rank_values(comm_->rank(), n * comm_->size());
+  auto buf = device_from(mine);
+  comm_->drop_sums_for_fault_injection();
+  comm_->all_reduce(buf.data(), n);
+  comm_->iall_reduce(buf.data(), n).wait();
+  EXPECT_EQ(host_from(buf), mine);
+  View1D recv("recv", n);
+  comm_->reduce_scatter(buf.data(), recv.data(), n);
+  const std::vector<real> own(mine.begin() + comm_->rank() * n, mine.begin() + (comm_->rank() + 1) * n);
+  EXPECT_EQ(host_from(recv), own);
+  Kokkos::deep_copy(recv, real(0));
+  comm_->ireduce_scatter(buf.data(), recv.data(), n).wait();
+  EXPECT_EQ(host_from(recv), own);
+  EXPECT_DOUBLE_EQ(comm_->all_reduce_scalar(2.5), 2.5);
+  EXPECT_EQ(comm_->stats().calls, 0);
+  EXPECT_TRUE(comm_->recent_collectives().empty());
+  View1D gathered("gathered", n * comm_->size());
+  comm_->all_gather(recv.data(), gathered.data(), n);
+  EXPECT_EQ(comm_->stats().calls, 1);
+}
+
 // ---- bf16 sums (comm.reduce_dtype = "bf16") --------------------------------
 
 float float_of_bits(std::uint16_t b) {

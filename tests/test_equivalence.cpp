@@ -14,10 +14,11 @@
 //
 // Under bf16 mixed precision the same comparison runs against one rank
 // under bf16, with bounds set from measurement (a layout's sums in another
-// order round to bf16 differently, and Adam amplifies that); two negative
-// controls show those bounds can fail: another seed exceeds them about
-// 100x, the one-rank fp32 run (a layout that silently skipped its bf16
-// rounding) 2x in its parameters. With comm.reduce_dtype = "bf16" as well
+// order round to bf16 differently, and Adam amplifies that); negative
+// controls show those bounds can fail: every 2-rank layout with the sums of
+// one of its groups dropped on every rank ([fault] skip_collective, rank -1)
+// exceeds them 26x or more, another seed about 100x, and the one-rank fp32
+// run (a layout that silently skipped its bf16 rounding) 2x in its parameters. With comm.reduce_dtype = "bf16" as well
 // (gradient sums in bf16) the bounds are wider, from their own measurement;
 // another seed exceeds them too. The bytes of the gradient reductions then halve.
 // A pipeline under bf16 sends its activations in bf16, so the residual

@@ -314,8 +314,9 @@ void validate_fault(const Config& c, const std::string& origin) {
               "must name a communicator that sums: \"tp\", \"fsdp\", \"dp_replicate\", \"tied_wte\", \"batch\" "
               "or \"norm\" (cp and pp only exchange)");
   require(every_rank || f.group == "batch",
-          origin + ": fault.group applies to fault.kind = \"skip_collective\" with fault.rank = -1 (every rank); "
-                   "remove it");
+          origin +
+              ": fault.group applies to fault.kind = \"skip_collective\" with fault.rank = -1 (every rank); "
+              "remove it");
   if (f.kind == FaultKind::none) return;
   const int steps = c.train.steps;
   const bool in_save = f.phase.has_value();

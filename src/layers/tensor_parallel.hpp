@@ -134,7 +134,7 @@ class TensorParallel {
   std::size_t rows_ = 0, local_rows_ = 0;
   int channels_ = 0, vocab_ = 0;
   View1D partial_, ln_local_, dres_full_, dln_local_, xent_max_, xent_stats_;
-  Bf16View1D ln_local_bf16_;  // bf16 with SP: this rank's LayerNorm rows before the gather
+  Bf16View1D ln_local_bf16_;           // bf16 with SP: this rank's LayerNorm rows before the gather
   Bf16View1D wire_full_, wire_local_;  // bf16: N rows and local rows on the wire
 };
 

@@ -64,8 +64,8 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
     // The pipeline's transfer buffers.
     if (d.pp > 1) {
       const auto sends = static_cast<std::int64_t>(
-          PipelineRunner::most_buffer_bytes(l.plan, stage, l.micro_batches, l.schedule.max_in_flight(stage),
-                                            activation, cfg.train.precision == Precision::bf16));
+          PipelineRunner::most_buffer_bytes(l.plan, stage, l.micro_batches, l.schedule.max_in_flight(stage), activation,
+                                            cfg.train.precision == Precision::bf16));
       e.scratch_bytes += sends;
       e.comm_buffer_bytes += sends;
     }

@@ -178,8 +178,8 @@ void Trainer::announce() {
 // share of the training batches and, for the validation loss, of the held-out ones.
 void Trainer::build_pipeline() {
   const auto& t = cfg_.train;
-  runner_ = std::make_unique<PipelineRunner>(ctx_->pp(), layout_.plan, layout_.schedule,
-                                             t.precision == Precision::bf16);
+  runner_ =
+      std::make_unique<PipelineRunner>(ctx_->pp(), layout_.plan, layout_.schedule, t.precision == Precision::bf16);
   const int local_batch = t.global_batch / layout_.dims.data_parallel();
   const int first_sequence = ctx_->data_parallel_index() * local_batch;
   feed_ = std::make_unique<MicroBatchFeed>(*sources_.train, model_->cp_layout(), t.micro_batch, first_sequence);

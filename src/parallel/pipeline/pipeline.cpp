@@ -194,8 +194,8 @@ double PipelineRunner::evaluate(PipelineStage& stage, int micro_batches) {
         PendingSend send;
         send.chunk = c.index;
         send.micro_batch = mb;
-        send.request = send_values(send, stage.output(c.index, mb), n, plan_.rank_of(c.index + 1),
-                                   tag(c.index + 1, mb, false));
+        send.request =
+            send_values(send, stage.output(c.index, mb), n, plan_.rank_of(c.index + 1), tag(c.index + 1, mb, false));
         sends.push_back(std::move(send));
       } else {
         stage.discard(c.index, mb);
