@@ -50,10 +50,10 @@ constexpr int kRows = 1024, kChannels = 768, kHeads = 12, kSeqLen = 256;
 
 // The rows of each shape class's representative products: the block's
 // widths are 768 or more, so the rows are the products' smallest dimension.
-// The middle of each class on a log scale (64 of [32, 128), 256 of
-// [128, 512)); the large class's 1024 rows are one micro-batch of 4 x 256
+// About the middle of each class on a log scale (64 of [32, 128), 192 of
+// [128, 384)); the large class's 1024 rows are one micro-batch of 4 x 256
 // tokens, as efficiency.compute has always been measured.
-constexpr int kClassRows[kGemmClasses] = {64, 256, kRows};
+constexpr int kClassRows[kGemmClasses] = {64, 192, kRows};
 static_assert(gemm_class(kClassRows[0]) == GemmClass::small && gemm_class(kClassRows[1]) == GemmClass::medium &&
                   gemm_class(kClassRows[2]) == GemmClass::large && gemm_class(kChannels) == GemmClass::large,
               "each class's representative rows must be in that class, and the widths in no smaller one");
@@ -340,8 +340,8 @@ std::string calibrate_cluster(MPI_Comm world) {
         "a 64 MiB all-reduce hidden behind matrix products (with the progress thread): the fraction of the shorter "
         "that hides"},
        {"efficiency.gemm_small_fp32",
-        "shape classes by a product's smallest dimension, < 128, < 512, larger: the block's 12 products at 64, "
-        "256 and 1024 rows (768 channels), the classes in turn, median of 7, slowest rank, over the precision's peak"},
+        "shape classes by a product's smallest dimension, < 128, < 384, larger: the block's 12 products at 64, "
+        "192 and 1024 rows (768 channels), the classes in turn, median of 7, slowest rank, over the precision's peak"},
        {"efficiency.gemm_small_bf16", "the same products in bf16 (bf16 inputs, fp32 results), over peak_tflops_bf16"}});
 }
 

@@ -34,7 +34,7 @@ inline constexpr double kDefaultNetworkEfficiency = 0.8;
 // slower per FLOP (docs/planner.md, "Shape classes").
 enum class GemmClass { small, medium, large };
 inline constexpr int kGemmClasses = 3;
-inline constexpr double kMediumGemmFrom = 128, kLargeGemmFrom = 512;  // smallest dimensions
+inline constexpr double kMediumGemmFrom = 128, kLargeGemmFrom = 384;  // smallest dimensions
 constexpr GemmClass gemm_class(double smallest_dimension) {
   return smallest_dimension < kMediumGemmFrom  ? GemmClass::small
          : smallest_dimension < kLargeGemmFrom ? GemmClass::medium

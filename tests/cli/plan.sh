@@ -94,7 +94,7 @@ PY
     cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nkernel_bandwidth_gbs = 0/'
     expect_exit2 "device.kernel_bandwidth_gbs = 0 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
   gemm_classes)
-    # The shape classes (a product's smallest dimension: < 128 small, < 512 medium, else large) each
+    # The shape classes (a product's smallest dimension: < 128 small, < 384 medium, else large) each
     # with its own efficiency per precision; an absent class takes efficiency.compute (0.6 here).
     # plan_step NAME FILE ARGS...: the predicted step and compute of one layout, into NAME.json.
     plan_step() {
