@@ -268,6 +268,31 @@ measured, before = summary["median_step_ms"], summary["predicted"]["step_ms"]
 assert abs(after - measured) < abs(before - measured), (measured, before, after)
 print("fit ok: measured", measured, "ms; predicted", before, "ms before,", after, "ms after")
 PY
+    # A file with a shape class (tiny.toml's products are all small): the fit rescales it with
+    # efficiency.compute, and the refitted file predicts the run closer.
+    cluster_with '$ a [efficiency]\ngemm_small_fp32 = 0.5'
+    mv bad.toml classes.toml
+    run 1 train tiny.toml "${common[@]/$A100/classes.toml}" --metrics classes.jsonl >out.txt 2>&1 ||
+      { cat out.txt; fail "the run on classes.toml failed"; }
+    run 1 plan --fit classes.jsonl --cluster classes.toml --out refitted.toml >fit.txt 2>&1 || { cat fit.txt; fail "--fit failed"; }
+    cat fit.txt
+    run 1 plan tiny.toml --cluster refitted.toml --world 1 --json --set train.steps=3 >after.json 2>&1 ||
+      { cat after.json; fail "the refitted file does not plan"; }
+    python3 - classes.jsonl after.json fit.txt <<'PY' || fail "the fit did not rescale the shape class with the products"
+import json, re, sys
+text = open(sys.argv[3]).read()
+ratio = {}
+for key in ("efficiency.compute", "efficiency.gemm_small_fp32"):
+    old, new = map(float, re.search(key + r" +([0-9.e+-]+) -> ([0-9.e+-]+)", text).groups())
+    ratio[key] = new / old
+assert abs(ratio["efficiency.compute"] - ratio["efficiency.gemm_small_fp32"]) < 1e-3, ratio
+assert "gemm_medium_fp32" not in text, "a class the file does not have was refitted"
+summary = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+after = json.load(open(sys.argv[2]))["layouts"][0]["time_ms"]["step"]
+measured, before = summary["median_step_ms"], summary["predicted"]["step_ms"]
+assert abs(after - measured) < abs(before - measured), (measured, before, after)
+print("fit with a shape class ok:", ratio)
+PY
     # A run without perf.cluster has nothing to fit; one predicted on another file neither.
     run 1 train tiny.toml --set train.steps=2 --set perf.peak_gflops=50 --metrics bare.jsonl >/dev/null 2>&1
     expect_exit2 "metrics file 'bare.jsonl': its run has no prediction" --fit bare.jsonl --cluster "$A100"
