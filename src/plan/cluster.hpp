@@ -29,9 +29,9 @@ inline constexpr double kDefaultComputeEfficiency = 0.6;
 inline constexpr double kDefaultNetworkEfficiency = 0.8;
 
 // The matrix products' shape classes, by a product's smallest dimension
-// (rows, or a width under tensor parallelism): on a CPU core and on a GPU
-// alike a product this thin cannot fill the machine's tiles, and runs
-// slower per FLOP (docs/planner.md, "Shape classes").
+// (its rows, or a width under tensor parallelism): a product with a short
+// side fills fewer of the kernel's tiles (a core's register blocks, a GPU's
+// thread blocks) and runs slower per FLOP (docs/planner.md, "Shape classes").
 enum class GemmClass { small, medium, large };
 inline constexpr int kGemmClasses = 3;
 inline constexpr double kMediumGemmFrom = 128, kLargeGemmFrom = 384;  // smallest dimensions
