@@ -261,8 +261,8 @@ int main(int argc, char** argv) {
   bool plan_calibrate = false;
   std::string plan_out;
   plan->add_flag("--calibrate", plan_calibrate,
-                 "Measure this machine (GEMM rates, memory bandwidth, collectives over the launched ranks: at least 2) "
-                 "and print its cluster file");
+                 "Measure this machine (GEMM rates by shape class and precision, memory bandwidth, collectives over "
+                 "the launched ranks: at least 2) and print its cluster file");
   std::vector<std::string> plan_fit;
   plan->add_option("--fit", plan_fit,
                    "Fit efficiency.compute and efficiency.network of --cluster to the metrics files of runs trained "

@@ -2,6 +2,7 @@
 #include "plan/calibrate.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "kernels/kernels.hpp"
 #include "layers/context_parallel.hpp"
 #include "model/gpt.hpp"
+#include "plan/cluster.hpp"
 #include "plan/cost_model.hpp"
 #include "train/budget.hpp"
 #include "train/calibration.hpp"
@@ -46,32 +48,72 @@ double median_seconds(Work&& work) {
 // A GPT-2-small block's shapes: one micro-batch of 1024 rows, 768 channels, 12 heads.
 constexpr int kRows = 1024, kChannels = 768, kHeads = 12, kSeqLen = 256;
 
+// The rows of each shape class's representative products: the block's
+// widths are 768 or more, so the rows are the products' smallest dimension.
+// About the middle of each class on a log scale (64 of [32, 128), 192 of
+// [128, 384)); the large class's 1024 rows are one micro-batch of 4 x 256
+// tokens, as efficiency.compute has always been measured.
+constexpr int kClassRows[kGemmClasses] = {64, 192, kRows};
+static_assert(gemm_class(kClassRows[0]) == GemmClass::small && gemm_class(kClassRows[1]) == GemmClass::medium &&
+                  gemm_class(kClassRows[2]) == GemmClass::large && gemm_class(kChannels) == GemmClass::large,
+              "each class's representative rows must be in that class, and the widths in no smaller one");
+
 // FLOP/s of one block's twelve matrix products (the four Linear layers'
 // forward, weight-gradient and input-gradient products, through the
-// model's own kernels), fp32.
-double block_products_flops() {
+// model's own kernels, in `precision`) at each shape class's rows. The
+// classes take turns within each repetition, so a load that comes and goes
+// weighs on them alike; the median of kRepeats each, after one warm-up.
+std::array<double, kGemmClasses> block_products_flops(Precision precision) {
   const int C = kChannels;
   const int widths[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};  // in, out
-  View2D x("ndmini::calib_x", kRows, 4 * C), y("ndmini::calib_y", kRows, 4 * C), w("ndmini::calib_w", 4 * C, C),
-      dw("ndmini::calib_dw", 4 * C, C), dx("ndmini::calib_dx", kRows, 4 * C);
-  View1D bias("ndmini::calib_bias", 4 * C), dbias("ndmini::calib_dbias", 4 * C);
+  const std::size_t rows_x_width = std::size_t{kRows} * 4 * C, weight = std::size_t{4} * C * C;
+  View1D x("ndmini::calib_x", rows_x_width), y("ndmini::calib_y", rows_x_width), dx("ndmini::calib_dx", rows_x_width),
+      w("ndmini::calib_w", weight), dw("ndmini::calib_dw", weight), bias("ndmini::calib_bias", 4 * C),
+      dbias("ndmini::calib_dbias", 4 * C);
   Kokkos::deep_copy(x, real(0.5));
   Kokkos::deep_copy(w, real(0.01));
-  double flops = 0;
-  for (const auto& io : widths) flops += 3 * 2.0 * kRows * io[0] * io[1];
-  const double s = median_seconds([&] {
+  const bool half = precision == Precision::bf16;
+  Bf16View1D xh, wh, dyh;  // the bf16 operands, as the model keeps them under bf16
+  if (half) {
+    xh = Bf16View1D("ndmini::calib_x_bf16", rows_x_width);
+    wh = Bf16View1D("ndmini::calib_w_bf16", weight);
+    dyh = Bf16View1D("ndmini::calib_dy_bf16", rows_x_width);
+    Kokkos::deep_copy(xh, bf16(0.5f));
+    Kokkos::deep_copy(wh, bf16(0.01f));
+  }
+  // Each operand contiguous, as the model's activations and weights are.
+  auto block = [&](int rows) {
     for (const auto& io : widths) {
-      const auto in = Kokkos::make_pair(0, io[0]), out = Kokkos::make_pair(0, io[1]);
-      const Slice2D xs = Kokkos::subview(x, Kokkos::ALL, in), ys = Kokkos::subview(y, Kokkos::ALL, out),
-                    dxs = Kokkos::subview(dx, Kokkos::ALL, in);
-      // The weight [out, in], contiguous: the first out x in floats of w and dw.
-      const Slice2D ws(w.data(), io[1], io[0]), dws(dw.data(), io[1], io[0]);
-      const Slice1D bs = Kokkos::subview(bias, out), dbs = Kokkos::subview(dbias, out);
-      kernels::linear_forward(ys, xs, ws, bs);
-      kernels::linear_backward(dxs, dws, dbs, ys, xs, ws);
+      const Slice2D ys(y.data(), rows, io[1]), dxs(dx.data(), rows, io[0]), dws(dw.data(), io[1], io[0]);
+      const Slice1D bs = Kokkos::subview(bias, Kokkos::make_pair(0, io[1])),
+                    dbs = Kokkos::subview(dbias, Kokkos::make_pair(0, io[1]));
+      if (half) {
+        const ConstBf16Slice2D xs(xh.data(), rows, io[0]), ws(wh.data(), io[1], io[0]);
+        kernels::linear_forward(ys, xs, ws, bs);
+        kernels::linear_backward(dxs, dws, dbs, ys, Bf16Slice2D(dyh.data(), rows, io[1]), xs, ws);
+      } else {
+        const ConstSlice2D xs(x.data(), rows, io[0]), ws(w.data(), io[1], io[0]);
+        kernels::linear_forward(ys, xs, ws, bs);
+        kernels::linear_backward(dxs, dws, dbs, ys, xs, ws);
+      }
     }
-  });
-  return flops / s;
+  };
+  std::vector<double> seconds[kGemmClasses];
+  for (int rep = -1; rep < kRepeats; ++rep)
+    for (int k = 0; k < kGemmClasses; ++k) {
+      Kokkos::fence();
+      const auto t0 = Clock::now();
+      block(kClassRows[k]);
+      Kokkos::fence();
+      if (rep >= 0) seconds[k].push_back(seconds_since(t0));
+    }
+  std::array<double, kGemmClasses> rates{};
+  for (int k = 0; k < kGemmClasses; ++k) {
+    double flops = 0;
+    for (const auto& io : widths) flops += 3 * 2.0 * kClassRows[k] * io[0] * io[1];
+    rates[k] = flops / median_of(seconds[k]);
+  }
+  return rates;
 }
 
 // FLOP/s of causal attention's forward and backward (counted as the cost
@@ -236,16 +278,34 @@ std::string calibrate_cluster(MPI_Comm world) {
   // the optimizer and the memory-bound kernels only, so both are measured
   // through those kernels (on a host they differ from a plain copy both
   // ways: caches help the small ones, the GELU's tanh is arithmetic).
-  double reached[4] = {block_products_flops(), attention_flops(), optimizer_bandwidth(), block_kernels_bandwidth()};
-  mpi_all_reduce(MPI_IN_PLACE, reached, 4, MPI_DOUBLE, MPI_MIN, world, "the kernel calibration");
+  const std::array<double, kGemmClasses> fp32 = block_products_flops(Precision::fp32),
+                                         bf16 = block_products_flops(Precision::bf16);
+  enum { kAttention = 2 * kGemmClasses, kOptimizer, kKernels, kReached };
+  double reached[kReached];
+  std::copy(fp32.begin(), fp32.end(), reached);
+  std::copy(bf16.begin(), bf16.end(), reached + kGemmClasses);
+  reached[kAttention] = attention_flops();
+  reached[kOptimizer] = optimizer_bandwidth();
+  reached[kKernels] = block_kernels_bandwidth();
+  mpi_all_reduce(MPI_IN_PLACE, reached, kReached, MPI_DOUBLE, MPI_MIN, world, "the kernel calibration");
   // A peak is never below what the products were seen to reach (a noisy
   // calibration run would otherwise make an efficiency read above 1).
-  const double peak = std::max({rates[0], reached[0], reached[1]});
+  const double* fp32_reached = reached;
+  const double* bf16_reached = reached + kGemmClasses;
+  const double peak =
+      std::max({rates[0], *std::max_element(fp32_reached, fp32_reached + kGemmClasses), reached[kAttention]});
+  const double peak_bf16 = std::max(rates[1], *std::max_element(bf16_reached, bf16_reached + kGemmClasses));
   spec.peak_tflops_fp32 = peak / 1e12;
-  spec.compute_efficiency = reached[0] / peak;
-  spec.attention_efficiency = reached[1] / peak;
-  spec.memory_bandwidth_gbs = reached[2] / 1e9;
-  spec.kernel_bandwidth_gbs = reached[3] / 1e9;
+  spec.peak_tflops_bf16 = peak_bf16 / 1e12;
+  for (int k = 0; k < kGemmClasses; ++k) {
+    spec.gemm_key(GemmClass(k), Precision::fp32) = fp32_reached[k] / peak;
+    spec.gemm_key(GemmClass(k), Precision::bf16) = bf16_reached[k] / peak_bf16;
+  }
+  // The fallback of products no class key covers: the large class in fp32, as before the classes.
+  spec.compute_efficiency = spec.gemm_large_fp32;
+  spec.attention_efficiency = reached[kAttention] / peak;
+  spec.memory_bandwidth_gbs = reached[kOptimizer] / 1e9;
+  spec.kernel_bandwidth_gbs = reached[kKernels] / 1e9;
   spec.overlap_efficiency = overlap_fraction(comm, world);
   if (rank != 0) return "";
   return cluster_toml(
@@ -255,7 +315,9 @@ std::string calibrate_cluster(MPI_Comm world) {
       {{"device.per_node", "ranks on one node (MPI_COMM_TYPE_SHARED): one device per rank"},
        {"device.memory_gib", "MemAvailable of the node / its ranks (host memory on a host build)"},
        {"device.peak_tflops_fp32", "the start-up GEMM calibration, fp32, 1024^3 NT/TN/NN, best run, fastest rank"},
-       {"device.peak_tflops_bf16", "the same in bf16 (oneDNN where built, else emulated through fp32)"},
+       {"device.peak_tflops_bf16",
+        "the same in bf16 (oneDNN where built, else emulated through fp32); never below what the bf16 products "
+        "below reached"},
        {"device.memory_bandwidth_gbs",
         "the AdamW update of 8M parameters, 32 bytes each, median of 7, every rank at once, slowest rank"},
        {"device.kernel_bandwidth_gbs",
@@ -269,14 +331,18 @@ std::string calibrate_cluster(MPI_Comm world) {
        {"inter_node.latency_us", one_node ? "one node: the intra-node figure" : "measured over all ranks"},
        {"efficiency.compute",
         "a GPT-2-small block's 12 Linear products (1024 rows, fp32), median of 7, slowest "
-        "rank, over peak_tflops_fp32"},
+        "rank, over peak_tflops_fp32 (gemm_large_fp32; the rate of what no shape class covers)"},
        {"efficiency.network", "1: the rates above are measured"},
        {"efficiency.attention",
         "causal attention forward + backward (4 x 256 tokens, 768 channels, 12 heads), "
         "median of 7, slowest rank, over peak_tflops_fp32"},
        {"efficiency.overlap",
-        "a 16 MiB all-reduce hidden behind matrix products (with the progress thread): the fraction of the shorter "
-        "that hides"}});
+        "a 64 MiB all-reduce hidden behind matrix products (with the progress thread): the fraction of the shorter "
+        "that hides"},
+       {"efficiency.gemm_small_fp32",
+        "shape classes by a product's smallest dimension, < 128, < 384, larger: the block's 12 products at 64, "
+        "192 and 1024 rows (768 channels), the classes in turn, median of 7, slowest rank, over the precision's peak"},
+       {"efficiency.gemm_small_bf16", "the same products in bf16 (bf16 inputs, fp32 results), over peak_tflops_bf16"}});
 }
 
 }  // namespace ndmini

@@ -25,8 +25,19 @@ struct ClusterKey {
   bool required;
   double lo, hi;  // the value must lie in (lo, hi], or [lo, hi] for a latency (0: too small to matter) or the overlap
   const char* rule;
-  double ClusterSpec::*member;  // null: device.per_node, a whole number
+  double ClusterSpec::*member;     // null: device.per_node, a whole number
+  bool omitted_when_zero = false;  // optional, 0 in the spec meaning absent: not written then
 };
+
+constexpr const char* kGemmRule = "a fraction of the precision's peak, above 0 and at most 1";
+
+// The member of a shape class's key, by precision and class.
+double ClusterSpec::*gemm_member(GemmClass c, Precision precision) {
+  static double ClusterSpec::*const members[2][kGemmClasses] = {
+      {&ClusterSpec::gemm_small_fp32, &ClusterSpec::gemm_medium_fp32, &ClusterSpec::gemm_large_fp32},
+      {&ClusterSpec::gemm_small_bf16, &ClusterSpec::gemm_medium_bf16, &ClusterSpec::gemm_large_bf16}};
+  return members[precision == Precision::bf16 ? 1 : 0][static_cast<int>(c)];
+}
 
 const std::vector<ClusterKey>& cluster_keys() {
   static const std::vector<ClusterKey> keys = {
@@ -49,6 +60,12 @@ const std::vector<ClusterKey>& cluster_keys() {
       {"efficiency.attention", false, 0, 1, "a fraction of the peak, above 0 and at most 1",
        &ClusterSpec::attention_efficiency},
       {"efficiency.overlap", false, 0, 1, "a fraction, 0 to 1", &ClusterSpec::overlap_efficiency},
+      {"efficiency.gemm_small_fp32", false, 0, 1, kGemmRule, &ClusterSpec::gemm_small_fp32, true},
+      {"efficiency.gemm_medium_fp32", false, 0, 1, kGemmRule, &ClusterSpec::gemm_medium_fp32, true},
+      {"efficiency.gemm_large_fp32", false, 0, 1, kGemmRule, &ClusterSpec::gemm_large_fp32, true},
+      {"efficiency.gemm_small_bf16", false, 0, 1, kGemmRule, &ClusterSpec::gemm_small_bf16, true},
+      {"efficiency.gemm_medium_bf16", false, 0, 1, kGemmRule, &ClusterSpec::gemm_medium_bf16, true},
+      {"efficiency.gemm_large_bf16", false, 0, 1, kGemmRule, &ClusterSpec::gemm_large_bf16, true},
   };
   return keys;
 }
@@ -81,6 +98,19 @@ void check_known(const toml::table& table, const std::string& origin) {
 }
 
 }  // namespace
+
+std::string gemm_key_path(GemmClass c, Precision precision) {
+  const char* name = c == GemmClass::small ? "small" : c == GemmClass::medium ? "medium" : "large";
+  return std::string("efficiency.gemm_") + name + (precision == Precision::bf16 ? "_bf16" : "_fp32");
+}
+
+double& ClusterSpec::gemm_key(GemmClass c, Precision precision) { return this->*gemm_member(c, precision); }
+double ClusterSpec::gemm_key(GemmClass c, Precision precision) const { return this->*gemm_member(c, precision); }
+
+double ClusterSpec::gemm_efficiency(GemmClass c, Precision precision) const {
+  const double key = gemm_key(c, precision);
+  return key > 0 ? key : compute_efficiency;
+}
 
 double ClusterSpec::peak_flops(Precision precision) const {
   return 1e12 * (precision == Precision::bf16 ? peak_tflops_bf16 : peak_tflops_fp32);
@@ -144,10 +174,11 @@ std::string cluster_toml(const ClusterSpec& spec, const std::string& header,
   std::string section;
   for (const ClusterKey& k : cluster_keys()) {
     const std::string path = k.path, s = path.substr(0, path.find('.'));
+    const double v = k.member == nullptr ? spec.devices_per_node : spec.*k.member;
+    if (k.omitted_when_zero && v == 0) continue;
     if (s != section) os << "\n[" << (section = s) << "]\n";
     for (const auto& [key, note] : notes)
       if (key == path) os << "# " << note << "\n";
-    const double v = k.member == nullptr ? spec.devices_per_node : spec.*k.member;
     os << path.substr(path.find('.') + 1) << " = " << v << (v == std::floor(v) && path != "device.per_node" ? ".0" : "")
        << "\n";
   }

@@ -13,6 +13,7 @@
 //   [efficiency] compute = 0.6   network = 0.8           # optional, see kDefault*Efficiency
 //                attention = 0.4 overlap = 0.9          # optional: as compute, 1
 //   [device] kernel_bandwidth_gbs = 900                 # optional: memory_bandwidth_gbs
+//   [efficiency] gemm_small_fp32 = 0.5 ...               # optional, per shape class and precision: compute
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,21 @@ namespace ndmini {
 // against the datasheet's), when the cluster file does not say.
 inline constexpr double kDefaultComputeEfficiency = 0.6;
 inline constexpr double kDefaultNetworkEfficiency = 0.8;
+
+// The matrix products' shape classes, by a product's smallest dimension
+// (its rows, or a width under tensor parallelism): a product with a short
+// side fills fewer of the kernel's tiles (a core's register blocks, a GPU's
+// thread blocks) and runs slower per FLOP (docs/planner.md, "Shape classes").
+enum class GemmClass { small, medium, large };
+inline constexpr int kGemmClasses = 3;
+inline constexpr double kMediumGemmFrom = 128, kLargeGemmFrom = 384;  // smallest dimensions
+constexpr GemmClass gemm_class(double smallest_dimension) {
+  return smallest_dimension < kMediumGemmFrom  ? GemmClass::small
+         : smallest_dimension < kLargeGemmFrom ? GemmClass::medium
+                                               : GemmClass::large;
+}
+// Its key in a cluster file: "efficiency.gemm_small_fp32", ...
+std::string gemm_key_path(GemmClass c, Precision precision);
 
 struct ClusterSpec {
   std::string name;
@@ -49,9 +65,19 @@ struct ClusterSpec {
   double attention_efficiency = 0;
   double kernel_bandwidth_gbs = 0;
   double overlap_efficiency = 1;
+  // Optional, measured by ndmini plan --calibrate: the fraction of the
+  // precision's peak the products of each shape class reach (0: absent,
+  // compute_efficiency stands in).
+  double gemm_small_fp32 = 0, gemm_medium_fp32 = 0, gemm_large_fp32 = 0;
+  double gemm_small_bf16 = 0, gemm_medium_bf16 = 0, gemm_large_bf16 = 0;
 
   // Dense peak in FLOP/s of one device for matrix products in `precision`.
   double peak_flops(Precision precision) const;
+  // The fraction of that peak the products of class `c` reach: its key, or compute_efficiency.
+  double gemm_efficiency(GemmClass c, Precision precision) const;
+  // Its key's value (0: absent), for the calibration and the fit to set.
+  double& gemm_key(GemmClass c, Precision precision);
+  double gemm_key(GemmClass c, Precision precision) const;
   double memory_bytes() const;
 };
 

@@ -201,12 +201,45 @@ double attention_flops(const ModelConfig& m, const Chunk& c, int micro_batch, co
   return static_cast<double>(micro_batch) * T / d.cp / d.tp * c.layers() * 4 * C * T;
 }
 
-// Milliseconds of one micro-batch's forward through `c`: the Linear
-// products at the compute rate, attention at its own (FLOPs per ms).
-double forward_ms(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d, double rate,
-                  double attention_rate) {
-  const double attention = attention_flops(m, c, micro_batch, d);
-  return (forward_flops(m, c, micro_batch, d) - attention) / rate + attention / attention_rate;
+// The rates of one precision's products on a cluster, FLOPs per ms: each
+// shape class's, the fallback's (efficiency.compute) and attention's.
+struct ComputeRates {
+  double gemm[kGemmClasses];
+  double other, attention;
+};
+ComputeRates compute_rates(const ClusterSpec& cluster, Precision precision) {
+  const double peak = cluster.peak_flops(precision) / 1e3;
+  ComputeRates r{};
+  for (int k = 0; k < kGemmClasses; ++k) r.gemm[k] = peak * cluster.gemm_efficiency(GemmClass(k), precision);
+  r.other = peak * cluster.compute_efficiency;
+  r.attention = peak * cluster.attention_efficiency;
+  return r;
+}
+
+// Milliseconds of one micro-batch's forward through `c`: each Linear
+// layer's product at the rate of its shape class (the rows N = micro_batch
+// x T / cp, its input and output widths under tp; its two backward products
+// have the same three dimensions, so the same class), attention at its own
+// rate, and the FLOPs of forward_flops that are no product (the biases and
+// LayerNorms, 26 C per token and layer) at efficiency.compute's.
+double forward_ms(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d,
+                  const ComputeRates& rates) {
+  const double C = m.channels, T = m.seq_len, V = m.vocab, t = d.tp;
+  const double rows = static_cast<double>(micro_batch) * T / d.cp;
+  const double layers = c.layers();
+  struct Linear {
+    double count, in, out;
+  };
+  const Linear linears[] = {{layers, C, 3 * C / t},           // c_attn, column-parallel
+                            {layers, C / t, C},               // attn_proj, row-parallel
+                            {layers, C, 4 * C / t},           // c_fc, column-parallel
+                            {layers, 4 * C / t, C},           // mlp_proj, row-parallel
+                            {c.head ? 1.0 : 0.0, C, V / t}};  // the LM head, vocabulary-parallel
+  double ms = attention_flops(m, c, micro_batch, d) / rates.attention + rows * layers * 2 * 13 * C / t / rates.other;
+  for (const Linear& l : linears)
+    if (l.count > 0)
+      ms += l.count * 2 * rows * l.in * l.out / rates.gemm[static_cast<int>(gemm_class(std::min({rows, l.in, l.out})))];
+  return ms;
 }
 
 // A collective the model hides (wholly or in part) behind compute: of what
@@ -260,10 +293,13 @@ std::vector<GroupTraffic> traffic_per_step(const Config& cfg, const RunLayout& l
 
 double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
   const ParallelDims& d = l.dims;
-  // The faster of the products' and the attention's rates for all FLOPs: a bound.
-  const double rate = cluster.peak_flops(precision) *
-                      std::max(cluster.compute_efficiency, cluster.attention_efficiency) / 1e3;  // FLOPs per ms
-  double total = 0;  // per micro-batch, summed over the stages
+  // The fastest of the products' (any shape class), the rest's and the attention's rates for all FLOPs: a bound.
+  double efficiency = std::max(cluster.compute_efficiency, cluster.attention_efficiency);
+  for (int k = 0; k < kGemmClasses; ++k)
+    efficiency = std::max(efficiency, cluster.gemm_efficiency(GemmClass(k), precision));
+  const double rate = cluster.peak_flops(precision) * efficiency / 1e3;  // FLOPs per ms
+  // Per micro-batch, summed over the stages.
+  double total = 0;
   for (int s = 0; s < d.pp; ++s)
     for (const Chunk& c : l.plan.chunks_of(s)) {
       total += 3 * forward_flops(cfg.model, c, cfg.train.micro_batch, d) / rate;
@@ -283,8 +319,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   const ModelConfig& m = cfg.model;
   const int B = cfg.train.micro_batch, mb = l.micro_batches;
   const int v = l.schedule.kind() == ScheduleKind::interleaved ? d.virtual_stages : 1;
-  const double rate = cluster.peak_flops(precision) * cluster.compute_efficiency / 1e3;  // FLOPs per ms
-  const double attention_rate = cluster.peak_flops(precision) * cluster.attention_efficiency / 1e3;
+  const ComputeRates rates = compute_rates(cluster, precision);
   const double memory_rate = cluster.memory_bandwidth_gbs * 1e6;  // the optimizer streams: bytes per ms
   const double kernel_rate = cluster.kernel_bandwidth_gbs * 1e6;  // the memory-bound kernels, likewise
   const double overlap = cluster.overlap_efficiency;
@@ -311,12 +346,12 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     StageTime& st = stages[s];
     double attention = 0;  // of the compute: what ring attention's K/V exchange hides behind
     for (const Chunk& c : l.plan.chunks_of(s)) {
-      st.compute += 3 * forward_ms(m, c, B, d, rate, attention_rate);
-      attention += 3 * attention_flops(m, c, B, d) / attention_rate;
+      st.compute += 3 * forward_ms(m, c, B, d, rates);
+      attention += 3 * attention_flops(m, c, B, d) / rates.attention;
       if (l.recompute == Recompute::block) {
         Chunk blocks_only = c;
         blocks_only.head = false;
-        st.recompute += forward_ms(m, blocks_only, B, d, rate, attention_rate);
+        st.recompute += forward_ms(m, blocks_only, B, d, rates);
         p.hardware_flops += forward_flops(m, blocks_only, B, d) * mb * d.data_parallel() * d.cp * d.tp;
       }
       double bytes = static_cast<double>(StageRuntime::record_bytes(c, bs, Recompute::none));

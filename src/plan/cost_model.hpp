@@ -62,8 +62,9 @@ struct StepPrediction {
   double hardware_flops = 0;  // also the forwards recomputation runs again
   std::vector<GroupTraffic> comm;
   // Milliseconds per step.
-  // Matrix products: FLOPs / (peak x efficiency.compute), attention's / (peak
-  // x efficiency.attention); recompute excluded.
+  // Matrix products: each Linear layer's FLOPs / (peak x its shape class's
+  // efficiency), attention's / (peak x efficiency.attention), the rest's /
+  // (peak x efficiency.compute); recompute excluded.
   double compute_ms = 0;
   double recompute_ms = 0;  // the forwards recompute = block runs again
   double kernels_ms = 0;    // memory-bound kernels: kActivationPasses x activation bytes / kernel bandwidth

@@ -118,7 +118,7 @@ std::string run_fit(const FitRequest& request) {
   auto refit = [&](const char* key, double& efficiency, double scale, const char* basis) {
     const double old = efficiency;
     if (scale > 0) efficiency = std::min(1.0, old / scale);
-    std::snprintf(line, sizeof line, "%-20s %.4g -> %.4g  (%s%s)\n", key, old, efficiency, basis,
+    std::snprintf(line, sizeof line, "%-28s %.4g -> %.4g  (%s%s)\n", key, old, efficiency, basis,
                   scale <= 0 ? "; no run exposed any: kept" : (old / scale > 1 ? "; capped at 1" : ""));
     report += line;
   };
@@ -128,6 +128,12 @@ std::string run_fit(const FitRequest& request) {
   refit("efficiency.compute", after.compute_efficiency, compute_scale,
         "measured compute = predicted products / scale + kernels + optimizer");
   refit("efficiency.attention", after.attention_efficiency, compute_scale, "with the products' scale");
+  for (Precision precision : {Precision::fp32, Precision::bf16})
+    for (int k = 0; k < kGemmClasses; ++k)
+      if (after.gemm_key(GemmClass(k), precision) > 0) {  // the shape classes the file has
+        refit(gemm_key_path(GemmClass(k), precision).c_str(), after.gemm_key(GemmClass(k), precision), compute_scale,
+              "with the products' scale");
+      }
   refit("efficiency.network", after.network_efficiency, network_scale,
         "measured exposed dp_replicate, fsdp, tp, cp, tied_wte time = predicted x scale");
 

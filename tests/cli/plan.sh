@@ -93,6 +93,63 @@ PY
     expect_exit2 "efficiency.overlap = 1.5 is impossible" tiny.toml --cluster bad.toml --world 1
     cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nkernel_bandwidth_gbs = 0/'
     expect_exit2 "device.kernel_bandwidth_gbs = 0 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
+  gemm_classes)
+    # The shape classes (a product's smallest dimension: < 128 small, < 384 medium, else large) each
+    # with its own efficiency per precision; an absent class takes efficiency.compute (0.6 here).
+    # plan_step NAME FILE ARGS...: the predicted step and compute of one layout, into NAME.json.
+    plan_step() {
+      local name=$1 file=$2
+      shift 2
+      run 1 plan --cluster "$file" --world 1 --json "$@" >"$name.json" 2>err.txt || { cat err.txt; fail "$name refused"; }
+    }
+    tiny=(tiny.toml)                                                  # 64 channels: every product small
+    large=("$SOURCE_DIR/inputs/gpt2-124m.toml" --set train.micro_batch=4 --set model.layers=2)  # 1024 rows, 768 wide: all large
+    medium=("$SOURCE_DIR/inputs/gpt2-124m.toml" --set train.micro_batch=1 --set model.layers=2) # 256 rows: all medium
+    for what in tiny large medium; do
+      declare -n deck=$what
+      plan_step "$what" "$A100" "${deck[@]}"
+      plan_step "$what-bf16" "$A100" "${deck[@]}" --precision bf16
+      for key in gemm_small_fp32 gemm_medium_fp32 gemm_large_fp32 gemm_small_bf16; do
+        cluster_with "\$ a [efficiency]\n$key = 0.3"
+        plan_step "$what-$key" bad.toml "${deck[@]}"
+        plan_step "$what-$key-bf16" bad.toml "${deck[@]}" --precision bf16
+      done
+      # Every class at efficiency.compute's value: the same as no class at all.
+      cluster_with '$ a [efficiency]\ngemm_small_fp32 = 0.6\ngemm_medium_fp32 = 0.6\ngemm_large_fp32 = 0.6'
+      plan_step "$what-same" bad.toml "${deck[@]}"
+    done
+    python3 - <<'PY' || fail "a shape class's efficiency did not move exactly the layouts of its class"
+import json
+def step(name):
+    return json.load(open(name + ".json"))["layouts"][0]["time_ms"]
+same = lambda a, b: abs(a - b) <= 1e-12 * max(a, b)
+for what, cls in (("tiny", "small"), ("large", "large"), ("medium", "medium")):
+    base, base16 = step(what), step(what + "-bf16")
+    assert same(step(what + "-same")["step"], base["step"]), (what, "classes at efficiency.compute moved it")
+    for key in ("gemm_small_fp32", "gemm_medium_fp32", "gemm_large_fp32", "gemm_small_bf16"):
+        fp32, bf16 = step(what + "-" + key), step(what + "-" + key + "-bf16")
+        mine = key.startswith("gemm_" + cls + "_")
+        precision_fp32 = key.endswith("fp32")
+        # Halving the efficiency of this deck's class in this precision slows its products; any other key leaves it.
+        for t, b, own in ((fp32, base, mine and precision_fp32), (bf16, base16, mine and not precision_fp32)):
+            if own:
+                assert t["compute"] > 1.3 * b["compute"] and t["step"] > b["step"], (what, key, t, b)
+                assert same(t["kernels"], b["kernels"]) and same(t["optimizer"], b["optimizer"]), (what, key)
+            else:
+                assert same(t["step"], b["step"]), (what, key, t["step"], b["step"])
+        print(what, key, "fp32 %.4g -> %.4g ms, bf16 %.4g -> %.4g ms" % (base["step"], fp32["step"], base16["step"], bf16["step"]))
+PY
+    ;;
+  gemm_bad_values)
+    for bad in "gemm_small_fp32 = 0" "gemm_large_bf16 = 1.5" "gemm_medium_fp32 = -0.2"; do
+      cluster_with "\$ a [efficiency]\n$bad"
+      expect_exit2 "efficiency.${bad% =*} = ${bad#*= } is impossible: must be a fraction of the precision's peak" \
+        tiny.toml --cluster bad.toml --world 1
+    done
+    cluster_with '$ a [efficiency]\ngemm_medium_bf16 = "fast"'
+    expect_exit2 "efficiency.gemm_medium_bf16 must be a number" tiny.toml --cluster bad.toml --world 1
+    cluster_with '$ a [efficiency]\ngemm_tiny_fp32 = 0.5'
+    expect_exit2 "unknown key 'efficiency.gemm_tiny_fp32'" tiny.toml --cluster bad.toml --world 1 ;;
   unknown_key)
     cluster_with 's/^latency_us = 8 /latncy_us = 8 /'
     expect_exit2 "unknown key 'inter_node.latncy_us'" tiny.toml --cluster bad.toml --world 1 ;;
@@ -120,6 +177,18 @@ PY
     for key in kernel_bandwidth_gbs attention overlap; do
       grep -qE "^$key = [0-9.e+-]+$" here.toml || fail "the calibration wrote no $key"
     done
+    # Every shape class in both precisions, a fraction of its peak; the large fp32 class is efficiency.compute.
+    python3 - here.toml <<'PY' || fail "the shape classes' efficiencies are missing or not fractions"
+import re, sys
+text = open(sys.argv[1]).read()
+value = lambda key: float(re.search(r"^" + key + r" = ([0-9.e+-]+)$", text, re.M).group(1))
+for cls in ("small", "medium", "large"):
+    for precision in ("fp32", "bf16"):
+        v = value("gemm_%s_%s" % (cls, precision))
+        assert 0 < v <= 1, (cls, precision, v)
+assert value("gemm_large_fp32") == value("compute")
+print("classes ok")
+PY
     # One rank has no collective to ping: refused, nothing written.
     rm here.toml
     expect_exit2 "launch at least 2" --calibrate --out here.toml
@@ -198,6 +267,31 @@ for key in ("efficiency.compute", "efficiency.network"):
 measured, before = summary["median_step_ms"], summary["predicted"]["step_ms"]
 assert abs(after - measured) < abs(before - measured), (measured, before, after)
 print("fit ok: measured", measured, "ms; predicted", before, "ms before,", after, "ms after")
+PY
+    # A file with a shape class (tiny.toml's products are all small): the fit rescales it with
+    # efficiency.compute, and the refitted file predicts the run closer.
+    cluster_with '$ a [efficiency]\ngemm_small_fp32 = 0.5'
+    mv bad.toml classes.toml
+    run 1 train tiny.toml "${common[@]/$A100/classes.toml}" --metrics classes.jsonl >out.txt 2>&1 ||
+      { cat out.txt; fail "the run on classes.toml failed"; }
+    run 1 plan --fit classes.jsonl --cluster classes.toml --out refitted.toml >fit.txt 2>&1 || { cat fit.txt; fail "--fit failed"; }
+    cat fit.txt
+    run 1 plan tiny.toml --cluster refitted.toml --world 1 --json --set train.steps=3 >after.json 2>&1 ||
+      { cat after.json; fail "the refitted file does not plan"; }
+    python3 - classes.jsonl after.json fit.txt <<'PY' || fail "the fit did not rescale the shape class with the products"
+import json, re, sys
+text = open(sys.argv[3]).read()
+ratio = {}
+for key in ("efficiency.compute", "efficiency.gemm_small_fp32"):
+    old, new = map(float, re.search(key + r" +([0-9.e+-]+) -> ([0-9.e+-]+)", text).groups())
+    ratio[key] = new / old
+assert abs(ratio["efficiency.compute"] - ratio["efficiency.gemm_small_fp32"]) < 1e-3, ratio
+assert "gemm_medium_fp32" not in text, "a class the file does not have was refitted"
+summary = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+after = json.load(open(sys.argv[2]))["layouts"][0]["time_ms"]["step"]
+measured, before = summary["median_step_ms"], summary["predicted"]["step_ms"]
+assert abs(after - measured) < abs(before - measured), (measured, before, after)
+print("fit with a shape class ok:", ratio)
 PY
     # A run without perf.cluster has nothing to fit; one predicted on another file neither.
     run 1 train tiny.toml --set train.steps=2 --set perf.peak_gflops=50 --metrics bare.jsonl >/dev/null 2>&1
