@@ -537,8 +537,9 @@ def closing(physical, free, ek_phys, ek_free, en_phys, en_free, pp_530b_full):
         "the backward, not overlapped: `DDP=local` in the authors' script); the model overlaps ndmini's buckets "
         "with the "
         "last backward. A small term here (dp 6 to 32 over fp32 gradients of one stage).",
-        "5. **Memory** is not part of these times, but ndmini's own estimate says it would not fit the layouts "
-        "from 76.1B up in 80 GB (fp32 master and residual stream, the bf16 working copy beside an fp32 one): "
+        "5. **Memory** is not part of these times, but ndmini's own estimate says it would not fit the largest "
+        "layouts in 80 GB (the `fits` column; fp32 master and residual stream, the bf16 working copy beside an fp32 "
+        "one): "
         "Megatron keeps 2-byte activations and no fp32 working copy.",
         "",
     ]
