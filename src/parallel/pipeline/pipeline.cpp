@@ -81,14 +81,13 @@ CommRequest PipelineRunner::send_values(PendingSend& send, const real* values, s
 }
 
 void PipelineRunner::receive(real* values, std::size_t n, int peer, int tag, bool timed) {
-  const bool bf16 = bf16_;
-  if (bf16 && receive_wire_.extent(0) == 0) receive_wire_ = Bf16View1D("ndmini::pipeline_receive", 2 * wire_slots(n));
-  CommRequest recv = bf16 ? pp_.irecv(reinterpret_cast<real*>(receive_wire_.data()), wire_slots(n), peer, tag)
-                          : pp_.irecv(values, n, peer, tag);
+  if (bf16_ && receive_wire_.extent(0) == 0) receive_wire_ = Bf16View1D("ndmini::pipeline_receive", 2 * wire_slots(n));
+  CommRequest recv = bf16_ ? pp_.irecv(reinterpret_cast<real*>(receive_wire_.data()), wire_slots(n), peer, tag)
+                           : pp_.irecv(values, n, peer, tag);
   const auto t0 = Clock::now();
   recv.wait();
   if (timed) bubble_ms_ += ms_since(t0);
-  if (bf16) kernels::widen_bf16(Slice1D(values, n), ConstBf16Slice1D(receive_wire_.data(), n));
+  if (bf16_) kernels::widen_bf16(Slice1D(values, n), ConstBf16Slice1D(receive_wire_.data(), n));
 }
 
 View1D PipelineRunner::grad_buffer(std::size_t n) {
