@@ -15,7 +15,7 @@ same build, the matrix-product libraries' thread counts from the banner's
 the builds (e.g. a Serial and an OpenMP Kokkos) run interleaved too, so
 their figures are side by side in one run.
 
-Usage: threads_vs_ranks.py [NDMINI] [--build LABEL=NDMINI]... [--deck DECK] [--steps N] [--repeats R] [--out FILE]
+Usage: threads_vs_ranks.py [NDMINI] [--build LABEL=NDMINI]... [--passive] [--deck DECK] [--steps N] [--repeats R] [--out FILE]
 """
 import json
 import os
@@ -28,11 +28,14 @@ import deck_runs  # bench/deck_runs.py: the arguments the deck-training scripts 
 
 REPO = deck_runs.REPO
 
-CONFIGS = [  # label, ranks, threads, overrides
-    ("1 rank, 1 thread", 1, 1, []),
-    ("1 rank, 2 threads", 1, 2, []),
-    ("2 ranks (dp_replicate), 1 thread each", 2, 1, ["parallel.dp_replicate=2"]),
+CONFIGS = [  # label, ranks, threads, overrides, environment
+    ("1 rank, 1 thread", 1, 1, [], {}),
+    ("1 rank, 2 threads", 1, 2, [], {}),
+    ("2 ranks (dp_replicate), 1 thread each", 2, 1, ["parallel.dp_replicate=2"], {}),
 ]
+# --passive: OpenMP's idle threads sleep at once instead of spinning first,
+# which matters where other processes share the cores.
+PASSIVE = ("1 rank, 2 threads, OMP_WAIT_POLICY=passive", 1, 2, [], {"OMP_WAIT_POLICY": "passive"})
 
 
 def builds(a):
@@ -52,14 +55,17 @@ def main():
     p = deck_runs.parser(__doc__)
     p.add_argument("--build", action="append", metavar="LABEL=NDMINI",
                    help="a build to measure (repeatable: the builds run interleaved); default: NDMINI alone")
+    p.add_argument("--passive", action="store_true",
+                   help="also one rank with two threads under OMP_WAIT_POLICY=passive")
     a = deck_runs.parse(p, "threads_vs_ranks.py")
     runs = builds(a)
+    configs = CONFIGS + ([PASSIVE] if a.passive else [])
     work = tempfile.mkdtemp(prefix="ndmini-threads-vs-ranks.")
     results = {}  # (precision, build, label) -> {"tok": [...], "gemm": str, "losses": [...]}
     for rep in range(a.repeats):
         for precision in ("fp32", "bf16"):
             for build, ndmini in runs:
-                for label, ranks, threads, overrides in CONFIGS:
+                for label, ranks, threads, overrides, extra_env in configs:
                     metrics = os.path.join(work, f"m-{precision}-{len(results)}-{rep}.jsonl")
                     # Half the micro-batch on each of two data-parallel ranks: the same global batch.
                     micro = ["train.micro_batch=2"] if ranks == 2 else []
@@ -69,7 +75,7 @@ def main():
                     for s in sets:
                         cmd += ["--set", s]
                     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                               OMP_PROC_BIND="false")
+                               OMP_PROC_BIND="false", **extra_env)
                     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
                     if r.returncode != 0:
                         sys.exit(f"{precision} {build} {label}: ndmini train failed:\n"
@@ -93,7 +99,7 @@ def main():
                   "|---" * (5 if build_column else 4) + "|"]
         for build, _ in runs:
             base = statistics.median(results[(precision, build, CONFIGS[0][0])]["tok"])
-            for label, _, _, _ in CONFIGS:
+            for label, *_ in configs:
                 e = results[(precision, build, label)]
                 med = statistics.median(e["tok"])
                 lines.append("| " + (f"{build} | " if build_column else "") +
