@@ -107,11 +107,12 @@ bool use_onednn_fp32(const char* transa, const char* transb, std::size_t m, std:
 #endif
 
 #ifdef NDMINI_HOST_PANELS
-// Each matrix of C cut along its longer side into panels of at least
-// kMinPanel rows (or columns), at most kMaxPanels of them: sizes that follow
-// from the shape alone, large enough that one thread running them all loses
-// little to repacking the shared operand.
-constexpr int kMinPanel = 128, kMaxPanels = 16;
+// Each matrix of C cut along its longer side into an even number of
+// panels (so two threads, or four, share them evenly) of about kPanel rows
+// (or columns): sizes that follow from the shape alone. Every panel repacks
+// the operand it shares with the others, which costs about 1 / kPanel of
+// the product: large panels keep one thread's loss small.
+constexpr int kPanel = 256, kMaxPanels = 16;
 
 struct Panels {
   bool rows;  // row panels of C (else column panels)
@@ -121,7 +122,9 @@ struct Panels {
 Panels panels_of(int m, int n) {
   const bool rows = m >= n;
   const int extent = rows ? m : n;
-  const int size = (std::max(kMinPanel, (extent + kMaxPanels - 1) / kMaxPanels) + 15) / 16 * 16;
+  int count = std::min(kMaxPanels, (extent + kPanel - 1) / kPanel);
+  if (count > 1) count += count % 2;
+  const int size = std::max(1, ((extent + count - 1) / count + 15) / 16 * 16);
   return {rows, size, (extent + size - 1) / size};
 }
 
