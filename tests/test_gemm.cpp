@@ -44,10 +44,19 @@ struct Case {
 // Odd sizes, every transpose pair, accumulation (beta = 1) as the backward
 // passes use, a scale as attention's QK^T uses, and batches as its heads.
 const Case kCases[] = {
-    {"N", "T", 37, 29, 64, 1, 1.0f, 0.0f},  {"T", "N", 33, 17, 45, 1, 1.0f, 1.0f},
-    {"N", "N", 19, 23, 31, 1, 1.0f, 0.5f},  {"T", "T", 7, 11, 13, 1, -0.75f, 0.0f},
-    {"N", "T", 16, 16, 8, 5, 0.125f, 0.0f}, {"T", "N", 9, 8, 16, 3, 1.0f, 1.0f},
+    {"N", "T", 37, 29, 64, 1, 1.0f, 0.0f},
+    {"T", "N", 33, 17, 45, 1, 1.0f, 1.0f},
+    {"N", "N", 19, 23, 31, 1, 1.0f, 0.5f},
+    {"T", "T", 7, 11, 13, 1, -0.75f, 0.0f},
+    {"N", "T", 16, 16, 8, 5, 0.125f, 0.0f},
+    {"T", "N", 9, 8, 16, 3, 1.0f, 1.0f},
     {"N", "N", 12, 8, 16, 4, 1.0f, 1.0f},
+    // Several panels of an OpenMP build's fp32 products (at least 128 rows or columns each, the last
+    // one short): rows of C for a tall C, columns for a wide one, every transpose, batched.
+    {"N", "T", 300, 140, 20, 1, 1.0f, 1.0f},
+    {"T", "N", 90, 290, 24, 1, 0.5f, 0.0f},
+    {"T", "T", 260, 70, 9, 2, 1.0f, 0.5f},
+    {"N", "N", 50, 270, 11, 2, 1.0f, 1.0f},
 };
 
 // One operand of a batch on the host: `count` row-major [rows, cols]
@@ -282,6 +291,14 @@ TEST(GemmLibrary, NamesTheLibrariesAndKernels) {
       if (std::is_same_v<Kokkos::DefaultHostExecutionSpace, Kokkos::Serial>) EXPECT_EQ(threads, 1) << d;
 #endif
     }
+#endif
+#ifdef NDMINI_HOST_PANELS
+    // fp32 panels on Kokkos' threads, BLAS on one thread each: N threads, not N x N.
+    const int threads = Kokkos::DefaultHostExecutionSpace().concurrency();
+    const std::string panels = "fp32 in panels on " + std::to_string(threads) + " " +
+                               Kokkos::DefaultHostExecutionSpace::name() + (threads == 1 ? " thread" : " threads");
+    EXPECT_NE(d.find(panels), std::string::npos) << d << " (expected '" << panels << "')";
+    if (!kn::openblas_core().empty()) EXPECT_NE(d.find(kn::openblas_core() + ", 1 thread,"), std::string::npos) << d;
 #endif
   }
 }

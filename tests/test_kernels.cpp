@@ -323,6 +323,45 @@ TEST(Kernels, SumSquares) {
   EXPECT_EQ(kn::sum_squares(Slice1D()), 0.0);
 }
 
+// The sums' bits do not depend on the thread count: they add per-block
+// (per-row) terms in index order, whatever the threads (CTest runs this on 2
+// threads too). The data make any other order round differently: one huge
+// term first, then many small ones, each lost against it alone but not once
+// summed apart (as a second thread's partial would be).
+TEST(Kernels, SumsAddTermsInIndexOrder) {
+  constexpr std::size_t kBlock = 4096, kTerms = 1000;  // sum_squares' blocks
+  View1D x("x", kBlock * kTerms);
+  auto hx = Kokkos::create_mirror_view(x);
+  hx(0) = 1e9f;  // its square 1e18: one double ulp is 128 there
+  for (std::size_t b = 1; b < kTerms; ++b) hx(b * kBlock) = 1;
+  Kokkos::deep_copy(x, hx);
+  const auto in_order = [](const std::vector<double>& terms, std::size_t split) {
+    double first = 0, second = 0;
+    for (std::size_t i = 0; i < terms.size(); ++i) (i < split ? first : second) += terms[i];
+    return first + second;
+  };
+  std::vector<double> squares(kTerms, 1.0);
+  squares[0] = static_cast<double>(1e9f * 1e9f);
+  EXPECT_NE(in_order(squares, kTerms / 2), in_order(squares, kTerms)) << "the data cannot tell the orders apart";
+  EXPECT_EQ(kn::sum_squares(x), in_order(squares, kTerms));
+
+  // Loss sums: row 0's loss near 1e18 (its target logit -1e18), the others log(V).
+  const int V = 4;
+  View2D logits("logits", kTerms, V);
+  View1D losses("losses", kTerms);
+  auto hl = Kokkos::create_mirror_view(logits);
+  hl(0, 1) = -1e18f;
+  Kokkos::deep_copy(logits, hl);
+  std::vector<int> target(kTerms, 0);
+  target[0] = 1;
+  const TokenView targets = tokens_from(target);
+  const double fused = kn::softmax_cross_entropy(logits, losses, targets, 1.0f);
+  const auto hlosses = host(losses);
+  std::vector<double> terms(hlosses.begin(), hlosses.end());
+  EXPECT_NE(in_order(terms, kTerms / 2), in_order(terms, kTerms)) << "the data cannot tell the orders apart";
+  EXPECT_EQ(fused, in_order(terms, kTerms));
+}
+
 TEST(Kernels, InitNormalIsDeterministicAndNormal) {
   const std::size_t n = 100003;
   const real stddev = 0.5f;

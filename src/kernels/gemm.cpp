@@ -20,9 +20,17 @@
 #else
 #include <KokkosBlas3_gemm.hpp>
 #endif
-#ifdef NDMINI_HAVE_ONEDNN
 #include "kernels/gemm_library.hpp"
+#ifdef NDMINI_HAVE_ONEDNN
 #include "kernels/gemm_onednn.hpp"
+#endif
+#ifdef NDMINI_HOST_PANELS
+#include <algorithm>
+// The Fortran BLAS that Kokkos Kernels links (column-major).
+extern "C" void F77_BLAS_MANGLE(sgemm, SGEMM)(const char* transa, const char* transb, const int* m, const int* n,
+                                              const int* k, const float* alpha, const float* a, const int* lda,
+                                              const float* b, const int* ldb, const float* beta, float* c,
+                                              const int* ldc);
 #endif
 
 #include "core/error.hpp"
@@ -98,6 +106,70 @@ bool use_onednn_fp32(const char* transa, const char* transb, std::size_t m, std:
 }
 #endif
 
+#ifdef NDMINI_HOST_PANELS
+// Each matrix of C cut along its longer side into an even number of
+// panels (so two threads, or four, share them evenly) of about kPanel rows
+// (or columns): sizes that follow from the shape alone. Every panel repacks
+// the operand it shares with the others, which costs about 1 / kPanel of
+// the product: large panels keep one thread's loss small.
+constexpr int kPanel = 256, kMaxPanels = 16;
+
+struct Panels {
+  bool rows;  // row panels of C (else column panels)
+  int size, count;
+};
+
+Panels panels_of(int m, int n) {
+  const bool rows = m >= n;
+  const int extent = rows ? m : n;
+  int count = std::min(kMaxPanels, (extent + kPanel - 1) / kPanel);
+  if (count > 1) count += count % 2;
+  const int size = std::max(1, ((extent + count - 1) / count + 15) / 16 * 16);
+  return {rows, size, (extent + size - 1) / size};
+}
+
+// fp32 products on a threaded host backend: every panel of C is one
+// single-thread BLAS call on one of Kokkos' threads, so the rank's threads
+// share the product without a second thread pool beside Kokkos' (BLAS runs
+// on one thread, use_rank_threads()), and every element of C comes from the
+// same call on the same panel whatever the thread count: the bits do not
+// depend on it. The Fortran BLAS directly: KokkosBlas::gemm may launch
+// kernels of its own, which a parallel region must not.
+void product_in_panels(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a,
+                       ConstSlice2D b, std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+  use_rank_threads();
+  const bool ta = transposed(transa), tb = transposed(transb);
+  const char op_a = ta ? 'T' : 'N', op_b = tb ? 'T' : 'N';
+  const int m = static_cast<int>(c.extent(0)), n = static_cast<int>(c.extent(1));
+  const int k = static_cast<int>(ta ? a.extent(0) : a.extent(1));
+  const int lda = std::max<int>(1, a.stride(0)), ldb = std::max<int>(1, b.stride(0)),
+            ldc = std::max<int>(1, c.stride(0));
+  const Panels p = panels_of(m, n);
+  const real* ap = a.data();
+  const real* bp = b.data();
+  real* cp = c.data();
+  Kokkos::parallel_for("ndmini::gemm_panels", Range(0, count * p.count), [=](const int task) {
+    const int i = task / p.count, first = task % p.count * p.size;
+    const int len = std::min(p.size, (p.rows ? m : n) - first);
+    const real* ai = ap + i * stride_a;
+    const real* bi = bp + i * stride_b;
+    real* ci = cp + i * stride_c;
+    int pm = m, pn = n;
+    if (p.rows) {
+      ai += ta ? first : static_cast<std::size_t>(first) * lda;
+      ci += static_cast<std::size_t>(first) * ldc;
+      pm = len;
+    } else {
+      bi += tb ? static_cast<std::size_t>(first) * ldb : first;
+      ci += first;
+      pn = len;
+    }
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    F77_BLAS_MANGLE(sgemm, SGEMM)(&op_b, &op_a, &pn, &pm, &k, &alpha, bi, &ldb, ai, &lda, &beta, ci, &ldc);
+  });
+}
+#endif
+
 void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
              std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
 #ifdef NDMINI_HAVE_ONEDNN
@@ -110,6 +182,10 @@ void product(const char* transa, const char* transb, real alpha, ConstSlice2D a,
                  {c.data(), static_cast<int>(c.stride(0)), static_cast<long long>(stride_c)}, count);
     return;
   }
+#endif
+#ifdef NDMINI_HOST_PANELS
+  product_in_panels(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+  return;
 #endif
   // One BLAS call per matrix: on a CPU core a batch gains nothing over a loop.
   for (int i = 0; i < count; ++i) {

@@ -17,6 +17,7 @@ extern "C" {
 char* openblas_get_corename(void) __attribute__((weak));
 char* openblas_get_config(void) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
+void openblas_set_num_threads(int) __attribute__((weak));
 }
 
 namespace ndmini::kernels {
@@ -60,10 +61,16 @@ std::string blas_kernel_warning(const std::string& core, const CpuFeatures& cpu)
 }
 
 void use_rank_threads() {
+  static const bool once = [] {
 #ifdef NDMINI_HAVE_ONEDNN
-  static const bool once = (onednn::use_threads(Kokkos::DefaultHostExecutionSpace().concurrency()), true);
-  (void)once;
+    onednn::use_threads(Kokkos::DefaultHostExecutionSpace().concurrency());
 #endif
+#ifdef NDMINI_HOST_PANELS
+    if (openblas_set_num_threads) openblas_set_num_threads(1);
+#endif
+    return true;
+  }();
+  (void)once;
 }
 
 bool host_products_on_one_thread(bool bf16) {
@@ -76,7 +83,11 @@ bool host_products_on_one_thread(bool bf16) {
     return false;  // emulated through the fp32 route, with a widening pass on Kokkos' threads
 #endif
   }
+#ifdef NDMINI_HOST_PANELS
+  return Kokkos::DefaultHostExecutionSpace().concurrency() == 1;  // panels on Kokkos' threads
+#else
   return openblas_get_num_threads != nullptr && openblas_get_num_threads() == 1;
+#endif
 }
 
 std::string describe_gemm_libraries() {
@@ -89,12 +100,18 @@ std::string describe_gemm_libraries() {
     version = version.substr(0, version.find(' ', version.find(' ') + 1));  // "OpenBLAS 0.3.21"
     s += version + " kernel " + openblas_core();
     if (openblas_get_num_threads) {
+      use_rank_threads();
       const int threads = openblas_get_num_threads();
       s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
     }
   } else {
     s += "BLAS (not OpenBLAS: no kernel name)";
   }
+#ifdef NDMINI_HOST_PANELS
+  const int panel_threads = Kokkos::DefaultHostExecutionSpace().concurrency();
+  s += std::string(", fp32 in panels on ") + std::to_string(panel_threads) + " " +
+       Kokkos::DefaultHostExecutionSpace::name() + (panel_threads == 1 ? " thread" : " threads");
+#endif
 #ifdef NDMINI_HAVE_ONEDNN
   use_rank_threads();
   s += " | " + onednn::describe() + " | fp32 through BLAS, bf16 through oneDNN";

@@ -5,7 +5,21 @@
 // at start-up, and a release older than the CPU falls back to an old generic
 // kernel (Debian 12's 0.3.21 runs Prescott's SSE3 code on some AVX-512 Xeons,
 // 4-5x slower) without a word; this says so, with the fix.
+#include <KokkosKernels_config.h>
+
 #include <string>
+
+#include "core/types.hpp"
+
+// fp32 host products cut in panels over Kokkos' threads (gemm.cpp): where
+// Kokkos runs host threads of its own (OpenMP or Threads backend, no GPU)
+// and Kokkos Kernels links a Fortran BLAS. With the Serial backend BLAS
+// keeps its own threads (OPENBLAS_NUM_THREADS).
+#if (defined(KOKKOS_ENABLE_OPENMP) || defined(KOKKOS_ENABLE_THREADS)) && !defined(KOKKOS_ENABLE_CUDA) &&     \
+    !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL) && defined(KOKKOSKERNELS_ENABLE_TPL_BLAS) && \
+    defined(F77_BLAS_MANGLE)
+#define NDMINI_HOST_PANELS 1
+#endif
 
 namespace ndmini::kernels {
 
@@ -18,8 +32,9 @@ CpuFeatures cpu_features();
 
 // One line, e.g. "gemm: OpenBLAS 0.3.21 kernel Cooperlake, 1 thread | oneDNN
 // 2.6.3, ISA avx512_core_bf16 | fp32 through BLAS, bf16 through oneDNN" (cuBLAS in a CUDA
-// build). The BLAS part names the library only when it is OpenBLAS (others
-// expose no kernel name).
+// build); with panels, "OpenBLAS 0.3.21 kernel Cooperlake, 1 thread, fp32 in
+// panels on 2 OpenMP threads | ...". The BLAS part names the library only when it
+// is OpenBLAS (others expose no kernel name).
 std::string describe_gemm_libraries();
 
 // The warning, with the fix, when OpenBLAS runs a kernel below what the CPU
@@ -32,10 +47,12 @@ std::string blas_kernel_warning(const std::string& openblas_core, const CpuFeatu
 // when the BLAS linked is not OpenBLAS.
 std::string openblas_core();
 
-// oneDNN's products on the rank's own host threads (Kokkos' host
-// concurrency: 1 in a Serial build), not every core of the node; idempotent,
-// called before oneDNN's first product and by describe_gemm_libraries().
-// Nothing to do without oneDNN.
+// The products on the rank's own host threads (Kokkos' host concurrency: 1
+// in a Serial build), not every core of the node: oneDNN's OpenMP threads,
+// and, where fp32 products run in panels on Kokkos' threads, BLAS on one
+// thread per panel (else N Kokkos threads would each start N BLAS threads).
+// Idempotent, called before the first product and by
+// describe_gemm_libraries().
 void use_rank_threads();
 
 // Whether a host product of `precision` runs on the calling thread alone

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "kernels/kernels.hpp"
 
+#include <vector>
+
 #include "core/compat.hpp"
 #include "core/rng.hpp"
 
@@ -9,6 +11,26 @@ namespace {
 
 using Range = Kokkos::RangePolicy<ExecSpace>;
 constexpr real kLayerNormEps = 1e-5f;
+
+// The sum over i < n of term(i), which may also write per-i results. On the
+// host each term lands in its own slot and the slots are added in index
+// order: the bits depend on n alone, as on the Serial backend (a threaded
+// parallel_reduce adds per-thread partials, an order that follows the thread
+// count). On a GPU, Kokkos' reduction.
+template <class Term>
+double sum_in_index_order(const char* label, std::size_t n, const Term& term) {
+  double total = 0;
+  if constexpr (kDeviceMemory) {
+    Kokkos::parallel_reduce(
+        label, Range(0, n), KOKKOS_LAMBDA(const std::size_t i, double& acc) { acc += term(i); }, total);
+  } else {
+    std::vector<double> terms(n);
+    double* t = terms.data();
+    Kokkos::parallel_for(label, Range(0, n), [=](const std::size_t i) { t[i] = term(i); });
+    for (const double x : terms) total += x;
+  }
+  return total;
+}
 
 }  // namespace
 
@@ -201,10 +223,8 @@ void gelu_backward(Slice2D dx, ConstBf16Slice2D x, ConstSlice2D dout) { gelu_bac
 
 double softmax_cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targets, real grad_scale) {
   const int V = logits.extent(1);
-  double total = 0;
-  Kokkos::parallel_reduce(
-      "ndmini::softmax_xent", Range(0, logits.extent(0)),
-      KOKKOS_LAMBDA(const int row, double& acc) {
+  return sum_in_index_order(
+      "ndmini::softmax_xent", logits.extent(0), KOKKOS_LAMBDA(const std::size_t row) {
         real* l = &logits(row, 0);
         const int target = targets(row);
         real m = l[0];
@@ -222,28 +242,22 @@ double softmax_cross_entropy(Slice2D logits, Slice1D losses, ConstTokenView targ
         for (int j = 0; j < V; ++j) l[j] *= f;
         l[target] -= grad_scale;
         losses(row) = loss;
-        acc += loss;
-      },
-      total);
-  return total;
+        return static_cast<double>(loss);
+      });
 }
 
 double cross_entropy_loss(ConstSlice2D logits, ConstTokenView targets) {
   const int V = logits.extent(1);
-  double total = 0;
-  Kokkos::parallel_reduce(
-      "ndmini::xent_loss", Range(0, logits.extent(0)),
-      KOKKOS_LAMBDA(const int row, double& acc) {
+  return sum_in_index_order(
+      "ndmini::xent_loss", logits.extent(0), KOKKOS_LAMBDA(const std::size_t row) {
         const real* l = &logits(row, 0);
         real m = l[0];
         NDMINI_SIMD_REDUCTION(max : m)
         for (int j = 1; j < V; ++j) m = compat::max(m, l[j]);
         double sum = 0;
         for (int j = 0; j < V; ++j) sum += compat::exp(static_cast<double>(l[j] - m));
-        acc += m + compat::log(sum) - l[targets(row)];
-      },
-      total);
-  return total;
+        return m + compat::log(sum) - l[targets(row)];
+      });
 }
 
 void row_max(Slice1D out, ConstSlice2D logits) {
@@ -279,14 +293,11 @@ double vocab_parallel_xent_finish(Slice2D logits, Slice1D losses, ConstSlice1D r
                                   ConstTokenView targets, int vocab_start, real grad_scale) {
   const int V = logits.extent(1);
   const int N = logits.extent(0);
-  double total = 0;
-  Kokkos::parallel_reduce(
-      "ndmini::vp_xent_finish", Range(0, N),
-      KOKKOS_LAMBDA(const int row, double& acc) {
+  return sum_in_index_order(
+      "ndmini::vp_xent_finish", N, KOKKOS_LAMBDA(const std::size_t row) {
         const real m = row_max(row), sum = stats(row);
         const real loss = m + compat::log(sum) - stats(N + row);
         losses(row) = loss;
-        acc += loss;
         if (grad_scale != 0) {
           real* l = &logits(row, 0);
           const real f = grad_scale / sum;
@@ -294,9 +305,8 @@ double vocab_parallel_xent_finish(Slice2D logits, Slice1D losses, ConstSlice1D r
           const int t = targets(row) - vocab_start;
           if (t >= 0 && t < V) l[t] -= grad_scale;
         }
-      },
-      total);
-  return total;
+        return static_cast<double>(loss);
+      });
 }
 
 // ---- optimizer -------------------------------------------------------------------
@@ -328,18 +338,14 @@ double sum_squares(ConstSlice1D x) {
   constexpr std::size_t kBlock = 4096;
   const std::size_t n = x.extent(0);
   const real* p = x.data();
-  double total = 0;
-  Kokkos::parallel_reduce(
-      "ndmini::sum_squares", Range(0, (n + kBlock - 1) / kBlock),
-      KOKKOS_LAMBDA(const std::size_t block, double& acc) {
+  return sum_in_index_order(
+      "ndmini::sum_squares", (n + kBlock - 1) / kBlock, KOKKOS_LAMBDA(const std::size_t block) {
         const std::size_t end = compat::min(n, (block + 1) * kBlock);
         real s = 0;
         NDMINI_SIMD_REDUCTION(+ : s)
         for (std::size_t i = block * kBlock; i < end; ++i) s += p[i] * p[i];
-        acc += s;
-      },
-      total);
-  return total;
+        return static_cast<double>(s);
+      });
 }
 
 void init_normal(Slice1D x, std::uint64_t key, std::uint64_t index_offset, real stddev) {
