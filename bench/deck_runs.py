@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """What the bench scripts that train a deck several times share: their
 arguments (the executable, the deck, steps per run, repetitions, an output
-file) and the checks of them."""
+file), the checks of them, and the report's way out."""
 import argparse
 import os
 import sys
@@ -28,3 +28,11 @@ def parse(p, script):
     if not os.access(a.ndmini, os.X_OK):
         sys.exit(f"{script}: {a.ndmini} is not an executable (build first: cmake --build build)")
     return a
+
+
+def emit(text, out):
+    """Prints the report, and writes it to `out` (--out) too when one is given."""
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)

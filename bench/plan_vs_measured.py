@@ -149,11 +149,7 @@ def main():
                       f"({slower:+.1f}% of the fastest; the issue asks at most 5%)."]
     lines += ["", f"{within} of {len(rows)} layouts within 15%; mean |error| {statistics.mean(errors):.1f}%, "
                   f"worst {max(errors):.1f}%."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    deck_runs.emit("\n".join(lines) + "\n", a.out)
 
 
 if __name__ == "__main__":

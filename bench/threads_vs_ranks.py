@@ -112,11 +112,7 @@ def main():
             lines.append(f"Losses of the 1- and 2-thread runs{' of ' + build if build else ''} ({a.steps} steps): "
                          f"{'the same bits' if same else 'DIFFERENT'}.")
         lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    deck_runs.emit("\n".join(lines), a.out)
 
 
 if __name__ == "__main__":
