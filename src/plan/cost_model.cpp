@@ -309,6 +309,7 @@ double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterS
         total += forward_flops(cfg.model, blocks_only, cfg.train.micro_batch, d) / rate;
       }
     }
+  // The heaviest stage's m t_max + (sum - t_max) / v is at least this (m >= 1 >= 1/v).
   const double average = total / d.pp;
   const int v = l.schedule.kind() == ScheduleKind::interleaved ? d.virtual_stages : 1;
   return l.micro_batches * average + (d.pp > 1 ? (d.pp - 1.0) / v * average : 0.0);
@@ -341,7 +342,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     std::vector<GroupTraffic> comm;
   };
   std::vector<StageTime> stages(d.pp);
-  double slowest_micro_batch = 0;
+  double every_stage_micro_batch = 0;  // one micro-batch through every stage
   for (int s = 0; s < d.pp; ++s) {
     StageTime& st = stages[s];
     double attention = 0;  // of the compute: what ring attention's K/V exchange hides behind
@@ -396,16 +397,22 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     // The shard's elements: the fp32 gradients (the parameters also hold bf16 working copies).
     st.optimizer = kOptimizerBytesPerElement * (memory[s].grad_bytes / sizeof(real)) / memory_rate;
     st.once += st.optimizer;
-    slowest_micro_batch = std::max(slowest_micro_batch, st.per_micro_batch);
+    every_stage_micro_batch += st.per_micro_batch;
   }
-  // The pipeline's idle time: (pp - 1) micro-batch times of the slowest
-  // stage, shortened v times by interleaving (GPipe and 1F1B alike).
-  p.bubble_ms = d.pp > 1 ? (d.pp - 1.0) / v * slowest_micro_batch : 0.0;
+  // The pipeline's idle time on stage s: the first micro-batch's forward
+  // through the stages before it and the last one's backward through them,
+  // and both ways through the stages after it, so one micro-batch through
+  // every other stage, shortened v times by interleaving (GPipe and 1F1B
+  // alike). With equal stages, the (pp - 1) / v micro-batch times of the
+  // schedules' bubble fraction (p-1)/(v m); with a stage heavier than the
+  // rest (the LM head's), less than (pp - 1) of its own.
   for (int s = 0; s < d.pp; ++s) {
-    const double ms = mb * stages[s].per_micro_batch + stages[s].once + p.bubble_ms;
+    const double bubble = (every_stage_micro_batch - stages[s].per_micro_batch) / v;
+    const double ms = mb * stages[s].per_micro_batch + stages[s].once + bubble;
     if (s == 0 || ms > p.step_ms) {
       p.step_ms = ms;
       p.stage = s;
+      p.bubble_ms = bubble;
     }
   }
   const StageTime& st = stages[p.stage];

@@ -68,7 +68,7 @@ struct StepPrediction {
   double compute_ms = 0;
   double recompute_ms = 0;  // the forwards recompute = block runs again
   double kernels_ms = 0;    // memory-bound kernels: kActivationPasses x activation bytes / kernel bandwidth
-  double bubble_ms = 0;     // the pipeline's idle time, (pp - 1) / v micro-batch times
+  double bubble_ms = 0;     // the pipeline's idle time: a micro-batch through every other stage, / v
   double optimizer_ms = 0;  // AdamW and the gradient norm: bytes / memory bandwidth
   double exposed_comm_ms = 0;
   double step_ms = 0;
