@@ -258,6 +258,12 @@ int main(int argc, char** argv) {
                    "bf16 takes the bf16 peak and halves activation and parameter-gather bytes")
       ->option_text("P")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  plan->add_flag("--stored-attention-scores", plan_request.code.stored_attention_scores,
+                 "Time a code whose attention stores the s x s scores, softmax and dropout (Megatron-LM before "
+                 "flash attention), not ndmini's; the memory stays ndmini's");
+  plan->add_flag("--pp-scatter-gather", plan_request.code.pp_scatter_gather,
+                 "Time a code whose tp ranks each send 1/tp of a pipeline transfer, all-gathered over tp on arrival "
+                 "(Megatron-LM's scatter/gather), not ndmini's");
   bool plan_calibrate = false;
   std::string plan_out;
   plan->add_flag("--calibrate", plan_calibrate,
@@ -329,6 +335,10 @@ int main(int argc, char** argv) {
           throw ndmini::Error("ndmini plan --fit takes metrics files, not a deck ('" + plan_request.deck + "')");
         if (!plan_out.empty() && plan_fit.empty())
           throw ndmini::Error("ndmini plan: --out writes a cluster file, with --calibrate or --fit only");
+        if (!plan_fit.empty() && (plan_request.code.stored_attention_scores || plan_request.code.pp_scatter_gather))
+          throw ndmini::Error(
+              "ndmini plan: --stored-attention-scores and --pp-scatter-gather time another code's run; --fit fits "
+              "ndmini's own runs");
         if (!plan_fit.empty())
           std::printf("%s", ndmini::run_fit({plan_fit, plan_request.cluster, plan_out}).c_str());
         else

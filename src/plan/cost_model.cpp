@@ -81,9 +81,10 @@ class TrafficCounter {
 // `half`: bf16 compute, under which FSDP's gathered parameters and every
 // activation and activation gradient of tp, SP, cp and pp travel in 2 bytes;
 // the cross-entropy's statistics stay 4. Gradient reductions move the wire
-// format of comm.reduce_dtype (parallel/grad_reduction.hpp).
+// format of comm.reduce_dtype (parallel/grad_reduction.hpp). `code`: the
+// pipeline's transfers as another code sends them (not a count of ndmini's).
 TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
-                             bool half = false) {
+                             bool half = false, const Implementation& code = {}) {
   const ParallelDims& d = l.dims;
   const ModelConfig& m = cfg.model;
   TrafficCounter t(d, cluster);
@@ -101,6 +102,15 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   const int S = l.plan.chunks();
   const std::vector<Chunk> chunks = l.plan.chunks_of(stage);
   const std::vector<PipelineAction> actions = l.schedule.actions(stage);
+  // The pipeline's transfers: with scatter/gather each tp rank sends its
+  // 1/tp, and the receiver all-gathers the whole activation over tp.
+  const bool scatter_gather = code.pp_scatter_gather && tp && !sp;
+  const double transfer_bytes = scatter_gather ? activation_bytes / d.tp : activation_bytes;
+  auto send = [&] { t.add(kPp, Collective::p2p, 1, transfer_bytes); };
+  auto receive = [&] {
+    t.add(kPp, Collective::p2p, 1, transfer_bytes);
+    if (scatter_gather) t.add(kTp, Collective::all_gather, 1, activation_bytes);
+  };
 
   // One block's forward (twice per micro-batch with recomputation) and backward.
   auto block_tp = [&](std::int64_t blocks) {
@@ -138,16 +148,16 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
         // The head's backward runs inside the forward: d(ln_f input) summed over tp.
         t.add(kTp, sp ? Collective::reduce_scatter : Collective::all_reduce, 1, NC * kHalf);
       }
-      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation_bytes);      // receive the input
-      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation_bytes);  // send the output
+      if (c.index > 0) receive();   // the input
+      if (c.index < S - 1) send();  // the output
     } else {
       if (recompute) block_tp(blocks);
       block_tp(blocks);
       if (recompute) block_cp_forward(blocks);
       block_cp_backward(blocks);
       if (sp && c.embedding) t.add(kTp, Collective::all_gather, 1, NC * kHalf);  // d(embedding output)
-      if (c.index < S - 1) t.add(kPp, Collective::p2p, 1, activation_bytes);     // receive d(output)
-      if (c.index > 0) t.add(kPp, Collective::p2p, 1, activation_bytes);         // send d(input)
+      if (c.index < S - 1) receive();                                            // d(output)
+      if (c.index > 0) send();                                                   // d(input)
     }
   }
 
@@ -315,7 +325,8 @@ double step_ms_lower_bound(const Config& cfg, const RunLayout& l, const ClusterS
   return l.micro_batches * average + (d.pp > 1 ? (d.pp - 1.0) / v * average : 0.0);
 }
 
-StepPrediction predict_step(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision) {
+StepPrediction predict_step(const Config& cfg, const RunLayout& l, const ClusterSpec& cluster, Precision precision,
+                            const Implementation& code) {
   const ParallelDims& d = l.dims;
   const ModelConfig& m = cfg.model;
   const int B = cfg.train.micro_batch, mb = l.micro_batches;
@@ -328,6 +339,16 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   // bf16 halves the activations' and the gathered parameters' bytes in the
   // time model; the memory figures follow the allocating code's size functions.
   const bool half = precision == Precision::bf16;
+  // Stored attention scores (a code without flash-style attention): per
+  // layer and micro-batch, the softmax output and the dropout's output in
+  // the activations' precision and the dropout mask in one byte, for the
+  // a/tp heads' (T/cp) x T scores; written in the forward and moved like
+  // the records (kActivationPasses), once more when recomputed.
+  const double score_bytes_per_layer = code.stored_attention_scores
+                                           ? (2.0 * (half ? 2 : sizeof(real)) + 1) * B * m.heads / d.tp *
+                                                 (static_cast<double>(m.seq_len) / d.cp) * m.seq_len
+                                           : 0.0;
+  const double score_passes = kActivationPasses + (l.recompute == Recompute::block ? 1 : 0);
 
   StepPrediction p;
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
@@ -360,8 +381,9 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
         bytes += static_cast<double>(GptModel::buffer_sizes(m, B, true, d.tp, d.sequence_parallel, d.cp).logits) *
                  sizeof(real);
       st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / kernel_rate;
+      st.kernels += score_passes * score_bytes_per_layer * c.layers() / kernel_rate;
     }
-    TrafficCounter t = count_traffic(cfg, l, s, &cluster, half);
+    TrafficCounter t = count_traffic(cfg, l, s, &cluster, half, code);
     // Blocking collectives inside the compute: tp always; the pipeline's
     // receives (half its transfers; the sends overlap); the ring exchange
     // where it takes longer than the attention it hides behind. What may

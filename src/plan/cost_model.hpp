@@ -24,6 +24,23 @@ namespace ndmini {
 // in the forward, read and its gradient written in the backward.
 inline constexpr double kActivationPasses = 3;
 
+// Where the code whose run is predicted differs from ndmini in ways the
+// step time depends on. The defaults are ndmini's own; `ndmini plan
+// --stored-attention-scores --pp-scatter-gather` describes the Megatron-LM
+// of the published runs bench/planner_vs_published.py predicts. They change
+// the time only: memory stays ndmini's own estimate.
+struct Implementation {
+  // Attention writes the s x s scores' softmax, its dropout mask and the
+  // dropout's output (Korthikanti et al. 2022, Table 2: 5 a s^2 b / tp bytes
+  // per layer and micro-batch in 16-bit training) and reads them back in
+  // the backward; ndmini's flash-style attention keeps no s x s tensor.
+  bool stored_attention_scores = false;
+  // Without sequence parallelism, each tp rank sends 1/tp of a pipeline
+  // transfer and the receiving stage all-gathers it over tp (Megatron-LM's
+  // scatter/gather); ndmini's tp ranks each send the whole activation.
+  bool pp_scatter_gather = false;
+};
+
 // Bytes per device of one pipeline stage, by category; total() is the
 // estimate that `train` and `check` refuse a deck by (the busiest stage's).
 struct PlanMemory {
@@ -80,7 +97,7 @@ struct StepPrediction {
 // `precision`: the matrix products' (peak, activation and gather bytes
 // follow it once bf16 training exists; fp32 today).
 StepPrediction predict_step(const Config& cfg, const RunLayout& layout, const ClusterSpec& cluster,
-                            Precision precision = Precision::fp32);
+                            Precision precision = Precision::fp32, const Implementation& implementation = {});
 
 // A bound no predict_step of the layout falls below, cheap to compute (no
 // replay, no memory): the average stage's compute and recomputation per

@@ -171,7 +171,7 @@ bool degrees_unset(const ParallelConfig& p) {
 }
 
 PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& cluster, Precision precision,
-                          std::size_t top) {
+                          std::size_t top, const Implementation& code) {
   PlanSearch out;
   out.least_bytes = -1;
   // One layout's choices, and the bound no prediction of it falls below.
@@ -243,7 +243,7 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
         bound > cluster.memory_bytes() ? bound : static_cast<double>(estimate_memory(cfg, layout).total());
     if (out.least_bytes < 0 || bytes < out.least_bytes) out.least_bytes = bytes;
     if (bytes > cluster.memory_bytes()) continue;
-    StepPrediction prediction = predict_step(cfg, layout, cluster, precision);
+    StepPrediction prediction = predict_step(cfg, layout, cluster, precision, code);
     best.insert(std::upper_bound(best.begin(), best.end(), prediction.step_ms), prediction.step_ms);
     Config kept = cfg;
     kept.toml = base.toml;
@@ -256,13 +256,18 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
 }
 
 std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched) {
+                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code) {
   std::string out;
   char buf[512];
   std::snprintf(buf, sizeof buf, "ndmini plan: %s on %d device%s of %s (%s; %d per node), %s\n", deck.c_str(), world,
                 world == 1 ? "" : "s", cluster.name.c_str(), cluster.origin.c_str(), cluster.devices_per_node,
                 name_of(precision));
   out += buf;
+  if (code.stored_attention_scores || code.pp_scatter_gather)
+    out += std::string("times of a code that is not ndmini:") +
+           (code.stored_attention_scores ? " attention stores its s x s scores;" : "") +
+           (code.pp_scatter_gather ? " pipeline transfers scattered and gathered over tp;" : "") +
+           " memory is ndmini's\n";
   if (!searched) {
     details(out, search.fitting.front(), cluster);
     return out;
@@ -293,12 +298,14 @@ std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int w
 }
 
 std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched) {
+                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code) {
   nlohmann::ordered_json j;
   j["deck"] = deck;
   j["cluster"] = {{"file", cluster.origin}, {"name", cluster.name}, {"devices_per_node", cluster.devices_per_node}};
   j["world"] = world;
   j["precision"] = name_of(precision);
+  j["implementation"] = {{"stored_attention_scores", code.stored_attention_scores},
+                         {"pp_scatter_gather", code.pp_scatter_gather}};
   j["search"] = searched;
   j["considered"] = search.considered;
   j["valid"] = search.valid;
@@ -327,7 +334,7 @@ std::string run_plan(const PlanRequest& r) {
   const Precision precision = cfg.train.precision;
   PlanSearch search;
   if (searched) {
-    search = search_layouts(cfg, r.world, cluster, precision, r.top);
+    search = search_layouts(cfg, r.world, cluster, precision, r.top, r.code);
     const ModelConfig& m = cfg.model;
     require(search.valid > 0,
             "--world " + to_string(r.world) + ": no layout of " + to_string(r.world) + " devices divides the deck '" +
@@ -344,13 +351,13 @@ std::string run_plan(const PlanRequest& r) {
                 " per device; use more devices, a smaller train.global_batch or a smaller model");
   } else {
     RunLayout layout = resolve_layout(cfg, r.world);
-    StepPrediction prediction = predict_step(cfg, layout, cluster, precision);
+    StepPrediction prediction = predict_step(cfg, layout, cluster, precision, r.code);
     search.considered = search.valid = 1;
     search.fitting.push_back({cfg, std::move(layout), std::move(prediction)});
   }
   const std::size_t top = searched ? r.top : 1;
-  return r.json ? plan_json(r.deck, cluster, r.world, precision, search, top, searched)
-                : plan_text(r.deck, cluster, r.world, precision, search, top, searched);
+  return r.json ? plan_json(r.deck, cluster, r.world, precision, search, top, searched, r.code)
+                : plan_text(r.deck, cluster, r.world, precision, search, top, searched, r.code);
 }
 
 }  // namespace ndmini

@@ -37,7 +37,7 @@ bool degrees_unset(const ParallelConfig& p);
 // layout whose lower bound, step_ms_lower_bound, exceeds the top-th
 // fastest prediction is not evaluated further).
 PlanSearch search_layouts(const Config& cfg, int world, const ClusterSpec& cluster, Precision precision,
-                          std::size_t top);
+                          std::size_t top, const Implementation& code = {});
 
 // What `ndmini plan DECK --cluster FILE --world N` asks.
 struct PlanRequest {
@@ -51,6 +51,9 @@ struct PlanRequest {
   // "fp32" or "bf16": the precision of the matrix products to plan for;
   // empty: the deck's train.precision.
   std::string precision;
+  // The code whose run is predicted, where it is not ndmini
+  // (--stored-attention-scores, --pp-scatter-gather).
+  Implementation code;
 };
 // The report (text or JSON). Throws Error naming the key or file for a bad
 // deck or cluster file, a layout that does not resolve (evaluation), or a
@@ -59,8 +62,8 @@ std::string run_plan(const PlanRequest& request);
 
 // The human report and the JSON document (keys in docs/planner.md).
 std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched);
+                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code = {});
 std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched);
+                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code = {});
 
 }  // namespace ndmini

@@ -150,6 +150,59 @@ PY
     expect_exit2 "efficiency.gemm_medium_bf16 must be a number" tiny.toml --cluster bad.toml --world 1
     cluster_with '$ a [efficiency]\ngemm_tiny_fp32 = 0.5'
     expect_exit2 "unknown key 'efficiency.gemm_tiny_fp32'" tiny.toml --cluster bad.toml --world 1 ;;
+  other_code)
+    # --stored-attention-scores and --pp-scatter-gather time another code's run (docs/planner.md):
+    # each adds exactly its documented bytes, and nothing else moves. gpt2-124m cut to 4 layers at
+    # tp 2 x pp 2, 4 micro-batches of one 256-token sequence, fp32: a stage holds 2 layers.
+    deck=("$SOURCE_DIR/inputs/gpt2-124m.toml" --set model.layers=4 --set train.micro_batch=1
+          --set parallel.tp=2 --set parallel.pp=2)
+    for flags in "" "--stored-attention-scores" "--pp-scatter-gather" "--set parallel.sequence_parallel=true" \
+                 "--set parallel.sequence_parallel=true --pp-scatter-gather"; do
+      # shellcheck disable=SC2086
+      run 1 plan "${deck[@]}" --cluster "$A100" --world 4 --json $flags >"out${flags// /}.json" 2>err.txt ||
+        { cat err.txt; fail "refused: $flags"; }
+    done
+    run 1 plan "${deck[@]}" --cluster "$A100" --world 4 --stored-attention-scores --pp-scatter-gather >out.txt 2>&1 ||
+      { cat out.txt; fail "the table was refused"; }
+    grep -qF "times of a code that is not ndmini: attention stores its s x s scores; pipeline transfers scattered" \
+      out.txt || fail "the report does not say it times another code"
+    python3 - <<'PY' || fail "a flag for another code did not add exactly its bytes"
+import json
+def doc(name):
+    return json.load(open("out" + name + ".json"))
+def layout(name):
+    return doc(name)["layouts"][0]
+same = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
+base, scores, sg = layout(""), layout("--stored-attention-scores"), layout("--pp-scatter-gather")
+sp, sp_sg = layout("--setparallel.sequence_parallel=true"), layout("--setparallel.sequence_parallel=true--pp-scatter-gather")
+assert doc("")["implementation"] == {"stored_attention_scores": False, "pp_scatter_gather": False}
+assert doc("--stored-attention-scores")["implementation"]["stored_attention_scores"] is True
+# Stored scores: per layer and micro-batch, fp32 softmax and dropout output (4 bytes each) and the
+# mask (1) for heads/tp x T x T scores, moved 3 times at the A100 file's 2039 GB/s.
+B, heads, T, tp, layers, micro_batches, passes = 1, 12, 256, 2, 2, 4, 3
+added_ms = micro_batches * passes * (2 * 4 + 1) * B * heads / tp * T * T * layers / 2039e6
+t0, t1 = base["time_ms"], scores["time_ms"]
+assert base["stage"] == scores["stage"], (base["stage"], scores["stage"])
+assert same(t1["kernels"] - t0["kernels"], added_ms), (t1["kernels"] - t0["kernels"], added_ms)
+for part in ("compute", "recompute", "exposed_comm", "optimizer"):
+    assert same(t1[part], t0[part]), part
+assert scores["memory_bytes"] == base["memory_bytes"], "the memory is ndmini's own either way"
+# Scatter/gather without SP: each pipeline transfer is 1/tp; each receive adds a tp all-gather of the
+# whole activation (T x 768 fp32 values).
+comm = lambda l: {c["group"]: c for c in l["comm"]}
+c0, c1 = comm(base), comm(sg)
+assert same(c1["pp"]["bytes"], c0["pp"]["bytes"] / tp) and c1["pp"]["calls"] == c0["pp"]["calls"], (c0["pp"], c1["pp"])
+receives = c0["pp"]["calls"] // 2
+assert c1["tp"]["calls"] == c0["tp"]["calls"] + receives, (c0["tp"], c1["tp"])
+assert same(c1["tp"]["bytes"] - c0["tp"]["bytes"], receives * T * 768 * 4), (c0["tp"], c1["tp"])
+for g in c0:
+    if g not in ("pp", "tp"):
+        assert c1[g] == c0[g], g
+# With SP ndmini already sends 1/tp: the flag changes nothing.
+assert comm(sp_sg) == comm(sp) and sp_sg["time_ms"] == sp["time_ms"]
+print("stored scores +%.4f ms; pp bytes %.0f -> %.0f" % (added_ms, c0["pp"]["bytes"], c1["pp"]["bytes"]))
+PY
+    ;;
   unknown_key)
     cluster_with 's/^latency_us = 8 /latncy_us = 8 /'
     expect_exit2 "unknown key 'inter_node.latncy_us'" tiny.toml --cluster bad.toml --world 1 ;;
@@ -299,6 +352,7 @@ PY
     expect_exit2 "not on --cluster 'fitted.toml'" --fit one.jsonl --cluster fitted.toml
     expect_exit2 "metrics file 'nowhere.jsonl' does not exist" --fit nowhere.jsonl --cluster "$A100"
     expect_exit2 "--out writes a cluster file, with --calibrate or --fit only" tiny.toml --cluster "$A100" --world 1 \
-      --out x.toml ;;
+      --out x.toml
+    expect_exit2 "--fit fits ndmini's own runs" --fit one.jsonl --cluster "$A100" --pp-scatter-gather ;;
   *) fail "unknown case $1" ;;
 esac
