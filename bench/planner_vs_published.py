@@ -114,8 +114,8 @@ def write_cluster(folder, constants):
 
 
 # ndmini plan's flags for a code that is not ndmini (docs/planner.md), as Megatron-LM ran the published
-# runs: attention without flash-style fusion stores the s x s softmax, dropout mask and dropout output
-# (Korthikanti et al. Table 2's 5as^2b/t), and the pipeline's transfers are split over the tensor-parallel
+# runs: attention without flash-style fusion runs as separate kernels that each read or write the s x s
+# score tensors (it keeps Korthikanti et al. Table 2's 5as^2b/t of them), and the pipeline's transfers are split over the tensor-parallel
 # ranks and all-gathered on arrival (Narayanan et al. Section 4.1, scatter/gather).
 MEGATRON_CODE = ["--stored-attention-scores", "--pp-scatter-gather"]
 
@@ -441,8 +441,8 @@ def main():
                   "and sequence parallelism (selective recomputation re-runs the attention's softmax part, 2.7% of "
                   "the FLOPs for 175B and 1.6% for 530B per the paper), a lower bound of the time. `predicted`: "
                   "the runs timed as Megatron-LM did the work (`ndmini plan --stored-attention-scores "
-                  "--pp-scatter-gather`: the s x s softmax, dropout mask and dropout output in memory, 5as²b/t "
-                  "bytes per layer and micro-batch; pipeline transfers split over the 8 tp ranks and all-gathered "
+                  "--pp-scatter-gather`: attention as separate kernels that each read or write the s x s tensors "
+                  "in memory, 32 bytes per score element in 16-bit training, 45 with recomputation; pipeline transfers split over the 8 tp ranks and all-gathered "
                   "on arrival). `ndmini's code`: the same layout timed as ndmini would run it (flash-style "
                   "attention, every tp rank sending the whole activation), for comparison.", "",
                   "### The cluster file as shipped (datasheet figures, efficiencies 0.6 and 0.8; nothing fitted)", ""]
@@ -507,7 +507,7 @@ def closing(physical, free, ek_phys, ek_free, en_ship, en_phys, en_free):
         "recomputation, pp 35). What the model still lacks for these runs:", "",
         "1. **Selective recomputation** is not a mode ndmini runs (its recompute is whole blocks): the selective "
         "+ SP rows are planned without recomputation, short by the recomputed softmax part (1.6% to 2.7% of the "
-        "FLOPs) and its second write of the s x s tensors.",
+        "FLOPs) and its second forward pass over the s x s tensors (13 of the 45 bytes per score element).",
         "2. **Data parallelism.** Narayanan's rows from 39.1B up used Megatron's `local` DDP (the all-reduce after "
         "the backward, not overlapped: `DDP=local` in the authors' script); the model overlaps ndmini's buckets "
         "with the last backward. A small term here (dp 6 to 32 over fp32 gradients of one stage).",

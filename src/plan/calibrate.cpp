@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -137,11 +139,18 @@ double attention_flops() {
   return 3 * 4.0 * kRows * kSeqLen * static_cast<double>(kChannels) / s;
 }
 
-// Bytes per second of the AdamW update over 8M parameters (it reads and
-// writes parameter, gradient, which it zeroes, and both moments): how the
-// optimizer streams memory.
+// Bytes per second of the AdamW update over one GPT-2-small block's
+// parameters (it reads and writes parameter, gradient, which it zeroes, and
+// both moments): how the optimizer streams memory. The count is a real
+// model's, as the trainer's flat buffers are sized, never a power of two:
+// four buffers of 2^23 floats each alias in the caches, and the update read
+// a third of the bandwidth the trainer's buffers stream at (3.4 against
+// 10-11 GB/s on this project's 2-core VM).
 double optimizer_bandwidth() {
-  const std::size_t n = std::size_t{1} << 23;
+  ModelConfig block;
+  block.layers = 1;
+  block.channels = kChannels;
+  const auto n = static_cast<std::size_t>(gpt_param_count(block));
   View1D p("ndmini::calib_p", n), grad("ndmini::calib_grad", n), m("ndmini::calib_m", n), v("ndmini::calib_v", n);
   Kokkos::deep_copy(p, real(0.02));
   const kernels::AdamWStep step{real(6e-4), real(0.9), real(0.95), real(1e-8), real(0.1), real(1), 1};
@@ -247,6 +256,65 @@ double all_reduce_ms(Communicator& comm, View1D buf, std::size_t count) {
   return median_of(ms);
 }
 
+// The comm layer's all-reduce over `group` as the planner's link figures:
+// a one-float and a 64 MiB all-reduce, inverted through collective_ms (the
+// planner's formula) into the latency of one step and the ring bus
+// bandwidth. Every group of `world` measures at once, the slowest speaks;
+// a rank in no group (MPI_COMM_NULL) waits.
+struct LinkRates {
+  int ranks = 0;
+  double latency_us = 0, bandwidth_gbs = 0;
+};
+LinkRates all_reduce_rates(MPI_Comm group, MPI_Comm world, Communicator::Backend backend, View1D buf) {
+  double ms[2] = {0, 0};
+  int ranks = 0;
+  if (group != MPI_COMM_NULL) {
+    Communicator comm(group, "calibration", backend);
+    ranks = comm.size();
+    ms[0] = all_reduce_ms(comm, buf, 1);
+    ms[1] = all_reduce_ms(comm, buf, buf.extent(0));
+  }
+  mpi_all_reduce(MPI_IN_PLACE, ms, 2, MPI_DOUBLE, MPI_MAX, world, "the collective calibration");
+  mpi_all_reduce(MPI_IN_PLACE, &ranks, 1, MPI_INT, MPI_MAX, world, "the collective calibration");
+  LinkRates r;
+  r.ranks = ranks;
+  r.latency_us = ms[0] * 1e3 / collective_ms(Collective::all_reduce, 0, ranks, 1, 1e3);  // in units of the latency
+  const double bytes = static_cast<double>(buf.extent(0)) * sizeof(real);
+  const double beta_ms = std::max(ms[1] - ms[0], 1e-6);  // the bandwidth part of the large call
+  r.bandwidth_gbs = collective_ms(Collective::all_reduce, bytes, ranks, 1, 0) / beta_ms;  // 1 GB/s -> x
+  return r;
+}
+
+// The link figures inside a node, per group size: groups of 2, 4, ... and
+// of the whole node (`per_node` ranks), every node's groups at once, as a
+// run's axes talk inside each node at once. Empty with one rank per node.
+std::vector<LinkRates> intra_node_rates(MPI_Comm world, int per_node, Communicator::Backend backend, View1D buf) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  std::vector<int> sizes;
+  for (int g = 2; g < per_node; g *= 2) sizes.push_back(g);
+  if (per_node >= 2) sizes.push_back(per_node);
+  std::vector<LinkRates> rates;
+  for (int g : sizes) {
+    MPI_Comm group = MPI_COMM_NULL;
+    MPI_Comm_split(node, local < per_node / g * g ? local / g : MPI_UNDEFINED, local, &group);
+    rates.push_back(all_reduce_rates(group, world, backend, buf));
+    if (group != MPI_COMM_NULL) MPI_Comm_free(&group);
+  }
+  MPI_Comm_free(&node);
+  return rates;
+}
+
+std::string fixed(double v, int digits) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.*f", digits, v);
+  return s;
+}
+
 }  // namespace
 
 std::string calibrate_cluster(MPI_Comm world) {
@@ -276,20 +344,30 @@ std::string calibrate_cluster(MPI_Comm world) {
   spec.peak_tflops_bf16 = rates[1] / 1e12;
   spec.memory_gib = memory_per_rank(Config{}, per_node, nullptr) / (1024.0 * 1024.0 * 1024.0);
 
-  // Collectives: latency from a one-float all-reduce, bandwidth from a
-  // 64 MiB one, both inverted through collective_ms (the planner's formula).
-  Communicator comm(world, "calibration", device_collectives_backend(world));
-  constexpr std::size_t kLarge = std::size_t{1} << 24;
-  View1D buf("ndmini::calib_all_reduce", kLarge);
-  const double small_ms = all_reduce_ms(comm, buf, 1), large_ms = all_reduce_ms(comm, buf, kLarge);
-  const double latency_steps = collective_ms(Collective::all_reduce, 0, size, 1, 1e3);  // in units of the latency
-  const double latency_us = small_ms * 1e3 / latency_steps;
-  const double bytes = static_cast<double>(kLarge) * sizeof(real);
-  const double beta_ms = std::max(large_ms - small_ms, 1e-6);  // the bandwidth part of the large call
-  const double bandwidth_gbs = collective_ms(Collective::all_reduce, bytes, size, 1, 0) / beta_ms;  // 1 GB/s -> x
+  // Collectives: inside a node per group size, the model's figure the
+  // median of the sizes' (the file's comment lists each); between nodes,
+  // over all ranks (the slower link dominates a group that spans nodes).
+  const Communicator::Backend backend = device_collectives_backend(world);
+  Communicator comm(world, "calibration", backend);
+  View1D buf("ndmini::calib_all_reduce", std::size_t{1} << 24);
   const bool one_node = nodes_max == size;
-  spec.intra_latency_us = spec.inter_latency_us = latency_us;
-  spec.intra_bandwidth_gbs = spec.inter_bandwidth_gbs = bandwidth_gbs;
+  const std::vector<LinkRates> groups = intra_node_rates(world, nodes_min, backend, buf);
+  const LinkRates across = one_node ? LinkRates{} : all_reduce_rates(world, world, backend, buf);
+  std::vector<double> latencies, bandwidths;
+  std::string by_size;
+  for (const LinkRates& g : groups) {
+    latencies.push_back(g.latency_us);
+    bandwidths.push_back(g.bandwidth_gbs);
+    by_size += (by_size.empty() ? "" : ", ") + std::to_string(g.ranks) + " ranks " + fixed(g.bandwidth_gbs, 3) +
+               " GB/s, " + fixed(g.latency_us, 3) + " us";
+  }
+  spec.intra_latency_us = groups.empty() ? across.latency_us : median_of(latencies);
+  spec.intra_bandwidth_gbs = groups.empty() ? across.bandwidth_gbs : median_of(bandwidths);
+  spec.inter_latency_us = one_node ? spec.intra_latency_us : across.latency_us;
+  spec.inter_bandwidth_gbs = one_node ? spec.intra_bandwidth_gbs : across.bandwidth_gbs;
+  const std::string intra_how =
+      groups.empty() ? "one rank per node: the figure over all ranks"
+                     : "the median over group sizes inside a node (" + by_size + "), every node's groups at once";
   spec.network_efficiency = 1.0;  // measured rates, not datasheet ones
   // What the model's own kernels reach, every rank at once; the slowest
   // rank speaks (a step waits for it). The model uses memory bandwidth for
@@ -355,17 +433,21 @@ std::string calibrate_cluster(MPI_Comm world) {
         "the same in bf16 (oneDNN where built, else emulated through fp32); never below what the bf16 products "
         "below reached"},
        {"device.memory_bandwidth_gbs",
-        "the AdamW update of 8M parameters, 32 bytes each, median of 3 passes of 7, every rank at once, slowest rank"},
+        "the AdamW update of one GPT-2-small block's parameters (7.1M), 32 bytes each, median of 3 passes of 7, every "
+        "rank at once, slowest rank"},
        {"device.kernel_bandwidth_gbs",
         "one block's LayerNorms, GELU and bias gradients (4 x 256 tokens, 768 channels), forward and backward, "
         "counted as the planner counts them (3 x the block's activation records), median of 3 passes of 7, slowest "
         "rank"},
-       {"intra_node.bandwidth_gbs",
-        "a 64 MiB all-reduce over " + std::to_string(size) + " ranks through the comm layer, as ring bus bandwidth"},
-       {"intra_node.latency_us", "a one-float all-reduce over " + std::to_string(size) + " ranks, per ring step"},
-       {"inter_node.bandwidth_gbs", one_node ? "one node: the intra-node figure (no link between nodes to measure)"
-                                             : "measured over all ranks, which span nodes: the slower link dominates"},
-       {"inter_node.latency_us", one_node ? "one node: the intra-node figure" : "measured over all ranks"},
+       {"intra_node.bandwidth_gbs", "a 64 MiB all-reduce through the comm layer as ring bus bandwidth; " + intra_how},
+       {"intra_node.latency_us", groups.empty() ? "a one-float all-reduce over all ranks, per ring step"
+                                                : "a one-float all-reduce, per ring step; the median over the same "
+                                                  "group sizes"},
+       {"inter_node.bandwidth_gbs",
+        one_node ? "one node: the intra-node figure (no link between nodes to measure)"
+                 : "the 64 MiB all-reduce over all " + std::to_string(size) + " ranks, which span nodes"},
+       {"inter_node.latency_us",
+        one_node ? "one node: the intra-node figure" : "the one-float all-reduce over all ranks"},
        {"efficiency.compute",
         "a GPT-2-small block's 12 Linear products (1024 rows, fp32), median of 3 passes of 7, slowest "
         "rank, over peak_tflops_fp32 (gemm_large_fp32; the rate of what no shape class covers)"},

@@ -339,16 +339,24 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   // bf16 halves the activations' and the gathered parameters' bytes in the
   // time model; the memory figures follow the allocating code's size functions.
   const bool half = precision == Precision::bf16;
-  // Stored attention scores (a code without flash-style attention): per
-  // layer and micro-batch, the softmax output and the dropout's output in
-  // the activations' precision and the dropout mask in one byte, for the
-  // a/tp heads' (T/cp) x T scores; written in the forward and moved like
-  // the records (kActivationPasses), once more when recomputed.
-  const double score_bytes_per_layer = code.stored_attention_scores
-                                           ? (2.0 * (half ? 2 : sizeof(real)) + 1) * B * m.heads / d.tp *
-                                                 (static_cast<double>(m.seq_len) / d.cp) * m.seq_len
-                                           : 0.0;
-  const double score_passes = kActivationPasses + (l.recompute == Recompute::block ? 1 : 0);
+  // Stored attention scores (a code without flash-style attention): each
+  // kernel of the unfused attention reads and writes the a/tp heads' (T/cp)
+  // x T score tensors in memory (far larger than any cache). Bytes per score
+  // element, with e the activations' bytes: the forward 6e + 1 (Q K^T
+  // writes the scores; the fused scale-mask-softmax reads them and writes
+  // the probabilities; dropout reads those and writes its output and a
+  // one-byte mask; the product with V reads the output), the backward
+  // 9e + 1 (that product's backward writes the output's gradient and reads
+  // the output; dropout's reads the gradient and the mask and writes the
+  // probabilities'; the softmax's reads that and the probabilities and
+  // writes the scores'; Q K^T's reads it twice, for dQ and for dK), and the
+  // forward once more when recomputed.
+  const double score_elements_per_layer =
+      code.stored_attention_scores
+          ? static_cast<double>(B) * m.heads / d.tp * (static_cast<double>(m.seq_len) / d.cp) * m.seq_len
+          : 0.0;
+  const double e = half ? 2 : sizeof(real);
+  const double score_bytes_per_element = (6 * e + 1) + (9 * e + 1) + (l.recompute == Recompute::block ? 6 * e + 1 : 0);
 
   StepPrediction p;
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
@@ -381,7 +389,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
         bytes += static_cast<double>(GptModel::buffer_sizes(m, B, true, d.tp, d.sequence_parallel, d.cp).logits) *
                  sizeof(real);
       st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / kernel_rate;
-      st.kernels += score_passes * score_bytes_per_layer * c.layers() / kernel_rate;
+      st.kernels += score_bytes_per_element * score_elements_per_layer * c.layers() / kernel_rate;
     }
     TrafficCounter t = count_traffic(cfg, l, s, &cluster, half, code);
     // Blocking collectives inside the compute: tp always; the pipeline's

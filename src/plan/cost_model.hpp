@@ -30,10 +30,13 @@ inline constexpr double kActivationPasses = 3;
 // of the published runs bench/planner_vs_published.py predicts. They change
 // the time only: memory stays ndmini's own estimate.
 struct Implementation {
-  // Attention writes the s x s scores' softmax, its dropout mask and the
+  // Attention runs as separate kernels (the products, a fused
+  // scale-mask-softmax, dropout) that each read or write the s x s score
+  // tensors in memory; it keeps the softmax, its dropout mask and the
   // dropout's output (Korthikanti et al. 2022, Table 2: 5 a s^2 b / tp bytes
-  // per layer and micro-batch in 16-bit training) and reads them back in
-  // the backward; ndmini's flash-style attention keeps no s x s tensor.
+  // per layer and micro-batch in 16-bit training). predict_step counts the
+  // traffic kernel by kernel. ndmini's flash-style attention keeps no s x s
+  // tensor.
   bool stored_attention_scores = false;
   // Without sequence parallelism, each tp rank sends 1/tp of a pipeline
   // transfer and the receiving stage all-gathers it over tp (Megatron-LM's

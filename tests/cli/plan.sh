@@ -177,10 +177,10 @@ base, scores, sg = layout(""), layout("--stored-attention-scores"), layout("--pp
 sp, sp_sg = layout("--setparallel.sequence_parallel=true"), layout("--setparallel.sequence_parallel=true--pp-scatter-gather")
 assert doc("")["implementation"] == {"stored_attention_scores": False, "pp_scatter_gather": False}
 assert doc("--stored-attention-scores")["implementation"]["stored_attention_scores"] is True
-# Stored scores: per layer and micro-batch, fp32 softmax and dropout output (4 bytes each) and the
-# mask (1) for heads/tp x T x T scores, moved 3 times at the A100 file's 2039 GB/s.
-B, heads, T, tp, layers, micro_batches, passes = 1, 12, 256, 2, 2, 4, 3
-added_ms = micro_batches * passes * (2 * 4 + 1) * B * heads / tp * T * T * layers / 2039e6
+# Stored scores: per layer and micro-batch, heads/tp x T x T score elements, each moving 6e + 1 bytes
+# in the forward and 9e + 1 in the backward (e = 4: fp32), at the A100 file's 2039 GB/s.
+B, heads, T, tp, layers, micro_batches, e = 1, 12, 256, 2, 2, 4, 4
+added_ms = micro_batches * ((6 * e + 1) + (9 * e + 1)) * B * heads / tp * T * T * layers / 2039e6
 t0, t1 = base["time_ms"], scores["time_ms"]
 assert base["stage"] == scores["stage"], (base["stage"], scores["stage"])
 assert same(t1["kernels"] - t0["kernels"], added_ms), (t1["kernels"] - t0["kernels"], added_ms)
@@ -227,6 +227,8 @@ PY
     [ ! -e here.toml.tmp ] || fail "the temporary file was left behind"
     run 1 plan tiny.toml --cluster here.toml --world 2 --search --top 3 >out.txt 2>&1 || { cat out.txt; fail "here.toml was refused"; }
     grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
+    grep -qE "^# .*inside a node \(2 ranks [0-9.]+ GB/s, [0-9.]+ us\)" here.toml ||
+      fail "the intra-node figure does not list its group size"
     for key in kernel_bandwidth_gbs attention overlap; do
       grep -qE "^$key = [0-9.e+-]+$" here.toml || fail "the calibration wrote no $key"
     done
@@ -246,6 +248,31 @@ PY
     rm here.toml
     expect_exit2 "launch at least 2" --calibrate --out here.toml
     [ ! -e here.toml ] || fail "a refused calibration wrote a file" ;;
+  calibrate_groups)
+    # Four ranks on one node: the intra-node links are measured over groups of 2 and of 4 (every
+    # node's groups at once) and the file takes the median of the sizes' figures. Oversubscribed
+    # here: the figures mean nothing, the test checks what is measured and written.
+    run 4 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
+    cat here.toml
+    grep -qF "per_node = 4" here.toml || fail "four ranks on this node, but the file says otherwise"
+    python3 - here.toml <<'PY' || fail "the group sizes' figures or their median are wrong"
+import re, sys
+text = open(sys.argv[1]).read()
+sizes = re.search(r"inside a node \((.*)\), every node's groups at once", text).group(1)
+groups = [(int(n), float(bw), float(us)) for n, bw, us in
+          re.findall(r"(\d+) ranks ([0-9.]+) GB/s, ([0-9.]+) us", sizes)]
+assert [n for n, _, _ in groups] == [2, 4], groups
+value = lambda section, key: float(re.search(r"\[" + section + r"\][^\[]*?^" + key + r" = ([0-9.e+-]+)$",
+                                             text, re.M | re.S).group(1))
+# The median of two sizes' figures is the upper one (the median of an even count); listed to 3 decimals.
+bw, us = value("intra_node", "bandwidth_gbs"), value("intra_node", "latency_us")
+assert abs(bw - max(g[1] for g in groups)) <= 1e-3 * max(1, bw), (bw, groups)
+assert abs(us - max(g[2] for g in groups)) <= 1e-3 * max(1, us), (us, groups)
+assert value("inter_node", "bandwidth_gbs") == bw and value("inter_node", "latency_us") == us, "one node"
+print("groups", groups)
+PY
+    run 1 plan tiny.toml --cluster here.toml --world 4 --search --top 3 >out.txt 2>&1 ||
+      { cat out.txt; fail "the 4-rank file was refused"; } ;;
   train_prediction)
     # ndmini train with perf.cluster: the banner, PERFORMANCE and the summary
     # carry the planner's prediction of the run's own layout, the same figures
