@@ -6,7 +6,9 @@ Calibrates this machine once (`mpiexec -n 2 ndmini plan --calibrate`: GEMM
 rates, copy bandwidth, all-reduce latency and bandwidth; nothing is fitted
 to the runs below), then trains every 1- and 2-rank layout of a deck (dp,
 fsdp, tp, tp + sequence parallelism, cp, pp with each schedule, recompute)
-REPEATS times with `perf.cluster` set to that file. Each run's metrics
+REPEATS times with `perf.cluster` set to that file, in rounds (one run of
+every layout per round: a slow spell of a shared machine then spoils one
+run of a few layouts, not all runs of one). Each run's metrics
 summary carries the measured step (the median over its steps after the
 first) and the planner's prediction of the same layout, so the table sets
 them side by side: per layout the median of the runs' medians and their
@@ -97,23 +99,27 @@ def main():
         if line.startswith("peak_tflops_fp32"):
             peak_gflops = float(line.split("=")[1]) * 1e3  # MFU's peak: no start-up calibration per run
 
-    rows = []
-    for label, ranks, overrides in LAYOUTS:
-        sets = [f"train.steps={a.steps}", f"perf.cluster={cluster}"] + overrides
-        if peak_gflops:
-            sets.append(f"perf.peak_gflops={peak_gflops}")
-        runs = []
-        for rep in range(a.repeats):
-            metrics = os.path.join(work, f"m-{len(rows)}-{rep}.jsonl")
+    # In rounds: one run of every layout, then the next round. This machine's
+    # speed drifts over tens of seconds; a slow spell then falls on one run of
+    # a few layouts, which the median drops, not on every run of one layout.
+    runs_of = [[] for _ in LAYOUTS]
+    for rep in range(a.repeats):
+        for i, (label, ranks, overrides) in enumerate(LAYOUTS):
+            sets = [f"train.steps={a.steps}", f"perf.cluster={cluster}"] + overrides
+            if peak_gflops:
+                sets.append(f"perf.peak_gflops={peak_gflops}")
+            metrics = os.path.join(work, f"m-{i}-{rep}.jsonl")
             cmd = [a.ndmini, "train", a.deck, "--metrics", metrics]
             for s in sets:
                 cmd += ["--set", s]
             r = run(mpiexec(ranks, cmd), env=env)
             if r.returncode != 0:
                 sys.exit(f"{label}: ndmini train failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-            runs.append(summary_of(metrics))
-            print(f"{label:22s} run {rep + 1}/{a.repeats}: {runs[-1]['median_step_ms']:9.1f} ms measured, "
-                  f"{runs[-1]['predicted']['step_ms']:9.1f} ms predicted", flush=True)
+            runs_of[i].append(summary_of(metrics))
+            print(f"{label:22s} run {rep + 1}/{a.repeats}: {runs_of[i][-1]['median_step_ms']:9.1f} ms measured, "
+                  f"{runs_of[i][-1]['predicted']['step_ms']:9.1f} ms predicted", flush=True)
+    rows = []
+    for (label, ranks, overrides), runs in zip(LAYOUTS, runs_of):
         step = [s["median_step_ms"] for s in runs]
         median_run = sorted(runs, key=lambda s: s["median_step_ms"])[len(runs) // 2]
         predicted = median_run["predicted"]
