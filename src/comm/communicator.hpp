@@ -33,9 +33,9 @@
 //
 // MPI backend: all-reduce and broadcast above 16 MiB are sent as several
 // calls of at most 16 MiB, issued together; and the first MPI Communicator
-// tells glibc to keep freed memory in the process (the MPI library's
-// temporary buffers are otherwise faulted in afresh on every step). Both
-// are explained in communicator.cpp.
+// tells glibc to keep freed memory in the process and to take large blocks
+// from its heap too (the MPI library's temporary buffers are otherwise
+// faulted in afresh on every step). Both are explained in mpi/mpi_backend.cpp.
 #include <mpi.h>
 
 #include <cstdint>
