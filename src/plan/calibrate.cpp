@@ -240,14 +240,37 @@ double overlap_fraction(Communicator& comm, MPI_Comm world) {
   return median_of(fractions);
 }
 
-// Milliseconds of one all-reduce of `count` floats over `comm`: the median
-// of the ranks' slowest.
-double all_reduce_ms(Communicator& comm, View1D buf, std::size_t count) {
+// Milliseconds of one collective of `kind` and `count` floats over `comm`
+// (the whole buffer of an all-reduce, the gathered or scattered one of an
+// all-gather or reduce-scatter, the message each rank sends and receives in
+// a ring exchange, as cp's ring does): the median of the ranks' slowest.
+// `out`, as large as `buf`, takes what does not land in `buf`.
+double collective_call_ms(Communicator& comm, Collective kind, View1D buf, View1D out, std::size_t count) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t per_rank = count / static_cast<std::size_t>(n);
+  auto call = [&] {
+    switch (kind) {
+      case Collective::all_reduce:
+        comm.all_reduce(buf.data(), count);
+        break;
+      case Collective::all_gather:
+        comm.all_gather(buf.data() + static_cast<std::size_t>(r) * per_rank, buf.data(), per_rank);
+        break;
+      case Collective::reduce_scatter:
+        comm.reduce_scatter(buf.data(), out.data(), per_rank);
+        break;
+      case Collective::p2p:
+        comm.batch_p2p({{P2POp::Kind::send, buf.data(), count, (r + 1) % n},
+                        {P2POp::Kind::recv, out.data(), count, (r + n - 1) % n}})
+            .wait();
+        break;
+    }
+  };
   std::vector<double> ms;
   for (int rep = -1; rep < kRepeats; ++rep) {
     mpi_barrier(comm.mpi(), "the collective calibration");
     const auto t0 = Clock::now();
-    comm.all_reduce(buf.data(), count);
+    call();
     Kokkos::fence();
     double t = ms_since(t0);
     mpi_all_reduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm.mpi(), "the collective calibration");
@@ -256,39 +279,48 @@ double all_reduce_ms(Communicator& comm, View1D buf, std::size_t count) {
   return median_of(ms);
 }
 
-// The comm layer's all-reduce over `group` as the planner's link figures:
-// a one-float and a 64 MiB all-reduce, inverted through collective_ms (the
-// planner's formula) into the latency of one step and the ring bus
-// bandwidth. Every group of `world` measures at once, the slowest speaks;
-// a rank in no group (MPI_COMM_NULL) waits.
+// The comm layer's collectives over `group` as the planner's link figures:
+// a one-float all-reduce, and an all-reduce, all-gather, reduce-scatter and
+// ring exchange of 64 MiB, inverted through collective_ms (the planner's
+// formula) into the latency of one step and each kind's bus bandwidth.
+// Every group of `world` measures at once, the slowest speaks; a rank in no
+// group (MPI_COMM_NULL) waits.
+constexpr Collective kKinds[] = {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+                                 Collective::p2p};
+constexpr int kKindCount = 4;
 struct LinkRates {
   int ranks = 0;
-  double latency_us = 0, bandwidth_gbs = 0;
+  double latency_us = 0;
+  double bandwidth_gbs[kKindCount] = {};  // in kKinds' order
 };
-LinkRates all_reduce_rates(MPI_Comm group, MPI_Comm world, Communicator::Backend backend, View1D buf) {
-  double ms[2] = {0, 0};
+LinkRates link_rates(MPI_Comm group, MPI_Comm world, Communicator::Backend backend, View1D buf, View1D out) {
+  double ms[1 + kKindCount] = {};  // the one-float all-reduce, then each kind at full size
   int ranks = 0;
   if (group != MPI_COMM_NULL) {
     Communicator comm(group, "calibration", backend);
     ranks = comm.size();
-    ms[0] = all_reduce_ms(comm, buf, 1);
-    ms[1] = all_reduce_ms(comm, buf, buf.extent(0));
+    ms[0] = collective_call_ms(comm, Collective::all_reduce, buf, out, 1);
+    for (int k = 0; k < kKindCount; ++k) ms[1 + k] = collective_call_ms(comm, kKinds[k], buf, out, buf.extent(0));
   }
-  mpi_all_reduce(MPI_IN_PLACE, ms, 2, MPI_DOUBLE, MPI_MAX, world, "the collective calibration");
+  mpi_all_reduce(MPI_IN_PLACE, ms, 1 + kKindCount, MPI_DOUBLE, MPI_MAX, world, "the collective calibration");
   mpi_all_reduce(MPI_IN_PLACE, &ranks, 1, MPI_INT, MPI_MAX, world, "the collective calibration");
   LinkRates r;
   r.ranks = ranks;
   r.latency_us = ms[0] * 1e3 / collective_ms(Collective::all_reduce, 0, ranks, 1, 1e3);  // in units of the latency
   const double bytes = static_cast<double>(buf.extent(0)) * sizeof(real);
-  const double beta_ms = std::max(ms[1] - ms[0], 1e-6);  // the bandwidth part of the large call
-  r.bandwidth_gbs = collective_ms(Collective::all_reduce, bytes, ranks, 1, 0) / beta_ms;  // 1 GB/s -> x
+  for (int k = 0; k < kKindCount; ++k) {
+    // The bandwidth part of the large call: what the latency terms leave.
+    const double beta_ms = std::max(ms[1 + k] - collective_ms(kKinds[k], 0, ranks, 1, r.latency_us), 1e-6);
+    r.bandwidth_gbs[k] = collective_ms(kKinds[k], bytes, ranks, 1, 0) / beta_ms;  // 1 GB/s -> x
+  }
   return r;
 }
 
 // The link figures inside a node, per group size: groups of 2, 4, ... and
 // of the whole node (`per_node` ranks), every node's groups at once, as a
 // run's axes talk inside each node at once. Empty with one rank per node.
-std::vector<LinkRates> intra_node_rates(MPI_Comm world, int per_node, Communicator::Backend backend, View1D buf) {
+std::vector<LinkRates> intra_node_rates(MPI_Comm world, int per_node, Communicator::Backend backend, View1D buf,
+                                        View1D out) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   MPI_Comm node = MPI_COMM_NULL;
@@ -302,7 +334,7 @@ std::vector<LinkRates> intra_node_rates(MPI_Comm world, int per_node, Communicat
   for (int g : sizes) {
     MPI_Comm group = MPI_COMM_NULL;
     MPI_Comm_split(node, local < per_node / g * g ? local / g : MPI_UNDEFINED, local, &group);
-    rates.push_back(all_reduce_rates(group, world, backend, buf));
+    rates.push_back(link_rates(group, world, backend, buf, out));
     if (group != MPI_COMM_NULL) MPI_Comm_free(&group);
   }
   MPI_Comm_free(&node);
@@ -349,25 +381,42 @@ std::string calibrate_cluster(MPI_Comm world) {
   // over all ranks (the slower link dominates a group that spans nodes).
   const Communicator::Backend backend = device_collectives_backend(world);
   Communicator comm(world, "calibration", backend);
-  View1D buf("ndmini::calib_all_reduce", std::size_t{1} << 24);
+  View1D buf("ndmini::calib_collective", std::size_t{1} << 24), out("ndmini::calib_collective_out", buf.extent(0));
   const bool one_node = nodes_max == size;
-  const std::vector<LinkRates> groups = intra_node_rates(world, nodes_min, backend, buf);
-  const LinkRates across = one_node ? LinkRates{} : all_reduce_rates(world, world, backend, buf);
-  std::vector<double> latencies, bandwidths;
-  std::string by_size;
-  for (const LinkRates& g : groups) {
-    latencies.push_back(g.latency_us);
-    bandwidths.push_back(g.bandwidth_gbs);
-    by_size += (by_size.empty() ? "" : ", ") + std::to_string(g.ranks) + " ranks " + fixed(g.bandwidth_gbs, 3) +
-               " GB/s, " + fixed(g.latency_us, 3) + " us";
+  const std::vector<LinkRates> groups = intra_node_rates(world, nodes_min, backend, buf, out);
+  const LinkRates across = one_node ? LinkRates{} : link_rates(world, world, backend, buf, out);
+  LinkRates intra = across;         // with one rank per node: the figures over all ranks
+  std::string by_size[kKindCount];  // each kind's figure per group size, for the file's comments
+  if (!groups.empty()) {
+    std::vector<double> latencies;
+    for (const LinkRates& g : groups) latencies.push_back(g.latency_us);
+    intra.latency_us = median_of(latencies);
+    for (int k = 0; k < kKindCount; ++k) {
+      std::vector<double> bandwidths;
+      for (const LinkRates& g : groups) {
+        bandwidths.push_back(g.bandwidth_gbs[k]);
+        by_size[k] += (by_size[k].empty() ? "" : ", ") + std::to_string(g.ranks) + " ranks " +
+                      fixed(g.bandwidth_gbs[k], 3) + " GB/s" + (k == 0 ? ", " + fixed(g.latency_us, 3) + " us" : "");
+      }
+      intra.bandwidth_gbs[k] = median_of(bandwidths);
+    }
   }
-  spec.intra_latency_us = groups.empty() ? across.latency_us : median_of(latencies);
-  spec.intra_bandwidth_gbs = groups.empty() ? across.bandwidth_gbs : median_of(bandwidths);
-  spec.inter_latency_us = one_node ? spec.intra_latency_us : across.latency_us;
-  spec.inter_bandwidth_gbs = one_node ? spec.intra_bandwidth_gbs : across.bandwidth_gbs;
-  const std::string intra_how =
-      groups.empty() ? "one rank per node: the figure over all ranks"
-                     : "the median over group sizes inside a node (" + by_size + "), every node's groups at once";
+  const LinkRates& inter = one_node ? intra : across;
+  spec.intra_latency_us = intra.latency_us;
+  spec.inter_latency_us = inter.latency_us;
+  double* const intra_keys[kKindCount] = {&spec.intra_bandwidth_gbs, &spec.intra_all_gather_gbs,
+                                          &spec.intra_reduce_scatter_gbs, &spec.intra_p2p_gbs};
+  double* const inter_keys[kKindCount] = {&spec.inter_bandwidth_gbs, &spec.inter_all_gather_gbs,
+                                          &spec.inter_reduce_scatter_gbs, &spec.inter_p2p_gbs};
+  for (int k = 0; k < kKindCount; ++k) {
+    *intra_keys[k] = intra.bandwidth_gbs[k];
+    *inter_keys[k] = inter.bandwidth_gbs[k];
+  }
+  auto intra_how = [&](int k) {
+    return groups.empty()
+               ? std::string("one rank per node: the figure over all ranks")
+               : "the median over group sizes inside a node (" + by_size[k] + "), every node's groups at once";
+  };
   spec.network_efficiency = 1.0;  // measured rates, not datasheet ones
   // What the model's own kernels reach, every rank at once; the slowest
   // rank speaks (a step waits for it). The model uses memory bandwidth for
@@ -439,13 +488,18 @@ std::string calibrate_cluster(MPI_Comm world) {
         "one block's LayerNorms, GELU and bias gradients (4 x 256 tokens, 768 channels), forward and backward, "
         "counted as the planner counts them (3 x the block's activation records), median of 3 passes of 7, slowest "
         "rank"},
-       {"intra_node.bandwidth_gbs", "a 64 MiB all-reduce through the comm layer as ring bus bandwidth; " + intra_how},
+       {"intra_node.bandwidth_gbs",
+        "a 64 MiB all-reduce through the comm layer as ring bus bandwidth; " + intra_how(0)},
        {"intra_node.latency_us", groups.empty() ? "a one-float all-reduce over all ranks, per ring step"
                                                 : "a one-float all-reduce, per ring step; the median over the same "
                                                   "group sizes"},
+       {"intra_node.all_gather_gbs", "the same for a 64 MiB all-gather (the gathered buffer): " + intra_how(1)},
+       {"intra_node.reduce_scatter_gbs", "a 64 MiB reduce-scatter (the scattered buffer): " + intra_how(2)},
+       {"intra_node.p2p_gbs",
+        "a ring exchange, 64 MiB sent to the next rank and received from the one before: " + intra_how(3)},
        {"inter_node.bandwidth_gbs",
-        one_node ? "one node: the intra-node figure (no link between nodes to measure)"
-                 : "the 64 MiB all-reduce over all " + std::to_string(size) + " ranks, which span nodes"},
+        one_node ? "one node: the intra-node figures (no link between nodes to measure)"
+                 : "the same collectives over all " + std::to_string(size) + " ranks, which span nodes"},
        {"inter_node.latency_us",
         one_node ? "one node: the intra-node figure" : "the one-float all-reduce over all ranks"},
        {"efficiency.compute",

@@ -30,6 +30,7 @@ struct ClusterKey {
 };
 
 constexpr const char* kGemmRule = "a fraction of the precision's peak, above 0 and at most 1";
+constexpr const char* kBusRule = "GB/s of bus bandwidth per device, above 0";
 
 // The member of a shape class's key, by precision and class.
 double ClusterSpec::*gemm_member(GemmClass c, Precision precision) {
@@ -50,9 +51,15 @@ const std::vector<ClusterKey>& cluster_keys() {
       {"intra_node.bandwidth_gbs", true, 0, 1e6, "GB/s per device and direction, above 0",
        &ClusterSpec::intra_bandwidth_gbs},
       {"intra_node.latency_us", true, 0, 1e6, "microseconds, 0 or more", &ClusterSpec::intra_latency_us},
+      {"intra_node.all_gather_gbs", false, 0, 1e6, kBusRule, &ClusterSpec::intra_all_gather_gbs, true},
+      {"intra_node.reduce_scatter_gbs", false, 0, 1e6, kBusRule, &ClusterSpec::intra_reduce_scatter_gbs, true},
+      {"intra_node.p2p_gbs", false, 0, 1e6, kBusRule, &ClusterSpec::intra_p2p_gbs, true},
       {"inter_node.bandwidth_gbs", true, 0, 1e6, "GB/s per device and direction, above 0",
        &ClusterSpec::inter_bandwidth_gbs},
       {"inter_node.latency_us", true, 0, 1e6, "microseconds, 0 or more", &ClusterSpec::inter_latency_us},
+      {"inter_node.all_gather_gbs", false, 0, 1e6, kBusRule, &ClusterSpec::inter_all_gather_gbs, true},
+      {"inter_node.reduce_scatter_gbs", false, 0, 1e6, kBusRule, &ClusterSpec::inter_reduce_scatter_gbs, true},
+      {"inter_node.p2p_gbs", false, 0, 1e6, kBusRule, &ClusterSpec::inter_p2p_gbs, true},
       {"efficiency.compute", false, 0, 1, "a fraction of the peak, above 0 and at most 1",
        &ClusterSpec::compute_efficiency},
       {"efficiency.network", false, 0, 1, "a fraction of the bandwidth, above 0 and at most 1",

@@ -13,6 +13,7 @@
 //   [efficiency] compute = 0.6   network = 0.8           # optional, see kDefault*Efficiency
 //                attention = 0.4 overlap = 0.9          # optional: as compute, 1
 //   [device] kernel_bandwidth_gbs = 900                 # optional: memory_bandwidth_gbs
+//   [intra_node] all_gather_gbs = 280 ...                 # optional, per collective kind: bandwidth_gbs
 //   [efficiency] gemm_small_fp32 = 0.5 ...               # optional, per shape class and precision: compute
 #include <string>
 #include <utility>
@@ -54,6 +55,13 @@ struct ClusterSpec {
   // and microseconds per message, inside a node and between nodes.
   double intra_bandwidth_gbs = 0, intra_latency_us = 0;
   double inter_bandwidth_gbs = 0, inter_latency_us = 0;
+  // Optional, measured by ndmini plan --calibrate: the bus bandwidth an
+  // all-gather, a reduce-scatter and a ring exchange of messages (send to
+  // the next rank, receive from the one before) reach on each link, where
+  // they differ from the all-reduce's above (0: absent, bandwidth_gbs
+  // stands in, as on NCCL, whose rings move every kind at one rate).
+  double intra_all_gather_gbs = 0, intra_reduce_scatter_gbs = 0, intra_p2p_gbs = 0;
+  double inter_all_gather_gbs = 0, inter_reduce_scatter_gbs = 0, inter_p2p_gbs = 0;
   double compute_efficiency = kDefaultComputeEfficiency;
   double network_efficiency = kDefaultNetworkEfficiency;
   // Optional, measured by ndmini plan --calibrate: the fraction of the peak

@@ -58,8 +58,7 @@ class TrafficCounter {
     t.calls += calls;
     t.bytes += calls * bytes;
     if (cluster_ == nullptr) return;
-    const double bandwidth =
-        (t.inter_node ? cluster_->inter_bandwidth_gbs : cluster_->intra_bandwidth_gbs) * cluster_->network_efficiency;
+    const double bandwidth = link_bandwidth_gbs(*cluster_, kind, t.inter_node) * cluster_->network_efficiency;
     const double latency = t.inter_node ? cluster_->inter_latency_us : cluster_->intra_latency_us;
     t.ms += calls * collective_ms(kind, bytes, t.size, bandwidth, latency);
   }
@@ -281,6 +280,16 @@ bool group_spans_nodes(const ParallelDims& dims, const AxisSet& axes, int device
     stride *= degrees[i];
   }
   return farthest >= devices_per_node;
+}
+
+double link_bandwidth_gbs(const ClusterSpec& c, Collective kind, bool inter_node) {
+  const double all_reduce = inter_node ? c.inter_bandwidth_gbs : c.intra_bandwidth_gbs;
+  const double own = kind == Collective::all_gather ? (inter_node ? c.inter_all_gather_gbs : c.intra_all_gather_gbs)
+                     : kind == Collective::reduce_scatter
+                         ? (inter_node ? c.inter_reduce_scatter_gbs : c.intra_reduce_scatter_gbs)
+                     : kind == Collective::p2p ? (inter_node ? c.inter_p2p_gbs : c.intra_p2p_gbs)
+                                               : 0.0;
+  return own > 0 ? own : all_reduce;
 }
 
 double collective_ms(Collective kind, double bytes, int n, double bandwidth_gbs, double latency_us) {

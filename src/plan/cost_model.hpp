@@ -116,5 +116,8 @@ bool group_spans_nodes(const ParallelDims& dims, const AxisSet& axes, int device
 // over `n` ranks on links of `bandwidth_gbs` and `latency_us` (per message).
 enum class Collective { all_reduce, all_gather, reduce_scatter, p2p };
 double collective_ms(Collective kind, double bytes, int n, double bandwidth_gbs, double latency_us);
+// The bus bandwidth of `kind` on one link of `cluster` (inside a node or
+// between nodes): its own key where the file has one, else the all-reduce's.
+double link_bandwidth_gbs(const ClusterSpec& cluster, Collective kind, bool inter_node);
 
 }  // namespace ndmini

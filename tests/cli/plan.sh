@@ -203,6 +203,39 @@ assert comm(sp_sg) == comm(sp) and sp_sg["time_ms"] == sp["time_ms"]
 print("stored scores +%.4f ms; pp bytes %.0f -> %.0f" % (added_ms, c0["pp"]["bytes"], c1["pp"]["bytes"]))
 PY
     ;;
+  collective_kinds)
+    # A collective kind with its own key (--calibrate writes them: MPI's reduce-scatter is slower
+    # than its all-reduce on this project's machines) takes its bus bandwidth from it, any other the
+    # all-reduce's. With the latencies 0 a collective's time is its bytes over that bandwidth:
+    # halving one kind's doubles exactly the groups that send that kind and leaves the others.
+    # fsdp 2 x cp 2 (one stage, so the report's stage stays the same): FSDP's all-gathers and
+    # reduce-scatters over both axes, cp's ring exchange, the loss's all-reduce; all inside the node.
+    plan_comm() {
+      run 1 plan tiny.toml --cluster "$1" --world 4 --set parallel.dp_shard=2 --set parallel.cp=2 --json >"$1.json" \
+        2>err.txt || { cat err.txt; fail "$1 was refused"; }
+    }
+    no_latency='s/^latency_us = [0-9]+ /latency_us = 0 /'
+    cluster_with "$no_latency" && mv bad.toml base.toml
+    cluster_with "$no_latency; s/^(bandwidth_gbs = 300 .*)$/\1\nall_gather_gbs = 300\nreduce_scatter_gbs = 300\np2p_gbs = 300/"
+    mv bad.toml same.toml
+    cluster_with "$no_latency; s/^(bandwidth_gbs = 300 .*)$/\1\nall_gather_gbs = 150\nreduce_scatter_gbs = 150/"
+    mv bad.toml gathers.toml
+    cluster_with "$no_latency; s/^(bandwidth_gbs = 300 .*)$/\1\np2p_gbs = 150/" && mv bad.toml p2p.toml
+    for f in base same gathers p2p; do plan_comm $f.toml; done
+    python3 - <<'PY' || fail "a collective kind's own bandwidth was not the one used"
+import json
+comm = lambda f: {c["group"]: c["ms"] for c in json.load(open(f + ".toml.json"))["layouts"][0]["comm"]}
+base, same, gathers, p2p = comm("base"), comm("same"), comm("gathers"), comm("p2p")
+assert same == base, (same, base)
+assert base["fsdp"] > 0 and base["cp"] > 0 and base["batch"] > 0, base
+close = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+for changed, group in ((gathers, "fsdp"), (p2p, "cp")):
+    for g in base:
+        assert close(changed[g], 2 * base[g] if g == group else base[g]), (group, g, changed[g], base[g])
+print("fsdp %.4f -> %.4f ms, cp %.4f -> %.4f ms" % (base["fsdp"], gathers["fsdp"], base["cp"], p2p["cp"]))
+PY
+    cluster_with 's/^(bandwidth_gbs = 25 .*)$/\1\nreduce_scatter_gbs = 0/'
+    expect_exit2 "inter_node.reduce_scatter_gbs = 0 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
   unknown_key)
     cluster_with 's/^latency_us = 8 /latncy_us = 8 /'
     expect_exit2 "unknown key 'inter_node.latncy_us'" tiny.toml --cluster bad.toml --world 1 ;;
@@ -229,7 +262,7 @@ PY
     grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
     grep -qE "^# .*inside a node \(2 ranks [0-9.]+ GB/s, [0-9.]+ us\)" here.toml ||
       fail "the intra-node figure does not list its group size"
-    for key in kernel_bandwidth_gbs attention overlap; do
+    for key in kernel_bandwidth_gbs attention overlap all_gather_gbs reduce_scatter_gbs p2p_gbs; do
       grep -qE "^$key = [0-9.e+-]+$" here.toml || fail "the calibration wrote no $key"
     done
     # Every shape class in both precisions, a fraction of its peak; the large fp32 class is efficiency.compute.
@@ -269,6 +302,15 @@ bw, us = value("intra_node", "bandwidth_gbs"), value("intra_node", "latency_us")
 assert abs(bw - max(g[1] for g in groups)) <= 1e-3 * max(1, bw), (bw, groups)
 assert abs(us - max(g[2] for g in groups)) <= 1e-3 * max(1, us), (us, groups)
 assert value("inter_node", "bandwidth_gbs") == bw and value("inter_node", "latency_us") == us, "one node"
+# Each other collective kind: its own figure per group size, and their median.
+for key in ("all_gather_gbs", "reduce_scatter_gbs", "p2p_gbs"):
+    note = re.search(r"^# (.*)\n" + key + " = ", text, re.M).group(1)
+    sizes = re.search(r"inside a node \((.*)\), every node's groups at once", note).group(1)
+    kind = [(int(n), float(bw)) for n, bw in re.findall(r"(\d+) ranks ([0-9.]+) GB/s", sizes)]
+    assert [n for n, _ in kind] == [2, 4], (key, kind)
+    v = value("intra_node", key)
+    assert abs(v - max(b for _, b in kind)) <= 1e-3 * max(1, v), (key, v, kind)
+    assert value("inter_node", key) == v, ("one node", key)
 print("groups", groups)
 PY
     run 1 plan tiny.toml --cluster here.toml --world 4 --search --top 3 >out.txt 2>&1 ||
