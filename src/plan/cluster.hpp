@@ -13,7 +13,7 @@
 //   [efficiency] compute = 0.6   network = 0.8           # optional, see kDefault*Efficiency
 //                attention = 0.4 overlap = 0.9          # optional: as compute, 1
 //   [device] kernel_bandwidth_gbs = 900                 # optional: memory_bandwidth_gbs
-//   [intra_node] all_gather_gbs = 280 ...                 # optional, per collective kind: bandwidth_gbs
+//   [intra_node] all_gather_gbs = 280 ...               # optional, per collective kind: bandwidth_gbs
 //   [efficiency] gemm_small_fp32 = 0.5 ...               # optional, per shape class and precision: compute
 #include <string>
 #include <utility>

@@ -283,13 +283,21 @@ bool group_spans_nodes(const ParallelDims& dims, const AxisSet& axes, int device
 }
 
 double link_bandwidth_gbs(const ClusterSpec& c, Collective kind, bool inter_node) {
-  const double all_reduce = inter_node ? c.inter_bandwidth_gbs : c.intra_bandwidth_gbs;
-  const double own = kind == Collective::all_gather ? (inter_node ? c.inter_all_gather_gbs : c.intra_all_gather_gbs)
-                     : kind == Collective::reduce_scatter
-                         ? (inter_node ? c.inter_reduce_scatter_gbs : c.intra_reduce_scatter_gbs)
-                     : kind == Collective::p2p ? (inter_node ? c.inter_p2p_gbs : c.intra_p2p_gbs)
-                                               : 0.0;
-  return own > 0 ? own : all_reduce;
+  double own = 0;  // the kind's own key (0: absent)
+  switch (kind) {
+    case Collective::all_gather:
+      own = inter_node ? c.inter_all_gather_gbs : c.intra_all_gather_gbs;
+      break;
+    case Collective::reduce_scatter:
+      own = inter_node ? c.inter_reduce_scatter_gbs : c.intra_reduce_scatter_gbs;
+      break;
+    case Collective::p2p:
+      own = inter_node ? c.inter_p2p_gbs : c.intra_p2p_gbs;
+      break;
+    case Collective::all_reduce:
+      break;
+  }
+  return own > 0 ? own : (inter_node ? c.inter_bandwidth_gbs : c.intra_bandwidth_gbs);
 }
 
 double collective_ms(Collective kind, double bytes, int n, double bandwidth_gbs, double latency_us) {
