@@ -2,19 +2,22 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """ndmini plan's predicted step time next to the measured one, on this machine.
 
-Calibrates this machine once (`mpiexec -n 2 ndmini plan --calibrate`: GEMM
-rates, copy bandwidth, all-reduce latency and bandwidth; nothing is fitted
-to the runs below), then trains every 1- and 2-rank layout of a deck (dp,
-fsdp, tp, tp + sequence parallelism, cp, pp with each schedule, recompute)
-REPEATS times with `perf.cluster` set to that file, in rounds (one run of
-every layout per round: a slow spell of a shared machine then spoils one
-run of a few layouts, not all runs of one). Each run's metrics
-summary carries the measured step (the median over its steps after the
-first) and the planner's prediction of the same layout, so the table sets
-them side by side: per layout the median of the runs' medians and their
-range, the prediction, the error; the compute and exposed communication
-split the same way; and whether the predicted fastest layout is the
-measured fastest (or within 5% of it).
+Trains every 1- and 2-rank layout of a deck (dp, fsdp, tp, tp + sequence
+parallelism, cp, pp with each schedule, recompute) REPEATS times, in rounds:
+one run of every layout per round, so a slow spell of a shared machine
+spoils one run of a few layouts, not all runs of one. Each round starts by
+calibrating this machine (`mpiexec -n 2 ndmini plan --calibrate`: GEMM
+rates, kernel and memory bandwidth, each collective's latency and
+bandwidth; nothing is fitted to the runs), and the round's runs train with
+`perf.cluster` set to that file: a calibration is a 30-second sample of a
+machine whose speed drifts over minutes, so each round is predicted from
+one taken minutes before it. Each run's metrics summary carries the
+measured step (the median over its steps after the first) and the
+planner's prediction of the same layout, so the table sets them side by
+side: per layout the median of the runs' medians and their range, the
+median of the runs' predictions, the error; the compute and exposed
+communication split the same way; and whether the predicted fastest layout
+is the measured fastest (or within 5% of it).
 
 Run it on a quiet machine, one rank per core (OPENBLAS_NUM_THREADS=1 is set
 for the runs): the figures are what this machine does that day.
@@ -25,7 +28,7 @@ Usage: plan_vs_measured.py [NDMINI] [--deck DECK] [--steps N] [--repeats R]
   --deck     default inputs/small.toml
   --steps    steps per run (default 6; the first is left out of the median)
   --repeats  runs per layout (default 3)
-  --cluster  a cluster file to use instead of calibrating now
+  --cluster  a cluster file to use in every round instead of calibrating
   --out      also write the Markdown table to FILE
 """
 import json
@@ -75,6 +78,14 @@ def summary_of(path):
     return summary
 
 
+def key_value(cluster_text, key):
+    """The first value of `key` in a cluster file's text (the intra-node one for a link's key)."""
+    for line in cluster_text.splitlines():
+        if line.split("=")[0].strip() == key:
+            return float(line.split("=")[1])
+    raise RuntimeError(f"the cluster file has no {key}")
+
+
 def pct(predicted, measured):
     return 100.0 * (predicted - measured) / measured
 
@@ -85,29 +96,26 @@ def main():
     a = deck_runs.parse(p, "plan_vs_measured.py")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     work = tempfile.mkdtemp(prefix="ndmini-plan-vs-measured.")
-    cluster = a.cluster
-    if cluster is None:
-        cluster = os.path.join(work, "here.toml")
-        print("calibrating: mpiexec -n 2 ndmini plan --calibrate", flush=True)
-        r = run(mpiexec(2, [a.ndmini, "plan", "--calibrate", "--out", cluster]), env=env)
-        if r.returncode != 0:
-            sys.exit(r.stdout + r.stderr)
-    with open(cluster) as f:
-        cluster_text = f.read()
-    peak_gflops = None
-    for line in cluster_text.splitlines():
-        if line.startswith("peak_tflops_fp32"):
-            peak_gflops = float(line.split("=")[1]) * 1e3  # MFU's peak: no start-up calibration per run
 
     # In rounds: one run of every layout, then the next round. This machine's
     # speed drifts over tens of seconds; a slow spell then falls on one run of
     # a few layouts, which the median drops, not on every run of one layout.
     runs_of = [[] for _ in LAYOUTS]
+    clusters = []  # each round's cluster file: (path, text)
     for rep in range(a.repeats):
+        cluster = a.cluster
+        if cluster is None:
+            cluster = os.path.join(work, f"here-{rep + 1}.toml")
+            print(f"round {rep + 1}: calibrating: mpiexec -n 2 ndmini plan --calibrate", flush=True)
+            r = run(mpiexec(2, [a.ndmini, "plan", "--calibrate", "--out", cluster]), env=env)
+            if r.returncode != 0:
+                sys.exit(r.stdout + r.stderr)
+        with open(cluster) as f:
+            clusters.append((cluster, f.read()))
+        peak_gflops = key_value(clusters[-1][1], "peak_tflops_fp32") * 1e3  # MFU's peak: no start-up calibration
         for i, (label, ranks, overrides) in enumerate(LAYOUTS):
             sets = [f"train.steps={a.steps}", f"perf.cluster={cluster}"] + overrides
-            if peak_gflops:
-                sets.append(f"perf.peak_gflops={peak_gflops}")
+            sets.append(f"perf.peak_gflops={peak_gflops}")
             metrics = os.path.join(work, f"m-{i}-{rep}.jsonl")
             cmd = [a.ndmini, "train", a.deck, "--metrics", metrics]
             for s in sets:
@@ -121,21 +129,30 @@ def main():
     rows = []
     for (label, ranks, overrides), runs in zip(LAYOUTS, runs_of):
         step = [s["median_step_ms"] for s in runs]
-        median_run = sorted(runs, key=lambda s: s["median_step_ms"])[len(runs) // 2]
-        predicted = median_run["predicted"]
+        median = lambda f: statistics.median(f(s) for s in runs)  # each figure: the median of the runs'
         rows.append({
             "label": label, "ranks": ranks, "overrides": overrides,
             "measured": statistics.median(step), "min": min(step), "max": max(step),
-            "predicted": predicted["step_ms"],
-            "compute": median_run["compute_ms"], "compute_predicted": predicted["compute_ms"],
-            "comm": sum(median_run["exposed_comm_ms"].values()),
-            "comm_predicted": sum(predicted["exposed_comm_ms"].values()),
+            "predicted": median(lambda s: s["predicted"]["step_ms"]),
+            "compute": median(lambda s: s["compute_ms"]),
+            "compute_predicted": median(lambda s: s["predicted"]["compute_ms"]),
+            "comm": median(lambda s: sum(s["exposed_comm_ms"].values())),
+            "comm_predicted": median(lambda s: sum(s["predicted"]["exposed_comm_ms"].values())),
         })
 
     deck = os.path.relpath(a.deck, REPO)
     lines = [f"Deck `{deck}`, {a.steps} steps per run (the first left out), {a.repeats} runs per layout; "
-             f"cluster file: {'calibrated by this script' if a.cluster is None else a.cluster}.", "",
-             "```", cluster_text.strip(), "```", "",
+             f"cluster file: {'calibrated at the start of each round' if a.cluster is None else a.cluster}. "
+             "Each figure is the median of the runs'.", ""]
+    if a.cluster is None:
+        keys = ["peak_tflops_fp32", "compute", "attention", "memory_bandwidth_gbs", "kernel_bandwidth_gbs",
+                "bandwidth_gbs", "all_gather_gbs", "reduce_scatter_gbs", "p2p_gbs"]
+        lines += ["The rounds' calibrations (intra-node links):", "",
+                  "| round | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|" + "---|" * len(keys)]
+        for n, (_, text) in enumerate(clusters):
+            lines.append(f"| {n + 1} | " + " | ".join(f"{key_value(text, k):.4g}" for k in keys) + " |")
+        lines += ["", "Round 1's file:", ""]
+    lines += ["```", clusters[0][1].strip(), "```", "",
              "| layout | ranks | measured ms (median, range) | predicted ms | error | compute meas. / pred. ms "
              "| exposed comm meas. / pred. ms |",
              "|---|---|---|---|---|---|---|"]
