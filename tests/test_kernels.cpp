@@ -84,7 +84,7 @@ TEST(Kernels, LinearBackwardMatchesFiniteDifferences) {
   // dx_beta = 1 adds to dx instead of overwriting it.
   fill_uniform(dx, 9, -1, 1);
   const auto dx0 = host(dx);
-  kn::linear_backward(dx, dw, db, R, x, w, real(1));
+  kn::linear_backward(dx, dw, db, R, x, w, {}, real(1));
   expect_close("linear dx (beta 1)", an_dx, minus(host(dx), dx0));
 
   // Empty dx and dbias are skipped; dW still accumulates.

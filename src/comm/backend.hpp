@@ -64,25 +64,59 @@ struct Communicator::BackendImpl {
   // its issue (NCCL: an event on the compute stream), so no host fence is needed.
   virtual bool orders_with_compute() const { return false; }
 
+  // The sums, for fp32 and for bf16 values (Communicator's sums of either;
+  // a bf16 sum is only ever ReduceOp::sum).
   virtual void all_reduce(real* buf, std::size_t count, ReduceOp op) = 0;
-  virtual void all_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
+  virtual void all_reduce(bf16* buf, std::size_t count, ReduceOp op) = 0;
   virtual void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) = 0;
+  virtual void reduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> iall_reduce(bf16* buf, std::size_t count, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
+                                                             std::size_t count_per_rank) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter(const bf16* send, bf16* recv,
+                                                             std::size_t count_per_rank) = 0;
+
+  virtual void all_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
   virtual void broadcast(real* buf, std::size_t count, int root) = 0;
   virtual std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) = 0;
   virtual void send(const real* buf, std::size_t count, int peer, int tag) = 0;
   virtual void recv(real* buf, std::size_t count, int peer, int tag) = 0;
-
-  virtual std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) = 0;
   virtual std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
-  virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
-                                                             std::size_t count_per_rank) = 0;
   virtual std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) = 0;
+};
 
-  // bf16 sums (Communicator's bf16 all_reduce and reduce_scatter).
-  virtual void all_reduce_bf16(bf16* buf, std::size_t count) = 0;
-  virtual std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) = 0;
-  virtual std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
-                                                                  std::size_t count_per_rank) = 0;
+// A backend that writes each sum once, as member templates over the element
+// type (all_reduce_of<T>, reduce_scatter_of<T>, iall_reduce_of<T>,
+// ireduce_scatter_of<T>, T = real or bf16), derives from this: it turns the
+// fp32 and bf16 overrides into calls of those templates.
+template <class Backend>
+struct SumsOverElementType : Communicator::BackendImpl {
+  void all_reduce(real* buf, std::size_t count, ReduceOp op) override { self().all_reduce_of(buf, count, op); }
+  void all_reduce(bf16* buf, std::size_t count, ReduceOp op) override { self().all_reduce_of(buf, count, op); }
+  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
+    self().reduce_scatter_of(send, recv, count_per_rank);
+  }
+  void reduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank) override {
+    self().reduce_scatter_of(send, recv, count_per_rank);
+  }
+  std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
+    return self().iall_reduce_of(buf, count, op);
+  }
+  std::unique_ptr<CommRequest::Impl> iall_reduce(bf16* buf, std::size_t count, ReduceOp op) override {
+    return self().iall_reduce_of(buf, count, op);
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
+                                                     std::size_t count_per_rank) override {
+    return self().ireduce_scatter_of(send, recv, count_per_rank);
+  }
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const bf16* send, bf16* recv,
+                                                     std::size_t count_per_rank) override {
+    return self().ireduce_scatter_of(send, recv, count_per_rank);
+  }
+
+ private:
+  Backend& self() { return static_cast<Backend&>(*this); }
 };
 
 }  // namespace ndmini

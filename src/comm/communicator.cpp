@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "comm/backend.hpp"
@@ -204,8 +205,10 @@ Communicator::~Communicator() = default;
 namespace detail {
 namespace {
 
-std::int64_t real_bytes(std::size_t count) { return static_cast<std::int64_t>(count * sizeof(real)); }
-std::int64_t bf16_bytes(std::size_t count) { return static_cast<std::int64_t>(count * sizeof(bf16)); }
+template <class T = real>
+std::int64_t bytes_of(std::size_t count) {
+  return static_cast<std::int64_t>(count * sizeof(T));
+}
 
 // Where a collective is issued: the communicator's accounting, its place in
 // the ledger, and whether compute must be fenced first (not where the backend
@@ -294,10 +297,22 @@ bool Communicator::skip(const char* op) {
   return true;
 }
 
-void Communicator::all_reduce(real* buf, std::size_t count, ReduceOp op) {
+namespace {
+
+// Sums of bf16 values take only ReduceOp::sum (the MPI backend's bf16 operation is a sum).
+template <class T>
+void require_sum(ReduceOp op) {
+  if (std::is_same_v<T, bf16> && op != ReduceOp::sum) throw InternalError("a bf16 all-reduce can only sum");
+}
+
+}  // namespace
+
+template <class T>
+void Communicator::all_reduce(T* buf, std::size_t count, ReduceOp op) {
+  require_sum<T>(op);
   if (skip_sum("all_reduce")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::bytes_of<T>(count),
       [&] { impl_->all_reduce(buf, count, op); }, [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
@@ -305,17 +320,18 @@ void Communicator::all_gather(const real* send, real* recv, std::size_t count_pe
   if (skip("all_gather")) return;
   detail::blocking(
       {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_gather,
-      detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+      detail::bytes_of(static_cast<std::size_t>(size_) * count_per_rank),
       [&] { impl_->all_gather(send, recv, count_per_rank); },
       [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
-void Communicator::reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
+template <class T>
+void Communicator::reduce_scatter(const T* send, T* recv, std::size_t count_per_rank) {
   if (drop_sums_) return own_block(send, recv, count_per_rank, rank_);
   if (skip("reduce_scatter")) return;
   detail::blocking(
       {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
-      detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+      detail::bytes_of<T>(static_cast<std::size_t>(size_) * count_per_rank),
       [&] { impl_->reduce_scatter(send, recv, count_per_rank); },
       [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
 }
@@ -325,14 +341,14 @@ void Communicator::broadcast(real* buf, std::size_t count, int root) {
                                          " is not a rank of a group of " + std::to_string(size_));
   if (skip("broadcast")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::broadcast, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::broadcast, detail::bytes_of(count),
       [&] { impl_->broadcast(buf, count, root); }, [&] { return impl_->ibroadcast(buf, count, root); });
 }
 
 void Communicator::send(const real* buf, std::size_t count, int peer, int tag) {
   if (skip("send")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::send, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::send, detail::bytes_of(count),
       [&] { impl_->send(buf, count, peer, tag); },
       [&] {
         return impl_->batch_p2p({{P2POp::Kind::send, const_cast<real*>(buf), count, peer, tag}});
@@ -342,23 +358,25 @@ void Communicator::send(const real* buf, std::size_t count, int peer, int tag) {
 void Communicator::recv(real* buf, std::size_t count, int peer, int tag) {
   if (skip("recv")) return;
   detail::blocking(
-      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::recv, detail::real_bytes(count),
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::recv, detail::bytes_of(count),
       [&] { impl_->recv(buf, count, peer, tag); },
       [&] {
         return impl_->batch_p2p({{P2POp::Kind::recv, buf, count, peer, tag}});
       });
 }
 
-CommRequest Communicator::iall_reduce(real* buf, std::size_t count, ReduceOp op) {
+template <class T>
+CommRequest Communicator::iall_reduce(T* buf, std::size_t count, ReduceOp op) {
+  require_sum<T>(op);
   if (skip_sum("all_reduce")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
-                             detail::real_bytes(count), [&] { return impl_->iall_reduce(buf, count, op); });
+                             detail::bytes_of<T>(count), [&] { return impl_->iall_reduce(buf, count, op); });
 }
 
 CommRequest Communicator::iall_gather(const real* send, real* recv, std::size_t count_per_rank) {
   if (skip("all_gather")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_gather,
-                             detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+                             detail::bytes_of(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->iall_gather(send, recv, count_per_rank); });
 }
 
@@ -382,40 +400,26 @@ CommRequest Communicator::iall_gather(const bf16* send, bf16* recv, std::size_t 
   return iall_gather(reinterpret_cast<const real*>(send), reinterpret_cast<real*>(recv), fp32_slots(count_per_rank));
 }
 
-CommRequest Communicator::ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank) {
+template <class T>
+CommRequest Communicator::ireduce_scatter(const T* send, T* recv, std::size_t count_per_rank) {
   if (drop_sums_) {
     own_block(send, recv, count_per_rank, rank_);
     return CommRequest();
   }
   if (skip("reduce_scatter")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
-                             detail::real_bytes(static_cast<std::size_t>(size_) * count_per_rank),
+                             detail::bytes_of<T>(static_cast<std::size_t>(size_) * count_per_rank),
                              [&] { return impl_->ireduce_scatter(send, recv, count_per_rank); });
 }
 
-void Communicator::all_reduce(bf16* buf, std::size_t count) {
-  if (skip_sum("all_reduce")) return;
-  detail::blocking(
-      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce, detail::bf16_bytes(count),
-      [&] { impl_->all_reduce_bf16(buf, count); }, [&] { return impl_->iall_reduce_bf16(buf, count); });
-}
-
-CommRequest Communicator::iall_reduce(bf16* buf, std::size_t count) {
-  if (skip_sum("all_reduce")) return CommRequest();
-  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_reduce,
-                             detail::bf16_bytes(count), [&] { return impl_->iall_reduce_bf16(buf, count); });
-}
-
-CommRequest Communicator::ireduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank) {
-  if (drop_sums_) {
-    own_block(send, recv, count_per_rank, rank_);
-    return CommRequest();
-  }
-  if (skip("reduce_scatter")) return CommRequest();
-  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::reduce_scatter,
-                             detail::bf16_bytes(static_cast<std::size_t>(size_) * count_per_rank),
-                             [&] { return impl_->ireduce_scatter_bf16(send, recv, count_per_rank); });
-}
+template void Communicator::all_reduce<real>(real*, std::size_t, ReduceOp);
+template void Communicator::all_reduce<bf16>(bf16*, std::size_t, ReduceOp);
+template void Communicator::reduce_scatter<real>(const real*, real*, std::size_t);
+template void Communicator::reduce_scatter<bf16>(const bf16*, bf16*, std::size_t);
+template CommRequest Communicator::iall_reduce<real>(real*, std::size_t, ReduceOp);
+template CommRequest Communicator::iall_reduce<bf16>(bf16*, std::size_t, ReduceOp);
+template CommRequest Communicator::ireduce_scatter<real>(const real*, real*, std::size_t);
+template CommRequest Communicator::ireduce_scatter<bf16>(const bf16*, bf16*, std::size_t);
 
 CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
   std::size_t count = 0;
@@ -427,7 +431,7 @@ CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
   }
   if (skip("p2p")) return CommRequest();
   return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::p2p,
-                             detail::real_bytes(count), [&] { return impl_->batch_p2p(ops); });
+                             detail::bytes_of(count), [&] { return impl_->batch_p2p(ops); });
 }
 
 CommRequest Communicator::isend(const real* buf, std::size_t count, int peer, int tag) {

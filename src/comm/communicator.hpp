@@ -139,37 +139,41 @@ class Communicator {
   Backend backend() const { return backend_; }
 
   // Blocking collectives. Counts elements are per call as named.
-  void all_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
+  // The sums (all_reduce, reduce_scatter and their non-blocking forms) take
+  // T = real or bf16; see "Sums of bf16 values" below.
+  template <class T>
+  void all_reduce(T* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
   // recv holds size() * count_per_rank: rank r's `send` lands at r * count_per_rank.
   void all_gather(const real* send, real* recv, std::size_t count_per_rank);
   // bf16 values, two to an fp32 slot (as iall_gather's bf16 form below).
   void all_gather(const bf16* send, bf16* recv, std::size_t count_per_rank);
   // send holds size() * count_per_rank; recv gets the sum of every rank's block `rank()`.
-  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, std::size_t count_per_rank);
   void broadcast(real* buf, std::size_t count, int root);
   void send(const real* buf, std::size_t count, int peer, int tag = 0);
   void recv(real* buf, std::size_t count, int peer, int tag = 0);
 
   // Non-blocking forms; buffers must stay alive until wait(), and the
   // Communicator must outlive the request (it accounts into stats()).
-  CommRequest iall_reduce(real* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
+  template <class T>
+  CommRequest iall_reduce(T* buf, std::size_t count, ReduceOp op = ReduceOp::sum);
   CommRequest iall_gather(const real* send, real* recv, std::size_t count_per_rank);
   // The same for bf16 values (FSDP's gather of a bf16 working copy): a gather
   // only moves bits, so pairs of them travel as one fp32 slot; count_per_rank
   // must be even. The ledger counts the real bytes (2 per value).
   CommRequest iall_gather(const bf16* send, bf16* recv, std::size_t count_per_rank);
-  CommRequest ireduce_scatter(const real* send, real* recv, std::size_t count_per_rank);
+  template <class T>
+  CommRequest ireduce_scatter(const T* send, T* recv, std::size_t count_per_rank);
 
-  // Sums of bf16 values (gradient reductions under comm.reduce_dtype =
-  // "bf16"): on the wire 2 bytes a value, and the ledger counts those. The
-  // sum is a bf16 sum: each pair of operands widened to fp32, added and
-  // rounded to nearest even (MPI: a user-defined operation, bf16_sum_into;
-  // NCCL: ncclBfloat16). It is not associative, so the result depends on the
-  // order the library combines the ranks in: the same every run for a given
-  // group size, the same on every rank of the group.
-  void all_reduce(bf16* buf, std::size_t count);
-  CommRequest iall_reduce(bf16* buf, std::size_t count);
-  CommRequest ireduce_scatter(const bf16* send, bf16* recv, std::size_t count_per_rank);
+  // Sums of bf16 values (T = bf16: gradient reductions under
+  // comm.reduce_dtype = "bf16", tp's activations under bf16): on the wire 2
+  // bytes a value, and the ledger counts those. Only ReduceOp::sum. The sum
+  // is a bf16 sum: each pair of operands widened to fp32, added and rounded
+  // to nearest even (MPI: a user-defined operation, bf16_sum_into; NCCL:
+  // ncclBfloat16). It is not associative, so the result depends on the order
+  // the library combines the ranks in. That order is the same every run for
+  // a given group size, and the same on every rank of the group.
 
   // Non-blocking point-to-point: every send and receive of `ops` is issued
   // at once (MPI_Isend/MPI_Irecv; one ncclGroupStart/End group on NCCL, so a

@@ -258,26 +258,20 @@ class StagedRequest final : public CommRequest::Impl {
 };
 
 // The MPI backend with every device buffer staged through host memory.
-class StagedMpiBackend final : public Communicator::BackendImpl {
+class StagedMpiBackend final : public SumsOverElementType<StagedMpiBackend> {
  public:
   StagedMpiBackend(std::unique_ptr<Communicator::BackendImpl> mpi, int size, int rank)
       : mpi_(std::move(mpi)), size_(size), rank_(rank) {}
 
-  void all_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    Staging s(pool_);
-    mpi_->all_reduce(s.in_out(buf, count), count, op);
-    s.finish();
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const bf16* send, bf16* recv,
+                                                     std::size_t count_per_rank) override {
+    return ireduce_scatter_of(send, recv, count_per_rank);
   }
+
   void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     Staging s(pool_);
     real* h = gather_buffer(s, send, recv, count_per_rank);
     mpi_->all_gather(h + rank_ * count_per_rank, h, count_per_rank);
-    s.finish();
-  }
-  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
-    Staging s(pool_);
-    const real* hs = s.in(send, size_ * count_per_rank);
-    mpi_->reduce_scatter(hs, s.out(recv, count_per_rank), count_per_rank);
     s.finish();
   }
   void broadcast(real* buf, std::size_t count, int root) override {
@@ -300,39 +294,10 @@ class StagedMpiBackend final : public Communicator::BackendImpl {
     s.finish();
   }
 
-  std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    Staging s(pool_);
-    auto r = mpi_->iall_reduce(s.in_out(buf, count), count, op);
-    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
-  }
   std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     Staging s(pool_);
     real* h = gather_buffer(s, send, recv, count_per_rank);
     auto r = mpi_->iall_gather(h + rank_ * count_per_rank, h, count_per_rank);
-    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
-  }
-  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
-                                                     std::size_t count_per_rank) override {
-    Staging s(pool_);
-    const real* hs = s.in(send, size_ * count_per_rank);
-    auto r = mpi_->ireduce_scatter(hs, s.out(recv, count_per_rank), count_per_rank);
-    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
-  }
-  void all_reduce_bf16(bf16* buf, std::size_t count) override {
-    Staging s(pool_);
-    mpi_->all_reduce_bf16(s.in_out(buf, count), count);
-    s.finish();
-  }
-  std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) override {
-    Staging s(pool_);
-    auto r = mpi_->iall_reduce_bf16(s.in_out(buf, count), count);
-    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
-  }
-  std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
-                                                          std::size_t count_per_rank) override {
-    Staging s(pool_);
-    const bf16* hs = s.in(send, size_ * count_per_rank);
-    auto r = mpi_->ireduce_scatter_bf16(hs, s.out(recv, count_per_rank), count_per_rank);
     return std::make_unique<StagedRequest>(std::move(r), std::move(s));
   }
   std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {
@@ -344,6 +309,35 @@ class StagedMpiBackend final : public Communicator::BackendImpl {
   }
 
  private:
+  // The sums, written once over the element type T (real or bf16).
+  friend struct SumsOverElementType<StagedMpiBackend>;
+  template <class T>
+  void all_reduce_of(T* buf, std::size_t count, ReduceOp op) {
+    Staging s(pool_);
+    mpi_->all_reduce(s.in_out(buf, count), count, op);
+    s.finish();
+  }
+  template <class T>
+  void reduce_scatter_of(const T* send, T* recv, std::size_t count_per_rank) {
+    Staging s(pool_);
+    const T* hs = s.in(send, size_ * count_per_rank);
+    mpi_->reduce_scatter(hs, s.out(recv, count_per_rank), count_per_rank);
+    s.finish();
+  }
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> iall_reduce_of(T* buf, std::size_t count, ReduceOp op) {
+    Staging s(pool_);
+    auto r = mpi_->iall_reduce(s.in_out(buf, count), count, op);
+    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
+  }
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter_of(const T* send, T* recv, std::size_t count_per_rank) {
+    Staging s(pool_);
+    const T* hs = s.in(send, size_ * count_per_rank);
+    auto r = mpi_->ireduce_scatter(hs, s.out(recv, count_per_rank), count_per_rank);
+    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
+  }
+
   // The gathered buffer on the host, this rank's block already in place (an
   // in-place gather, whether or not `send` lies inside `recv`).
   real* gather_buffer(Staging& s, const real* send, real* recv, std::size_t count_per_rank) {

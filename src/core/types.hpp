@@ -45,6 +45,24 @@ using ConstBf16Slice1D = Kokkos::View<const bf16*, Kokkos::LayoutRight, MemSpace
 using Bf16Slice2D = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 using ConstBf16Slice2D = Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
 
+// The same shapes over an element type T: real, or bf16 where mixed
+// precision keeps an operand in bf16. Code written once for both precisions
+// takes its operands as these (Matrix<real> is Slice2D).
+template <class T>
+using Buffer = Kokkos::View<T*, Kokkos::LayoutRight, MemSpace>;
+template <class T>
+using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+template <class T>
+using ConstMatrix = Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace, Unmanaged>;
+// A parameter whose type the caller names (f<bf16>(...)) rather than one
+// deduced from the argument: a Slice2D then converts to a ConstMatrix<real>.
+template <class T>
+struct Named {
+  using type = T;
+};
+template <class T>
+using named_t = typename Named<T>::type;
+
 // Token ids. int32 covers every vocabulary GPT-2 style models use.
 using token_t = std::int32_t;
 using TokenView = Kokkos::View<token_t*, Kokkos::LayoutRight, MemSpace>;
@@ -62,9 +80,9 @@ inline Bf16View1D uninitialized_bf16(const std::string& label, std::size_t n) {
 }
 
 // A flat buffer seen as a row-major [rows, cols] matrix.
-inline Slice2D as_matrix(const View1D& v, std::size_t rows, std::size_t cols) { return Slice2D(v.data(), rows, cols); }
-inline Bf16Slice2D as_matrix(const Bf16View1D& v, std::size_t rows, std::size_t cols) {
-  return Bf16Slice2D(v.data(), rows, cols);
+template <class T>
+Matrix<T> as_matrix(const Buffer<T>& v, std::size_t rows, std::size_t cols) {
+  return Matrix<T>(v.data(), rows, cols);
 }
 
 }  // namespace ndmini

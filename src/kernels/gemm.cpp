@@ -356,32 +356,45 @@ real seed_linear_output(Slice2D y, ConstSlice1D bias, ConstSlice2D residual) {
   return beta;
 }
 
+// One product of T operands into an fp32 C: the fp32 route or the bf16 one.
+template <class T>
+void product_of(const char* transa, const char* transb, ConstMatrix<T> a, ConstMatrix<T> b, real beta, Slice2D c) {
+  if constexpr (std::is_same_v<T, bf16>)
+    gemm_bf16(transa, transb, real(1), a, b, beta, c);
+  else
+    gemm(transa, transb, real(1), a, b, beta, c);
+}
+
 }  // namespace
 
-void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
-  gemm("N", "T", real(1), x, weight, seed_linear_output(y, bias, residual), y);
+template <class T>
+void linear_forward(Slice2D y, named_t<ConstMatrix<T>> x, named_t<ConstMatrix<T>> weight, ConstSlice1D bias,
+                    ConstSlice2D residual) {
+  product_of<T>("N", "T", x, weight, seed_linear_output(y, bias, residual), y);
 }
 
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
-                     real dx_beta) {
-  gemm("T", "N", real(1), dy, x, real(1), dweight);
-  if (dbias.extent(0) > 0) bias_backward(dbias, dy);
-  if (dx.extent(0) > 0) gemm("N", "N", real(1), dy, weight, dx_beta, dx);
-}
-
-void linear_forward(Slice2D y, ConstBf16Slice2D x, ConstBf16Slice2D weight, ConstSlice1D bias, ConstSlice2D residual) {
-  gemm_bf16("N", "T", real(1), x, weight, seed_linear_output(y, bias, residual), y);
-}
-
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, Bf16Slice2D dy_bf16,
-                     ConstBf16Slice2D x, ConstBf16Slice2D weight, real dx_beta) {
-  if (dy_bf16.extent(0) != dy.extent(0) || dy_bf16.extent(1) != dy.extent(1) || dy.stride(0) != dy.extent(1))
-    throw InternalError("linear_backward: dy_bf16 must hold a contiguous dy");
-  round_to_bf16(Bf16Slice1D(dy_bf16.data(), dy.size()), ConstSlice1D(dy.data(), dy.size()));
-  gemm_bf16("T", "N", real(1), dy_bf16, x, real(1), dweight);
+template <class T>
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, named_t<ConstMatrix<T>> x,
+                     named_t<ConstMatrix<T>> weight, named_t<Matrix<T>> dy_rounded, real dx_beta) {
+  ConstMatrix<T> dy_operand;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (dy_rounded.extent(0) != dy.extent(0) || dy_rounded.extent(1) != dy.extent(1) || dy.stride(0) != dy.extent(1))
+      throw InternalError("linear_backward: dy_rounded must hold a contiguous dy");
+    round_to_bf16(Bf16Slice1D(dy_rounded.data(), dy.size()), ConstSlice1D(dy.data(), dy.size()));
+    dy_operand = dy_rounded;
+  } else {
+    dy_operand = dy;
+  }
+  product_of<T>("T", "N", dy_operand, x, real(1), dweight);
   if (dbias.extent(0) > 0) bias_backward(dbias, dy);  // from fp32 dy: a column sum, not a product
-  if (dx.extent(0) > 0) gemm_bf16("N", "N", real(1), dy_bf16, weight, dx_beta, dx);
+  if (dx.extent(0) > 0) product_of<T>("N", "N", dy_operand, weight, dx_beta, dx);
 }
+
+template void linear_forward<real>(Slice2D, ConstSlice2D, ConstSlice2D, ConstSlice1D, ConstSlice2D);
+template void linear_forward<bf16>(Slice2D, ConstBf16Slice2D, ConstBf16Slice2D, ConstSlice1D, ConstSlice2D);
+template void linear_backward<real>(Slice2D, Slice2D, Slice1D, ConstSlice2D, ConstSlice2D, ConstSlice2D, Slice2D, real);
+template void linear_backward<bf16>(Slice2D, Slice2D, Slice1D, ConstSlice2D, ConstBf16Slice2D, ConstBf16Slice2D,
+                                    Bf16Slice2D, real);
 
 void bias_backward(Slice1D dbias, ConstSlice2D dy) {
   // Column sums of dy as a [1, N] x [N, out] GEMM with a ones row: BLAS

@@ -16,17 +16,19 @@ namespace ndmini::kernels {
 // ---- dense layers ---------------------------------------------------------
 // y[N, out] = residual + x[N, in] W^T + bias. bias and residual may be empty;
 // the residual add costs no extra pass (it seeds GEMM's C).
-void linear_forward(Slice2D y, ConstSlice2D x, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual = {});
-// dW += dy^T x, db += column sums of dy, dx = dx_beta * dx + dy W (dx may be empty).
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, ConstSlice2D x, ConstSlice2D weight,
-                     real dx_beta = 0);
-// The same layers under bf16 mixed precision: x and W are bf16, y, dx and
-// the gradients fp32 (fp32 accumulation). dy is fp32; the backward rounds it
-// to bf16 once, into dy_bf16 (as large as dy), for both of its products.
-void linear_forward(Slice2D y, ConstBf16Slice2D x, ConstBf16Slice2D weight, ConstSlice1D bias,
+// T is the operands' element type: real, or bf16 under mixed precision (x
+// and W bf16, fp32 accumulation; y, dx and the gradients stay fp32). fp32 is
+// the default; a bf16 caller names it: linear_forward<bf16>(...).
+template <class T = real>
+void linear_forward(Slice2D y, named_t<ConstMatrix<T>> x, named_t<ConstMatrix<T>> weight, ConstSlice1D bias,
                     ConstSlice2D residual = {});
-void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, Bf16Slice2D dy_bf16,
-                     ConstBf16Slice2D x, ConstBf16Slice2D weight, real dx_beta = 0);
+// dW += dy^T x, db += column sums of dy, dx = dx_beta * dx + dy W (dx may be
+// empty). dy is fp32; under bf16 it is rounded once into dy_rounded (as
+// large as dy) for both products, and the bias sums the fp32 dy. fp32 reads
+// dy itself and leaves dy_rounded empty.
+template <class T = real>
+void linear_backward(Slice2D dx, Slice2D dweight, Slice1D dbias, ConstSlice2D dy, named_t<ConstMatrix<T>> x,
+                     named_t<ConstMatrix<T>> weight, named_t<Matrix<T>> dy_rounded = {}, real dx_beta = 0);
 // C = alpha * op(A) op(B) + beta * C, op = "N" or "T". Asynchronous on
 // ExecSpace (in order with the kernels around it).
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c);

@@ -2,6 +2,7 @@
 #include "layers/tensor_parallel.hpp"
 
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
@@ -64,59 +65,54 @@ TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_paral
   return b;
 }
 
-void TensorParallel::layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+template <class T>
+void TensorParallel::layernorm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
                                      ConstSlice1D bias) {
-  enter(full, ln_local_, mean, rstd, x, weight, bias);
-}
-
-void TensorParallel::layernorm_enter(Bf16Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                                     ConstSlice1D bias) {
-  enter(full, ln_local_bf16_, mean, rstd, x, weight, bias);
-}
-
-template <class Full, class Local>
-void TensorParallel::enter(Full full, const Local& local, Slice1D mean, Slice1D rstd, ConstSlice2D x,
-                           ConstSlice1D weight, ConstSlice1D bias) {
   if (!sp_) {
     kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
     return;
   }
+  Buffer<T> local;
+  if constexpr (std::is_same_v<T, bf16>)
+    local = ln_local_bf16_;
+  else
+    local = ln_local_;
   kernels::layernorm_forward(as_matrix(local, local_rows_, channels_), mean, rstd, x, weight, bias);
   tp_->all_gather(local.data(), full.data(), local_rows_ * channels_);
 }
 
-void TensorParallel::row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias,
-                                          ConstSlice2D residual) {
-  row_parallel(y, in, weight, bias, residual);
-}
-
-void TensorParallel::row_parallel_forward(Slice2D y, ConstBf16Slice2D in, ConstBf16Slice2D weight, ConstSlice1D bias,
-                                          ConstSlice2D residual) {
-  row_parallel(y, in, weight, bias, residual);
-}
-
-template <class Input, class Weight>
-void TensorParallel::row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual) {
+template <class T>
+void TensorParallel::row_parallel_forward(Slice2D y, named_t<ConstMatrix<T>> in, named_t<ConstMatrix<T>> weight,
+                                          ConstSlice1D bias, ConstSlice2D residual) {
   if (size_ == 1) {
-    kernels::linear_forward(y, in, weight, bias, residual);
+    kernels::linear_forward<T>(y, in, weight, bias, residual);
   } else if (!sp_ && !bf16_) {
     // Rank 0 seeds the residual and the bias; the all-reduce adds every rank's partial product.
     if (rank_ == 0)
-      kernels::linear_forward(y, in, weight, bias, residual);
+      kernels::linear_forward<T>(y, in, weight, bias, residual);
     else
-      kernels::linear_forward(y, in, weight, ConstSlice1D());
+      kernels::linear_forward<T>(y, in, weight, ConstSlice1D());
     sum(y.data());
   } else if (!sp_) {
     // bf16 sums only the partial products: the residual stream never passes through bf16.
-    kernels::linear_forward(y, in, weight, ConstSlice1D());
+    kernels::linear_forward<T>(y, in, weight, ConstSlice1D());
     sum(y.data());
     kernels::add_residual_bias(y, residual, bias);
   } else {
-    kernels::linear_forward(as_matrix(partial_, rows_, channels_), in, weight, ConstSlice1D());
+    kernels::linear_forward<T>(as_matrix(partial_, rows_, channels_), in, weight, ConstSlice1D());
     sum_scatter(partial_.data(), y.data());
     kernels::add_residual_bias(y, residual, bias);
   }
 }
+
+template void TensorParallel::layernorm_enter<real>(Slice2D, Slice1D, Slice1D, ConstSlice2D, ConstSlice1D,
+                                                    ConstSlice1D);
+template void TensorParallel::layernorm_enter<bf16>(Bf16Slice2D, Slice1D, Slice1D, ConstSlice2D, ConstSlice1D,
+                                                    ConstSlice1D);
+template void TensorParallel::row_parallel_forward<real>(Slice2D, ConstSlice2D, ConstSlice2D, ConstSlice1D,
+                                                         ConstSlice2D);
+template void TensorParallel::row_parallel_forward<bf16>(Slice2D, ConstBf16Slice2D, ConstBf16Slice2D, ConstSlice1D,
+                                                         ConstSlice2D);
 
 void TensorParallel::sum(real* full) {
   const std::size_t n = rows_ * channels_;

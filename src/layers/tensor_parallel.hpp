@@ -69,18 +69,18 @@ class TensorParallel {
 
   // Enters a region: the LayerNorm of the residual rows `x` into `full`
   // [N, C] (in place without SP; with SP this rank's rows, then all-gathered).
-  void layernorm_enter(Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias);
-  // The same under bf16: `full` rounded to bf16 (and gathered as bf16: half the bytes).
-  void layernorm_enter(Bf16Slice2D full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+  // T: real, or bf16 under mixed precision (`full` rounded to bf16, and
+  // gathered as bf16: half the bytes).
+  template <class T>
+  void layernorm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
                        ConstSlice1D bias);
   // Leaves it: y [local rows, C] = residual + in W^T + bias for a
   // row-parallel layer: the partial products summed over tp (all-reduce; a
-  // reduce-scatter with SP). Without tp a plain linear layer.
-  void row_parallel_forward(Slice2D y, ConstSlice2D in, ConstSlice2D weight, ConstSlice1D bias, ConstSlice2D residual);
-  // The same with bf16 input and weight (mixed precision): y stays fp32, the
-  // partial products are summed in bf16 and the residual and bias added after.
-  void row_parallel_forward(Slice2D y, ConstBf16Slice2D in, ConstBf16Slice2D weight, ConstSlice1D bias,
+  // reduce-scatter with SP). Without tp a plain linear layer. With bf16
+  // operands (T = bf16) y stays fp32, the partial products are summed in
+  // bf16 and the residual and bias added after.
+  template <class T>
+  void row_parallel_forward(Slice2D y, named_t<ConstMatrix<T>> in, named_t<ConstMatrix<T>> weight, ConstSlice1D bias,
                             ConstSlice2D residual);
   // Backward of entering: `partial` [N, C] holds this rank's part of the
   // gradient of the LayerNorm output (the input of column-parallel layers);
@@ -114,8 +114,6 @@ class TensorParallel {
   void sum_replicated_grads(real* grads, std::size_t n, Precision wire);
 
  private:
-  template <class Input, class Weight>
-  void row_parallel(Slice2D y, Input in, Weight weight, ConstSlice1D bias, ConstSlice2D residual);
   // The three transfers of N-row activations and their gradients, in bf16 on
   // the wire under bf16: sum[N, C] over tp in place (all-reduce); the sum of
   // full[N, C] over tp, this rank's local rows into local (reduce-scatter);
@@ -123,10 +121,6 @@ class TensorParallel {
   void sum(real* full);
   void sum_scatter(const real* full, real* local);
   void gather(const real* local, real* full);
-  // layernorm_enter in fp32 or bf16; `local`: this rank's rows with SP.
-  template <class Full, class Local>
-  void enter(Full full, const Local& local, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-             ConstSlice1D bias);
 
   Communicator* tp_ = nullptr;
   int size_ = 1, rank_ = 0;

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "model/block.hpp"
 
+#include <string>
+#include <type_traits>
+
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 
@@ -55,24 +58,30 @@ BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
   return t;
 }
 
+using Kept = BlockKeptSpec::Kept;
+const std::array<BlockKeptSpec, 13> kBlockKept = {{
+    {"res3", &BlockSizes::residual, Kept::always, &BlockActivations::res3, nullptr},
+    {"ln1", &BlockSizes::full, Kept::without_recompute, nullptr, &BlockActivations::ln1},
+    {"ln1_mean", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln1_mean, nullptr},
+    {"ln1_rstd", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln1_rstd, nullptr},
+    {"qkvh", &BlockSizes::qkvh, Kept::without_recompute, nullptr, &BlockActivations::qkvh},
+    {"lse", &BlockSizes::lse, Kept::without_recompute, &BlockActivations::lse, nullptr},
+    {"atty", &BlockSizes::attention_out, Kept::without_recompute, nullptr, &BlockActivations::atty},
+    {"res2", &BlockSizes::residual, Kept::without_recompute, &BlockActivations::res2, nullptr},
+    {"ln2", &BlockSizes::full, Kept::without_recompute, nullptr, &BlockActivations::ln2},
+    {"ln2_mean", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln2_mean, nullptr},
+    {"ln2_rstd", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln2_rstd, nullptr},
+    {"fch", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch},
+    {"fch_gelu", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch_gelu},
+}};
+
 std::vector<BlockSizes::Kept> BlockSizes::kept_tensors(bool output_only) const {
-  // What TransformerBlock::allocate takes; under bf16 the products' inputs
-  // (ln1, q k v, atty, ln2, fch_gelu) and fch take 2 bytes each.
-  const std::size_t half = bf16 ? sizeof(ndmini::bf16) : sizeof(real), single = sizeof(real);
-  std::vector<Kept> kept = {{"res3", residual() * single}};
-  if (output_only) return kept;
-  kept.insert(kept.end(), {{"ln1", full() * half},
-                           {"ln1_mean", stats() * single},
-                           {"ln1_rstd", stats() * single},
-                           {"qkvh", ContextParallelAttention::qkvh_size(attention) * half},
-                           {"lse", ContextParallelAttention::lse_size(attention) * single},
-                           {"atty", attention_out() * half},
-                           {"res2", residual() * single},
-                           {"ln2", full() * half},
-                           {"ln2_mean", stats() * single},
-                           {"ln2_rstd", stats() * single},
-                           {"fch", hidden() * half},
-                           {"fch_gelu", hidden() * half}});
+  std::vector<Kept> kept;
+  for (const BlockKeptSpec& t : kBlockKept) {
+    if (output_only && t.kept != BlockKeptSpec::Kept::always) continue;
+    const std::size_t element = t.operand != nullptr && bf16 ? sizeof(ndmini::bf16) : sizeof(real);
+    kept.push_back({t.name, (this->*t.elements)() * element});
+  }
   return kept;
 }
 
@@ -109,144 +118,147 @@ TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextPara
 }
 
 BlockActivations TransformerBlock::allocate(bool output_only) const {
-  const BlockSizes& n = sizes_;
   BlockActivations a;
-  a.res3 = uninitialized("ndmini::res3", n.residual());
-  if (output_only) return a;
-  if (n.bf16) {
-    a.ln1_bf16 = uninitialized_bf16("ndmini::ln1_bf16", n.full());
-    a.atty_bf16 = uninitialized_bf16("ndmini::atty_bf16", n.attention_out());
-    a.ln2_bf16 = uninitialized_bf16("ndmini::ln2_bf16", n.full());
-    a.fch_bf16 = uninitialized_bf16("ndmini::fch_bf16", n.hidden());
-    a.fch_gelu_bf16 = uninitialized_bf16("ndmini::fch_gelu_bf16", n.hidden());
-  } else {
-    a.ln1 = uninitialized("ndmini::ln1", n.full());
-    a.atty = uninitialized("ndmini::atty", n.attention_out());
-    a.ln2 = uninitialized("ndmini::ln2", n.full());
-    a.fch = uninitialized("ndmini::fch", n.hidden());
-    a.fch_gelu = uninitialized("ndmini::fch_gelu", n.hidden());
+  for (const BlockKeptSpec& t : kBlockKept) {
+    if (output_only && t.kept != BlockKeptSpec::Kept::always) continue;
+    const std::string label = std::string("ndmini::") + t.name;
+    const std::size_t n = (sizes_.*t.elements)();
+    if (t.fp32 != nullptr)
+      a.*t.fp32 = uninitialized(label, n);
+    else if (sizes_.bf16)
+      (a.*t.operand).bf16 = uninitialized_bf16(label + "_bf16", n);
+    else
+      (a.*t.operand).fp32 = uninitialized(label, n);
   }
-  a.ln1_mean = uninitialized("ndmini::ln1_mean", n.stats());
-  a.ln1_rstd = uninitialized("ndmini::ln1_rstd", n.stats());
-  if (n.bf16)
-    a.qkvh_bf16 = uninitialized_bf16("ndmini::qkvh_bf16", ContextParallelAttention::qkvh_size(n.attention));
-  else
-    a.qkvh = uninitialized("ndmini::qkvh", ContextParallelAttention::qkvh_size(n.attention));
-  a.lse = uninitialized("ndmini::lse", ContextParallelAttention::lse_size(n.attention));
-  a.res2 = uninitialized("ndmini::res2", n.residual());
-  a.ln2_mean = uninitialized("ndmini::ln2_mean", n.stats());
-  a.ln2_rstd = uninitialized("ndmini::ln2_rstd", n.stats());
   return a;
 }
 
-void TransformerBlock::forward(const BlockWeights& weights, ConstSlice2D x, BlockActivations& a) {
-  if (sizes_.bf16) return forward_bf16(weights, x, a);
-  const BlockTensors& w = weights.w;
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
-  tp_.layernorm_enter(as_matrix(a.ln1, N, C_), a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  kernels::linear_forward(as_matrix(qkv_, N, Q_), as_matrix(a.ln1, N, C_), w.attn_w, w.attn_b);
-  attention_.forward(as_matrix(a.atty, N, Cl_), as_matrix(qkv_, N, Q_), {a.qkvh, a.lse, {}});
-  tp_.row_parallel_forward(as_matrix(a.res2, Nr, C_), as_matrix(a.atty, N, Cl_), w.attn_proj_w, w.attn_proj_b, x);
-  tp_.layernorm_enter(as_matrix(a.ln2, N, C_), a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
-  kernels::linear_forward(as_matrix(a.fch, N, F_), as_matrix(a.ln2, N, C_), w.fc_w, w.fc_b);
-  kernels::gelu_forward(as_matrix(a.fch_gelu, N, F_), as_matrix(a.fch, N, F_));
-  tp_.row_parallel_forward(as_matrix(a.res3, Nr, C_), as_matrix(a.fch_gelu, N, F_), w.mlp_proj_w, w.mlp_proj_b,
-                           as_matrix(a.res2, Nr, C_));
+void TransformerBlock::forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a) {
+  if (sizes_.bf16)
+    forward_as<bf16>(w, x, a);
+  else
+    forward_as<real>(w, x, a);
 }
 
-void TransformerBlock::backward(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
-                                const BlockActivations& a, Slice2D dres) {
-  if (sizes_.bf16) return backward_bf16(weights, g, x, a, dres);
+void TransformerBlock::backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
+                                Slice2D dres) {
+  if (sizes_.bf16)
+    backward_as<bf16>(w, g, x, a, dres);
+  else
+    backward_as<real>(w, g, x, a, dres);
+}
+
+// ---- one computation for both precisions ----------------------------------
+// Under bf16 the products' inputs are rounded to bf16 once, when they are
+// made, and kept so for the backward. The LayerNorms write bf16 (gathered as
+// bf16 with SP). The attention output and the MLP's hidden land in fp32 in
+// the backward's scratch (free during a forward) and are rounded into the
+// activation. Statistics, residuals and the attention's softmax stay fp32.
+// In fp32 every helper below is the identity, so the fp32 path does exactly
+// the operations it would do written alone.
+
+namespace {
+
+template <class T>
+constexpr bool kBf16 = std::is_same_v<T, bf16>;
+
+template <class T>
+BlockMatrices<T> operands(const BlockWeights& weights) {
+  if constexpr (kBf16<T>) {
+    return weights.bf16;
+  } else {
+    const BlockTensors& w = weights.w;
+    return {w.attn_w, w.attn_proj_w, w.fc_w, w.mlp_proj_w};
+  }
+}
+
+// Where an fp32 result that is kept as an operand is computed: in place in
+// fp32, in `scratch` under bf16 (then keep() rounds it into the operand).
+template <class T>
+Slice2D landing(const KeptOperand& k, const View1D& scratch, std::size_t rows, std::size_t cols) {
+  return as_matrix(kBf16<T> ? scratch : k.fp32, rows, cols);
+}
+template <class T>
+void keep(const KeptOperand& k, ConstSlice2D result) {
+  if constexpr (kBf16<T>)
+    kernels::round_to_bf16(Bf16Slice1D(k.bf16.data(), result.size()), ConstSlice1D(result.data(), result.size()));
+}
+
+ContextParallelAttention::Saved saved(const BlockActivations& a) { return {a.qkvh.fp32, a.lse, a.qkvh.bf16}; }
+
+}  // namespace
+
+template <class T>
+Matrix<T> TransformerBlock::dy_rounded(std::size_t cols) const {
+  if constexpr (kBf16<T>)
+    return as_matrix(dy_bf16_, sizes_.rows, cols);
+  else
+    return {};
+}
+
+template <class T>
+ConstSlice2D TransformerBlock::attention_output(const KeptOperand& atty) const {
+  const std::size_t N = sizes_.rows;
+  if constexpr (kBf16<T>) {
+    kernels::widen_bf16(Slice1D(atty_.data(), N * Cl_), ConstBf16Slice1D(atty.bf16.data(), N * Cl_));
+    return as_matrix(atty_, N, Cl_);
+  } else {
+    return as_matrix(atty.fp32, N, Cl_);
+  }
+}
+
+template <class T>
+void TransformerBlock::forward_as(const BlockWeights& weights, ConstSlice2D x, BlockActivations& a) {
   const BlockTensors& w = weights.w;
+  const BlockMatrices<T> m = operands<T>(weights);
+  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
+  const Matrix<T> ln1 = a.ln1.as<T>(N, C_);
+  tp_.layernorm_enter<T>(ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
+  kernels::linear_forward<T>(as_matrix(qkv_, N, Q_), ln1, m.attn_w, w.attn_b);
+  const Slice2D atty = landing<T>(a.atty, datty_, N, Cl_);
+  attention_.forward(atty, as_matrix(qkv_, N, Q_), saved(a));
+  keep<T>(a.atty, atty);
+  tp_.row_parallel_forward<T>(as_matrix(a.res2, Nr, C_), a.atty.as<T>(N, Cl_), m.attn_proj_w, w.attn_proj_b, x);
+  const Matrix<T> ln2 = a.ln2.as<T>(N, C_);
+  tp_.layernorm_enter<T>(ln2, a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
+  const Slice2D fch = landing<T>(a.fch, dfc_, N, F_);
+  kernels::linear_forward<T>(fch, ln2, m.fc_w, w.fc_b);
+  kernels::gelu_forward(a.fch_gelu.as<T>(N, F_), fch);
+  keep<T>(a.fch, fch);
+  tp_.row_parallel_forward<T>(as_matrix(a.res3, Nr, C_), a.fch_gelu.as<T>(N, F_), m.mlp_proj_w, w.mlp_proj_b,
+                              as_matrix(a.res2, Nr, C_));
+}
+
+template <class T>
+void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
+                                   const BlockActivations& a, Slice2D dres) {
+  const BlockTensors& w = weights.w;
+  const BlockMatrices<T> m = operands<T>(weights);
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
   // dres is d(res3); res3 = res2 + mlp(ln2(res2)), so d(res2) starts as a copy
   // (the LayerNorm backward adds into it).
   ConstSlice2D dfull = tp_.gather_output_grad(dres);
-  kernels::linear_backward(as_matrix(dfc_, N, F_), g.mlp_proj_w, Slice1D(), dfull, as_matrix(a.fch_gelu, N, F_),
-                           w.mlp_proj_w);
+  kernels::linear_backward<T>(as_matrix(dfc_, N, F_), g.mlp_proj_w, Slice1D(), dfull, a.fch_gelu.as<T>(N, F_),
+                              m.mlp_proj_w, dy_rounded<T>(C_));
   tp_.row_parallel_bias_backward(g.mlp_proj_b, dfull, dres);
-  kernels::gelu_backward(as_matrix(dfc_, N, F_), as_matrix(a.fch, N, F_), as_matrix(dfc_, N, F_));
-  kernels::linear_backward(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, as_matrix(dfc_, N, F_), as_matrix(a.ln2, N, C_),
-                           w.fc_w);
+  kernels::gelu_backward(as_matrix(dfc_, N, F_), a.fch.as<T>(N, F_), as_matrix(dfc_, N, F_));
+  kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, as_matrix(dfc_, N, F_), a.ln2.as<T>(N, C_),
+                              m.fc_w, dy_rounded<T>(F_));
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
   kernels::layernorm_backward(dres, g.ln2_w, g.ln2_b, gin, as_matrix(a.res2, Nr, C_), w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // dres is now d(res2); res2 = x + attn(ln1(x)).
   dfull = tp_.gather_output_grad(dres);
-  kernels::linear_backward(as_matrix(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, as_matrix(a.atty, N, Cl_),
-                           w.attn_proj_w);
+  kernels::linear_backward<T>(as_matrix(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, a.atty.as<T>(N, Cl_),
+                              m.attn_proj_w, dy_rounded<T>(C_));
   tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);
-  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), as_matrix(a.atty, N, Cl_),
-                      {a.qkvh, a.lse, {}});
-  kernels::linear_backward(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, as_matrix(dqkv_, N, Q_), as_matrix(a.ln1, N, C_),
-                           w.attn_w);
+  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), attention_output<T>(a.atty), saved(a));
+  kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, as_matrix(dqkv_, N, Q_), a.ln1.as<T>(N, C_),
+                              m.attn_w, dy_rounded<T>(Q_));
   // The key bias cannot change any output (it adds q . b_k to every score of
   // a softmax row), so its gradient is exactly zero. Store that zero, not
   // the rounding noise of a column sum, which Adam would amplify into
   // updates that differ between layouts.
   kernels::fill(Slice1D(g.attn_b.data() + Cl_, Cl_), 0);
-  gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
-  kernels::layernorm_backward(dres, g.ln1_w, g.ln1_b, gin, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
-}
-
-// ---- bf16 mixed precision ------------------------------------------------
-// The same computation, step for step, with the products' inputs rounded to
-// bf16 once, when they are made, and kept so for the backward: the
-// LayerNorms write bf16 (gathered as bf16 with SP); the attention output and
-// the MLP's hidden land in fp32 in the backward's scratch (free during a
-// forward) and are rounded into the activation. Statistics, residuals and
-// the attention's softmax stay fp32.
-
-ConstBf16Slice2D TransformerBlock::keep_bf16(const Bf16View1D& out, const View1D& in, std::size_t rows,
-                                             std::size_t cols) const {
-  kernels::round_to_bf16(Bf16Slice1D(out.data(), rows * cols), ConstSlice1D(in.data(), rows * cols));
-  return as_matrix(out, rows, cols);
-}
-
-void TransformerBlock::forward_bf16(const BlockWeights& weights, ConstSlice2D x, BlockActivations& a) {
-  const BlockTensors& w = weights.w;
-  const BlockMatricesBf16& m = weights.bf16;
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
-  const Bf16Slice2D ln1 = as_matrix(a.ln1_bf16, N, C_);
-  tp_.layernorm_enter(ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  kernels::linear_forward(as_matrix(qkv_, N, Q_), ln1, m.attn_w, w.attn_b);
-  attention_.forward(as_matrix(datty_, N, Cl_), as_matrix(qkv_, N, Q_), {{}, a.lse, a.qkvh_bf16});
-  const ConstBf16Slice2D atty = keep_bf16(a.atty_bf16, datty_, N, Cl_);
-  tp_.row_parallel_forward(as_matrix(a.res2, Nr, C_), atty, m.attn_proj_w, w.attn_proj_b, x);
-  const Bf16Slice2D ln2 = as_matrix(a.ln2_bf16, N, C_);
-  tp_.layernorm_enter(ln2, a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
-  kernels::linear_forward(as_matrix(dfc_, N, F_), ln2, m.fc_w, w.fc_b);
-  kernels::gelu_forward(as_matrix(a.fch_gelu_bf16, N, F_), as_matrix(dfc_, N, F_));
-  keep_bf16(a.fch_bf16, dfc_, N, F_);
-  tp_.row_parallel_forward(as_matrix(a.res3, Nr, C_), as_matrix(a.fch_gelu_bf16, N, F_), m.mlp_proj_w, w.mlp_proj_b,
-                           as_matrix(a.res2, Nr, C_));
-}
-
-void TransformerBlock::backward_bf16(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
-                                     const BlockActivations& a, Slice2D dres) {
-  const BlockTensors& w = weights.w;
-  const BlockMatricesBf16& m = weights.bf16;
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
-  const auto kept = [N](const Bf16View1D& v, std::size_t cols) { return ConstBf16Slice2D(v.data(), N, cols); };
-  ConstSlice2D dfull = tp_.gather_output_grad(dres);
-  kernels::linear_backward(as_matrix(dfc_, N, F_), g.mlp_proj_w, Slice1D(), dfull, dy_bf16(C_),
-                           kept(a.fch_gelu_bf16, F_), m.mlp_proj_w);
-  tp_.row_parallel_bias_backward(g.mlp_proj_b, dfull, dres);
-  kernels::gelu_backward(as_matrix(dfc_, N, F_), kept(a.fch_bf16, F_), as_matrix(dfc_, N, F_));
-  kernels::linear_backward(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, as_matrix(dfc_, N, F_), dy_bf16(F_),
-                           kept(a.ln2_bf16, C_), m.fc_w);
-  ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
-  kernels::layernorm_backward(dres, g.ln2_w, g.ln2_b, gin, as_matrix(a.res2, Nr, C_), w.ln2_w, a.ln2_mean, a.ln2_rstd);
-  dfull = tp_.gather_output_grad(dres);
-  kernels::linear_backward(as_matrix(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, dy_bf16(C_),
-                           kept(a.atty_bf16, Cl_), m.attn_proj_w);
-  tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);
-  // The attention's backward reads its output (for rowsum(dO * O)): the kept bf16 one, widened.
-  kernels::widen_bf16(Slice1D(atty_.data(), N * Cl_), ConstBf16Slice1D(a.atty_bf16.data(), N * Cl_));
-  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), as_matrix(atty_, N, Cl_),
-                      {{}, a.lse, a.qkvh_bf16});
-  kernels::linear_backward(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, as_matrix(dqkv_, N, Q_), dy_bf16(Q_),
-                           kept(a.ln1_bf16, C_), m.attn_w);
-  kernels::fill(Slice1D(g.attn_b.data() + Cl_, Cl_), 0);  // the key bias: see backward()
   gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
   kernels::layernorm_backward(dres, g.ln1_w, g.ln1_b, gin, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }

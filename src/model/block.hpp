@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "core/types.hpp"
@@ -32,11 +33,13 @@ struct BlockTensors {
   Slice1D mlp_proj_b;
 };
 
-// Under bf16 mixed precision: the bf16 working copy of a block's four
-// weight matrices, the operands of its products.
-struct BlockMatricesBf16 {
-  ConstBf16Slice2D attn_w, attn_proj_w, fc_w, mlp_proj_w;
+// The operands of a block's four matrix products in element type T: the
+// fp32 weights, or under bf16 mixed precision their bf16 working copy.
+template <class T>
+struct BlockMatrices {
+  ConstMatrix<T> attn_w, attn_proj_w, fc_w, mlp_proj_w;
 };
+using BlockMatricesBf16 = BlockMatrices<bf16>;
 
 // A block's weights as its compute reads them: `w` (fp32; under bf16 the
 // masters rounded to bf16) and, under bf16, `bf16` the same matrices in bf16.
@@ -85,36 +88,23 @@ class BlockLayout {
   std::array<Place, kBlockTensors.size()> places_{};
 };
 
-// What one block keeps from its forward for its backward. Under bf16 mixed
-// precision the inputs of matrix products (ln1, q k v, atty, ln2, fch_gelu)
-// and the GELU's input fch are kept in bf16 (the *_bf16 members) and their
-// fp32 members stay empty.
-struct BlockActivations {
-  View1D ln1, ln1_mean, ln1_rstd;  // ln1 all N rows (gathered with SP), stats of the residual rows
-  View1D qkvh, lse;                // what the attention keeps: head-major q, k, v and the log-sum-exp
-  View1D atty;                     // attention output, [N, C/tp], the input of c_proj
-  View1D res2;                     // residual after attention, residual rows
-  View1D ln2, ln2_mean, ln2_rstd;
-  View1D fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
-  View1D res3;           // the block's output, residual rows
-  Bf16View1D ln1_bf16, qkvh_bf16, atty_bf16, ln2_bf16, fch_bf16, fch_gelu_bf16;
-};
-
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of
-// them residual rows here, C channels split over tp; `attention` is this
-// rank's part of the attention; `bf16`: mixed precision. TransformerBlock
-// allocates exactly these; the memory estimate adds them up.
+// them residual rows here, C channels split over tp. `attention` is this
+// rank's part of the attention; `bf16` means mixed precision.
+// TransformerBlock allocates exactly these; the memory estimate adds them up.
 struct BlockSizes {
   std::size_t channels, rows, local_rows;
   int tp;
   kernels::AttentionShape attention;
   bool bf16 = false;
-  std::size_t full() const { return rows * channels; }                  // [N, C]: LayerNorm outputs, dln
-  std::size_t residual() const { return local_rows * channels; }        // [Nr, C]: res2, res3
-  std::size_t stats() const { return local_rows; }                      // LayerNorm mean or rstd
-  std::size_t attention_out() const { return rows * (channels / tp); }  // [N, C/tp]: atty, datty
-  std::size_t qkv() const { return rows * (3 * channels / tp); }        // [N, 3C/tp]: qkv, dqkv
-  std::size_t hidden() const { return rows * (4 * channels / tp); }     // [N, 4C/tp]: fch, fch_gelu, dfc
+  std::size_t full() const { return rows * channels; }                                 // [N, C]: LayerNorm outputs, dln
+  std::size_t residual() const { return local_rows * channels; }                       // [Nr, C]: res2, res3
+  std::size_t stats() const { return local_rows; }                                     // LayerNorm mean or rstd
+  std::size_t attention_out() const { return rows * (channels / tp); }                 // [N, C/tp]: atty, datty
+  std::size_t qkv() const { return rows * (3 * channels / tp); }                       // [N, 3C/tp]: qkv, dqkv
+  std::size_t hidden() const { return rows * (4 * channels / tp); }                    // [N, 4C/tp]: fch, fch_gelu, dfc
+  std::size_t qkvh() const { return ContextParallelAttention::qkvh_size(attention); }  // head-major q, k, v
+  std::size_t lse() const { return ContextParallelAttention::lse_size(attention); }    // log-sum-exp per query row
   // Bytes of one block's activations (BlockActivations): all of them, or
   // only the output res3 (output_only, with recomputation).
   std::size_t activation_bytes(bool output_only) const;
@@ -125,12 +115,60 @@ struct BlockSizes {
     std::size_t bytes;
   };
   std::vector<Kept> kept_tensors(bool output_only) const;
-  // Bytes of the scratch one TransformerBlock holds (shared by all blocks):
-  // under bf16 also the fp32 attention output for its backward and the
-  // bf16 rounding of a product's output gradient.
+  // Bytes of the scratch one TransformerBlock holds (shared by all blocks).
+  // Under bf16 this also holds the fp32 attention output for its backward
+  // and the bf16 rounding of a product's output gradient.
   std::size_t scratch_bytes() const;
   std::size_t largest_output() const { return std::max({full(), qkv(), hidden()}); }
 };
+
+// An activation kept for the backward that a matrix product reads (or the
+// GELU's input): fp32, or bf16 under mixed precision. One of the two views
+// is allocated, the other stays empty.
+struct KeptOperand {
+  View1D fp32;
+  Bf16View1D bf16;
+  // The kept values as [rows, cols] of element type T (real or bf16).
+  template <class T>
+  Matrix<T> as(std::size_t rows, std::size_t cols) const {
+    if constexpr (std::is_same_v<T, ndmini::bf16>)
+      return as_matrix(bf16, rows, cols);
+    else
+      return as_matrix(fp32, rows, cols);
+  }
+};
+
+// What one block keeps from its forward for its backward. The operands are
+// bf16 under mixed precision; statistics and residuals stay fp32.
+struct BlockActivations {
+  KeptOperand ln1;            // ln1, all N rows (gathered with SP)
+  View1D ln1_mean, ln1_rstd;  // stats of the residual rows
+  KeptOperand qkvh;           // what the attention keeps: head-major q, k, v ...
+  View1D lse;                 // ... and the log-sum-exp
+  KeptOperand atty;           // attention output, [N, C/tp], the input of c_proj
+  View1D res2;                // residual after attention, residual rows
+  KeptOperand ln2;
+  View1D ln2_mean, ln2_rstd;
+  KeptOperand fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
+  View1D res3;                // the block's output, residual rows
+};
+
+// One tensor a block keeps: its name (its label, and its line of ndmini plan
+// --json), its size, and whether recomputation keeps it too (only the
+// block's output). Exactly one member pointer is set: an fp32 tensor or an
+// operand. TransformerBlock::allocate and BlockSizes::kept_tensors both walk
+// kBlockKept, so what is allocated is what the memory estimate counts.
+struct BlockKeptSpec {
+  enum class Kept { always, without_recompute };
+  const char* name;
+  std::size_t (BlockSizes::*elements)() const;
+  Kept kept;
+  using Fp32Member = View1D BlockActivations::*;
+  using OperandMember = KeptOperand BlockActivations::*;
+  Fp32Member fp32;
+  OperandMember operand;
+};
+extern const std::array<BlockKeptSpec, 13> kBlockKept;
 
 class TransformerBlock {
  public:
@@ -151,13 +189,21 @@ class TransformerBlock {
   void backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
 
  private:
-  // The forward and backward of one block under bf16 mixed precision.
-  void forward_bf16(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
-  void backward_bf16(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
-                     Slice2D dres);
-  // Rounds an fp32 result of `rows` x `cols` into the bf16 activation `out`.
-  ConstBf16Slice2D keep_bf16(const Bf16View1D& out, const View1D& in, std::size_t rows, std::size_t cols) const;
-  Bf16Slice2D dy_bf16(std::size_t cols) const { return as_matrix(dy_bf16_, sizes_.rows, cols); }
+  // forward and backward, written once for the operands' element type T:
+  // real, or bf16 under mixed precision.
+  template <class T>
+  void forward_as(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
+  template <class T>
+  void backward_as(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
+                   Slice2D dres);
+  // Where a product's dy is rounded for both of its products: under bf16
+  // the dy_bf16_ scratch as [N, cols]; nothing in fp32.
+  template <class T>
+  Matrix<T> dy_rounded(std::size_t cols) const;
+  // The attention output as its backward reads it: the kept fp32 one, or
+  // under bf16 the kept bf16 one widened into atty_.
+  template <class T>
+  ConstSlice2D attention_output(const KeptOperand& atty) const;
 
   TensorParallel& tp_;
   ContextParallelAttention& attention_;

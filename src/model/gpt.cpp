@@ -4,6 +4,7 @@
 #include "model/gpt.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -50,14 +51,14 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
   Kokkos::deep_copy(positions_, h);
 
   if (chunks_.back().head) {
-    if (sizes.lnf > 0) lnf_ = uninitialized("ndmini::lnf", sizes.lnf);
+    if (sizes.lnf > 0) lnf_.fp32 = uninitialized("ndmini::lnf", sizes.lnf);
     lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_stats);
     lnf_rstd_ = uninitialized("ndmini::lnf_rstd", sizes.lnf_stats);
     logits_ = uninitialized("ndmini::logits", sizes.logits);
     losses_ = uninitialized("ndmini::losses", sizes.losses);
     dln_ = uninitialized("ndmini::head_dln", sizes.head_dln);
     if (precision == Precision::bf16) {
-      lnf_bf16_ = uninitialized_bf16("ndmini::lnf_bf16", sizes.lnf_bf16);
+      lnf_.bf16 = uninitialized_bf16("ndmini::lnf_bf16", sizes.lnf_bf16);
       dlogits_bf16_ = uninitialized_bf16("ndmini::dlogits_bf16", sizes.dlogits_bf16);
     }
   }
@@ -105,8 +106,12 @@ ParamLayout GptModel::param_layout(int shards) const {
 Slice2D GptModel::wte(real* unit_base) const {
   return Slice2D(unit_base, tp_.local_vocab(), cfg_.channels);  // wte is alone in its unit
 }
-ConstBf16Slice2D GptModel::wte(const bf16* unit_base) const {
-  return ConstBf16Slice2D(unit_base, tp_.local_vocab(), cfg_.channels);
+template <class T>
+ConstMatrix<T> GptModel::wte_operand(UnitWeights params) const {
+  if constexpr (std::is_same_v<T, bf16>)
+    return ConstBf16Slice2D(params.bf16_values, tp_.local_vocab(), cfg_.channels);
+  else
+    return wte(params.values);
 }
 
 void gpt_init_param(const ModelConfig& m, const ParamInfo& p, int tp_rank, std::size_t local_begin, Slice1D data,
@@ -177,33 +182,42 @@ void GptModel::block_backward(UnitWeights params, real* grads, ConstSlice2D x, c
 double GptModel::head_forward(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,
                               real grad_scale) {
   check_weights(wte_params, precision_);
+  if (precision_ == Precision::bf16) return head_forward_as<bf16>(ln_f, wte_params, x, targets, grad_scale);
+  return head_forward_as<real>(ln_f, wte_params, x, targets, grad_scale);
+}
+
+void GptModel::head_backward(real* ln_f, UnitWeights wte_params, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx) {
+  check_weights(wte_params, precision_);
+  if (precision_ == Precision::bf16)
+    head_backward_as<bf16>(ln_f, wte_params, dln_f, dwte, x, dx);
+  else
+    head_backward_as<real>(ln_f, wte_params, dln_f, dwte, x, dx);
+}
+
+template <class T>
+double GptModel::head_forward_as(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,
+                                 real grad_scale) {
   const std::size_t N = tp_.rows(), C = cfg_.channels;
   const Slice1D weight(ln_f, C), bias(ln_f + lnf_bias_offset_, C);
   // The LM head is tied to the token embedding: logits = lnf wte^T (this rank's vocabulary).
   const Slice2D logits = as_matrix(logits_, N, tp_.local_vocab());
-  if (precision_ == Precision::bf16) {
-    tp_.layernorm_enter(as_matrix(lnf_bf16_, N, C), lnf_mean_, lnf_rstd_, x, weight, bias);
-    kernels::linear_forward(logits, as_matrix(lnf_bf16_, N, C), wte(wte_params.bf16_values), Slice1D());
-  } else {
-    tp_.layernorm_enter(as_matrix(lnf_, N, C), lnf_mean_, lnf_rstd_, x, weight, bias);
-    kernels::linear_forward(logits, as_matrix(lnf_, N, C), wte(wte_params.values), Slice1D());
-  }
+  const Matrix<T> lnf = lnf_.as<T>(N, C);
+  tp_.layernorm_enter<T>(lnf, lnf_mean_, lnf_rstd_, x, weight, bias);
+  kernels::linear_forward<T>(logits, lnf, wte_operand<T>(wte_params), Slice1D());
   // With grad_scale != 0 logits now hold dlogits: the head's backward runs at
   // once, so the logits are never kept per micro-batch.
   return tp_.cross_entropy(logits, losses_, targets, grad_scale);
 }
 
-void GptModel::head_backward(real* ln_f, UnitWeights wte_params, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx) {
-  check_weights(wte_params, precision_);
+template <class T>
+void GptModel::head_backward_as(real* ln_f, UnitWeights wte_params, real* dln_f, real* dwte, ConstSlice2D x,
+                                Slice2D dx) {
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows(), C = cfg_.channels;
   const Slice2D dlogits = as_matrix(logits_, N, tp_.local_vocab());
-  if (precision_ == Precision::bf16)
-    kernels::linear_backward(as_matrix(dln_, N, C), wte(dwte), Slice1D(), dlogits,
-                             as_matrix(dlogits_bf16_, N, tp_.local_vocab()), as_matrix(lnf_bf16_, N, C),
-                             wte(wte_params.bf16_values));
-  else
-    kernels::linear_backward(as_matrix(dln_, N, C), wte(dwte), Slice1D(), dlogits, as_matrix(lnf_, N, C),
-                             wte(wte_params.values));
+  Matrix<T> dlogits_rounded;
+  if constexpr (std::is_same_v<T, bf16>) dlogits_rounded = as_matrix(dlogits_bf16_, N, tp_.local_vocab());
+  kernels::linear_backward<T>(as_matrix(dln_, N, C), wte(dwte), Slice1D(), dlogits, lnf_.as<T>(N, C),
+                              wte_operand<T>(wte_params), dlogits_rounded);
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C));
   kernels::fill(Slice1D(dx.data(), Nr * C), 0);
   kernels::layernorm_backward(dx, Slice1D(dln_f, C), Slice1D(dln_f + lnf_bias_offset_, C), gin, x, Slice1D(ln_f, C),

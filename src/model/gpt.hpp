@@ -147,8 +147,15 @@ class GptModel {
 
  private:
   Slice2D wte(real* unit_base) const;
-  ConstBf16Slice2D wte(const bf16* unit_base) const;
+  // wte as the LM head's operand: the fp32 values, or under bf16 the bf16 copy.
+  template <class T>
+  ConstMatrix<T> wte_operand(UnitWeights params) const;
   BlockWeights block_weights(UnitWeights params) const;
+  // The head, written once for the operands' element type T (real or bf16).
+  template <class T>
+  double head_forward_as(real* ln_f, UnitWeights wte, ConstSlice2D x, ConstTokenView targets, real grad_scale);
+  template <class T>
+  void head_backward_as(real* ln_f, UnitWeights wte, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx);
 
   ModelConfig cfg_;
   Precision precision_;
@@ -160,8 +167,9 @@ class GptModel {
   BlockLayout block_layout_;
   std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it)
   TokenView positions_;              // absolute position of each residual row
-  View1D lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
-  Bf16View1D lnf_bf16_, dlogits_bf16_;  // bf16 only
+  KeptOperand lnf_;                  // the final LayerNorm's output: the LM head's operand
+  View1D lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
+  Bf16View1D dlogits_bf16_;  // bf16 only: d(logits) rounded for the LM head's two products
 };
 
 }  // namespace ndmini

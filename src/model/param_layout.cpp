@@ -7,14 +7,14 @@ namespace ndmini {
 namespace {
 
 // The parameter seen as a matrix (a 1-D tensor is a column).
-struct Matrix {
+struct MatrixShape {
   std::int64_t rows_local, cols_local, rows_global, cols_global;
   std::int64_t rows_per_section_local, rows_per_section_global, col_offset;
   bool two_d;
 };
 
-Matrix as_matrix(const ParamInfo& p, int tp_rank) {
-  Matrix m{};
+MatrixShape shape_of(const ParamInfo& p, int tp_rank) {
+  MatrixShape m{};
   m.two_d = p.shape.size() == 2;
   m.rows_local = p.shape[0];
   m.cols_local = m.two_d ? p.shape[1] : 1;
@@ -27,7 +27,7 @@ Matrix as_matrix(const ParamInfo& p, int tp_rank) {
 }
 
 // Global row of local row i.
-std::int64_t global_row(const ParamInfo& p, const Matrix& m, int tp_rank, std::int64_t i) {
+std::int64_t global_row(const ParamInfo& p, const MatrixShape& m, int tp_rank, std::int64_t i) {
   if (p.split != TpSplit::rows) return i;
   const std::int64_t section = i / m.rows_per_section_local, within = i % m.rows_per_section_local;
   return section * m.rows_per_section_global + tp_rank * m.rows_per_section_local + within;
@@ -36,7 +36,7 @@ std::int64_t global_row(const ParamInfo& p, const Matrix& m, int tp_rank, std::i
 }  // namespace
 
 std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end) {
-  const Matrix m = as_matrix(p, tp_rank);
+  const MatrixShape m = shape_of(p, tp_rank);
   std::vector<GlobalBlock> blocks;
   auto emit = [&](std::int64_t row, std::int64_t nrows, std::int64_t col, std::int64_t ncols, std::size_t local) {
     GlobalBlock b;

@@ -92,8 +92,8 @@ std::array<double, kGemmClasses> block_products_flops(Precision precision) {
                     dbs = Kokkos::subview(dbias, Kokkos::make_pair(0, io[1]));
       if (half) {
         const ConstBf16Slice2D xs(xh.data(), rows, io[0]), ws(wh.data(), io[1], io[0]);
-        kernels::linear_forward(ys, xs, ws, bs);
-        kernels::linear_backward(dxs, dws, dbs, ys, Bf16Slice2D(dyh.data(), rows, io[1]), xs, ws);
+        kernels::linear_forward<bf16>(ys, xs, ws, bs);
+        kernels::linear_backward<bf16>(dxs, dws, dbs, ys, xs, ws, Bf16Slice2D(dyh.data(), rows, io[1]));
       } else {
         const ConstSlice2D xs(x.data(), rows, io[0]), ws(w.data(), io[1], io[0]);
         kernels::linear_forward(ys, xs, ws, bs);

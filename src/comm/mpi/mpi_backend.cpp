@@ -168,25 +168,35 @@ const Bf16Sum& bf16_sum() {
   return g_bf16_sum;
 }
 
-class MpiBackend final : public Communicator::BackendImpl {
+// The MPI datatype and operation of a sum of T values: MPI_FLOAT with the
+// op asked for, or bf16 with its own sum.
+struct Wire {
+  MPI_Datatype type;
+  MPI_Op op;
+};
+template <class T>
+Wire wire_of(ReduceOp op) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const Bf16Sum& sum = bf16_sum();
+    return {sum.type, sum.op};
+  } else {
+    return {MPI_FLOAT, mpi_op(op)};
+  }
+}
+
+class MpiBackend final : public SumsOverElementType<MpiBackend> {
  public:
   MpiBackend(MPI_Comm comm, int rank) : comm_(comm), rank_(rank) { keep_freed_memory(); }
 
-  void all_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    for_pieces(count, [&](std::size_t at, std::size_t n) {
-      mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Allreduce"), MPI_FLOAT, mpi_op(op), comm_),
-                "MPI_Allreduce");
-    });
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const bf16* send, bf16* recv,
+                                                     std::size_t count_per_rank) override {
+    return ireduce_scatter_of(send, recv, count_per_rank);
   }
+
   void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     int n = mpi_count(count_per_rank, "MPI_Allgather");
     mpi_check(MPI_Allgather(gather_send(send, recv, count_per_rank), n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_),
               "MPI_Allgather");
-  }
-  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
-    mpi_check(MPI_Reduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Reduce_scatter_block"), MPI_FLOAT,
-                                       MPI_SUM, comm_),
-              "MPI_Reduce_scatter_block");
   }
   void broadcast(real* buf, std::size_t count, int root) override {
     for_pieces(count, [&](std::size_t at, std::size_t n) {
@@ -200,30 +210,12 @@ class MpiBackend final : public Communicator::BackendImpl {
     mpi_check(MPI_Recv(buf, mpi_count(count, "MPI_Recv"), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
   }
 
-  std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    auto r = std::make_unique<MpiRequests>();
-    for_pieces(count, [&](std::size_t at, std::size_t n) {
-      r->requests.push_back(MPI_REQUEST_NULL);
-      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Iallreduce"), MPI_FLOAT, mpi_op(op), comm_,
-                               &r->requests.back()),
-                "MPI_Iallreduce");
-    });
-    return r;
-  }
   std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     auto r = std::make_unique<MpiRequest>();
     int n = mpi_count(count_per_rank, "MPI_Iallgather");
     mpi_check(
         MPI_Iallgather(gather_send(send, recv, count_per_rank), n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_, &r->request),
         "MPI_Iallgather");
-    return r;
-  }
-  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
-                                                     std::size_t count_per_rank) override {
-    auto r = std::make_unique<MpiRequest>();
-    mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), MPI_FLOAT,
-                                        MPI_SUM, comm_, &r->request),
-              "MPI_Ireduce_scatter_block");
     return r;
   }
   std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) override {
@@ -233,33 +225,6 @@ class MpiBackend final : public Communicator::BackendImpl {
       mpi_check(MPI_Ibcast(buf + at, mpi_count(n, "MPI_Ibcast"), MPI_FLOAT, root, comm_, &r->requests.back()),
                 "MPI_Ibcast");
     });
-    return r;
-  }
-  void all_reduce_bf16(bf16* buf, std::size_t count) override {
-    const Bf16Sum& sum = bf16_sum();
-    for_pieces<bf16>(count, [&](std::size_t at, std::size_t n) {
-      mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Allreduce"), sum.type, sum.op, comm_),
-                "MPI_Allreduce");
-    });
-  }
-  std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) override {
-    const Bf16Sum& sum = bf16_sum();
-    auto r = std::make_unique<MpiRequests>();
-    for_pieces<bf16>(count, [&](std::size_t at, std::size_t n) {
-      r->requests.push_back(MPI_REQUEST_NULL);
-      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Iallreduce"), sum.type, sum.op, comm_,
-                               &r->requests.back()),
-                "MPI_Iallreduce");
-    });
-    return r;
-  }
-  std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
-                                                          std::size_t count_per_rank) override {
-    const Bf16Sum& sum = bf16_sum();
-    auto r = std::make_unique<MpiRequest>();
-    mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), sum.type,
-                                        sum.op, comm_, &r->request),
-              "MPI_Ireduce_scatter_block");
     return r;
   }
   std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) override {
@@ -279,6 +244,44 @@ class MpiBackend final : public Communicator::BackendImpl {
   }
 
  private:
+  // The sums, written once over the element type T (real or bf16).
+  friend struct SumsOverElementType<MpiBackend>;
+  template <class T>
+  void all_reduce_of(T* buf, std::size_t count, ReduceOp op) {
+    const Wire wire = wire_of<T>(op);
+    for_pieces<T>(count, [&](std::size_t at, std::size_t n) {
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Allreduce"), wire.type, wire.op, comm_),
+                "MPI_Allreduce");
+    });
+  }
+  template <class T>
+  void reduce_scatter_of(const T* send, T* recv, std::size_t count_per_rank) {
+    const Wire wire = wire_of<T>(ReduceOp::sum);
+    mpi_check(MPI_Reduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Reduce_scatter_block"), wire.type,
+                                       wire.op, comm_),
+              "MPI_Reduce_scatter_block");
+  }
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> iall_reduce_of(T* buf, std::size_t count, ReduceOp op) {
+    const Wire wire = wire_of<T>(op);
+    auto r = std::make_unique<MpiRequests>();
+    for_pieces<T>(count, [&](std::size_t at, std::size_t n) {
+      r->requests.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf + at, mpi_count(n, "MPI_Iallreduce"), wire.type, wire.op, comm_,
+                               &r->requests.back()),
+                "MPI_Iallreduce");
+    });
+    return r;
+  }
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter_of(const T* send, T* recv, std::size_t count_per_rank) {
+    const Wire wire = wire_of<T>(ReduceOp::sum);
+    auto r = std::make_unique<MpiRequest>();
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count_per_rank, "MPI_Ireduce_scatter_block"), wire.type,
+                                        wire.op, comm_, &r->request),
+              "MPI_Ireduce_scatter_block");
+    return r;
+  }
   // In-place all-gather (this rank's block already sits in recv, as NCCL
   // allows) must be spelled MPI_IN_PLACE: MPI forbids aliased buffers.
   const void* gather_send(const real* send, const real* recv, std::size_t count_per_rank) const {

@@ -64,7 +64,7 @@ class NcclRequest final : public CommRequest::Impl {
   cudaEvent_t event_;
 };
 
-class NcclBackend final : public Communicator::BackendImpl {
+class NcclBackend final : public SumsOverElementType<NcclBackend> {
  public:
   NcclBackend(MPI_Comm comm, std::string name) : name_(std::move(name)), timeout_s_(timeout_from_env()) {
     int devices = 0;
@@ -130,12 +130,16 @@ class NcclBackend final : public Communicator::BackendImpl {
   // Communicator need not fence the host before a collective.
   bool orders_with_compute() const override { return true; }
 
-  void all_reduce(real* buf, std::size_t count, ReduceOp op) override { complete(iall_reduce(buf, count, op)); }
+  // The sums of fp32 and of bf16 values. bf16 uses NCCL's own bf16 reduction
+  // (its kernels add in fp32 and round each partial sum to bf16, as the MPI
+  // backend's bf16_sum_into does).
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const bf16* send, bf16* recv,
+                                                     std::size_t count_per_rank) override {
+    return ireduce_scatter_of(send, recv, count_per_rank);
+  }
+
   void all_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     complete(iall_gather(send, recv, count_per_rank));
-  }
-  void reduce_scatter(const real* send, real* recv, std::size_t count_per_rank) override {
-    complete(ireduce_scatter(send, recv, count_per_rank));
   }
   void broadcast(real* buf, std::size_t count, int root) override { complete(ibroadcast(buf, count, root)); }
   std::unique_ptr<CommRequest::Impl> ibroadcast(real* buf, std::size_t count, int root) override {
@@ -151,29 +155,8 @@ class NcclBackend final : public Communicator::BackendImpl {
     complete(issue("ncclRecv", [&] { return ncclRecv(buf, count, ncclFloat, peer, comm_, stream_); }));
   }
 
-  std::unique_ptr<CommRequest::Impl> iall_reduce(real* buf, std::size_t count, ReduceOp op) override {
-    return issue("ncclAllReduce",
-                 [&] { return ncclAllReduce(buf, buf, count, ncclFloat, nccl_op(op), comm_, stream_); });
-  }
   std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) override {
     return issue("ncclAllGather", [&] { return ncclAllGather(send, recv, count_per_rank, ncclFloat, comm_, stream_); });
-  }
-  std::unique_ptr<CommRequest::Impl> ireduce_scatter(const real* send, real* recv,
-                                                     std::size_t count_per_rank) override {
-    return issue("ncclReduceScatter",
-                 [&] { return ncclReduceScatter(send, recv, count_per_rank, ncclFloat, ncclSum, comm_, stream_); });
-  }
-  // bf16 sums: NCCL's own bf16 reduction (its kernels add in fp32 and round
-  // each partial sum to bf16, as the MPI backend's bf16_sum_into does).
-  void all_reduce_bf16(bf16* buf, std::size_t count) override { complete(iall_reduce_bf16(buf, count)); }
-  std::unique_ptr<CommRequest::Impl> iall_reduce_bf16(bf16* buf, std::size_t count) override {
-    return issue("ncclAllReduce",
-                 [&] { return ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, comm_, stream_); });
-  }
-  std::unique_ptr<CommRequest::Impl> ireduce_scatter_bf16(const bf16* send, bf16* recv,
-                                                          std::size_t count_per_rank) override {
-    return issue("ncclReduceScatter",
-                 [&] { return ncclReduceScatter(send, recv, count_per_rank, ncclBfloat16, ncclSum, comm_, stream_); });
   }
   // One NCCL group: the sends and receives progress together, so an exchange
   // in which every rank sends and receives cannot deadlock.
@@ -232,6 +215,34 @@ class NcclBackend final : public Communicator::BackendImpl {
   }
 
  private:
+  // The sums of fp32 and of bf16 values, written once over the element type
+  // T. bf16 uses NCCL's own bf16 reduction (its kernels add in fp32 and round
+  // each partial sum to bf16, as the MPI backend's bf16_sum_into does).
+  friend struct SumsOverElementType<NcclBackend>;
+  template <class T>
+  static ncclDataType_t nccl_type() {
+    return std::is_same_v<T, bf16> ? ncclBfloat16 : ncclFloat;
+  }
+  template <class T>
+  void all_reduce_of(T* buf, std::size_t count, ReduceOp op) {
+    complete(iall_reduce_of(buf, count, op));
+  }
+  template <class T>
+  void reduce_scatter_of(const T* send, T* recv, std::size_t count_per_rank) {
+    complete(ireduce_scatter_of(send, recv, count_per_rank));
+  }
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> iall_reduce_of(T* buf, std::size_t count, ReduceOp op) {
+    return issue("ncclAllReduce",
+                 [&] { return ncclAllReduce(buf, buf, count, nccl_type<T>(), nccl_op(op), comm_, stream_); });
+  }
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> ireduce_scatter_of(const T* send, T* recv, std::size_t count_per_rank) {
+    return issue("ncclReduceScatter", [&] {
+      return ncclReduceScatter(send, recv, count_per_rank, nccl_type<T>(), ncclSum, comm_, stream_);
+    });
+  }
+
   // Enqueues one NCCL call on the communication stream, after everything
   // already enqueued on the compute stream (the kernels that wrote its
   // inputs: an event, not a host fence, so compute enqueued later overlaps
