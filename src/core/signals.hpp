@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Pre-emption: SIGTERM, SIGINT and SIGUSR1 (what a scheduler sends before it
-// ends a job; Slurm's --signal) ask the run to stop. The handler only records
-// the first one; the training loop agrees on it at the next step boundary,
-// saves, and the process exits with signal_exit_status(). A second signal
-// ends the process at once, with the same status convention (a save cut
-// short leaves only debris: `latest` names the previous checkpoint).
+// Pre-emption. SIGTERM, SIGINT and SIGUSR1 ask the run to stop; they are what
+// a scheduler sends before it ends a job (Slurm's --signal). The handler only
+// records the first one. The training loop agrees on it at the next step
+// boundary and saves, and the process exits with signal_exit_status(). A
+// second signal ends the process at once, with the same status convention.
+// A save cut short leaves only debris, and `latest` still names the previous
+// checkpoint.
 //
 // Why not simply die of the signal: MPICH's mpiexec reports a job whose
 // ranks a forwarded signal ended as status 0 (it drops the ranks' statuses

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Fault injection: the deck's [fault] section (config/config.hpp) as a plan
-// that the training loop, the checkpoint writer and the comm layer consult at
-// their fault points. Every fault that fires says so on stderr first:
+// Fault injection. The deck's [fault] section (config/config.hpp) becomes a
+// plan. The training loop, the checkpoint writer and the comm layer consult
+// it at their fault points. Every fault that fires says so on stderr first,
+// so a test can tell a handled fault from one that never happened:
 //   fault: enospc at phase 'write' fired on rank 1 at step 4
-// (skip_collective in the comm layer's words: "ndmini: fault injection: ...")
-// so a test can tell a handled fault from one that never happened.
+// skip_collective says it in the comm layer's words ("ndmini: fault
+// injection: ...").
 #include <cstdint>
 #include <functional>
 #include <optional>

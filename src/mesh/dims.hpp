@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The parallel degrees of a run, once (as torchtitan's ParallelDims): the five
-// mesh axes pp, dp_replicate, dp_shard, cp, tp (outermost to innermost, tp
-// fastest-varying), how the model is split over them (sequence parallelism,
-// virtual pipeline stages), and the groups derived from them as accessors.
+// The parallel degrees of a run, held once (as torchtitan's ParallelDims).
+// They are the five mesh axes pp, dp_replicate, dp_shard, cp, tp (outermost
+// to innermost, tp fastest-varying) and how the model is split over them
+// (sequence parallelism, virtual pipeline stages). The groups derived from
+// them are accessors.
 // Resolved once from the deck (mesh.hpp resolve_mesh, train/layout.hpp);
 // every place that needs a degree reads it from this value. No MPI: a
 // layout can be checked for N ranks on a laptop (ndmini check --world N).

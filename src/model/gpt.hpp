@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// GPT-2 (docs/model.md) as a stack of chunks: an embedding unit, the
-// transformer blocks, a head unit (final LayerNorm, the LM head tied to wte,
-// the loss). GptModel computes the forward and backward of each unit of the
-// chunks one rank holds, over parameters, gradients and activations it is
-// GIVEN: it owns no parameter and keeps nothing between micro-batches.
+// GPT-2 (docs/model.md) as a stack of chunks. A chunk holds an embedding
+// unit, transformer blocks, and a head unit (final LayerNorm, the LM head
+// tied to wte, the loss). GptModel computes the forward and backward of each
+// unit of the chunks one rank holds. It works over parameters, gradients and
+// activations it is GIVEN; it owns no parameter and keeps nothing between
+// micro-batches.
 //
 // This file says WHAT is computed. The layers it calls split the work inside
 // a unit: tensor and sequence parallelism (layers/tensor_parallel.hpp) and

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Every communicator of the mesh, owned in one place: one per axis the
-// model splits over (tp, cp, pp, dp_replicate), the fsdp group (dp_shard x
-// cp, accounted as "fsdp"), the two scalar reductions (batch: the loss;
-// norm: the gradient norm) and the tied-embedding pair of pipeline ends. The
-// mesh (mesh/mesh.hpp) defines which ranks each one holds.
+// Every communicator of the mesh, owned in one place. There is one per axis
+// the model splits over (tp, cp, pp, dp_replicate) and one for the fsdp group
+// (dp_shard x cp, accounted as "fsdp"). Two more carry the scalar reductions
+// ("batch" sums the loss, "norm" the gradient norm), and one the tied
+// embedding's pair of pipeline ends. The mesh (mesh/mesh.hpp) defines which
+// ranks each one holds.
 //
 // Backends: device buffers go through NCCL where the build has it, host
 // buffers through MPI; the scalar groups and the pipeline (whose sends must
