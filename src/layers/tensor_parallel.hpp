@@ -28,7 +28,6 @@
 #include <cstddef>
 
 #include "comm/communicator.hpp"
-#include "config/config.hpp"
 #include "core/types.hpp"
 
 namespace ndmini {
