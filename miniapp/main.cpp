@@ -29,8 +29,8 @@
 #include "plan/calibrate.hpp"
 #include "plan/fit.hpp"
 #include "plan/plan.hpp"
-#include "train/budget.hpp"
-#include "train/layout.hpp"
+#include "run/budget.hpp"
+#include "run/layout.hpp"
 #include "train/report.hpp"
 #include "train/trainer.hpp"
 

@@ -16,7 +16,7 @@
 
 #include "config/config.hpp"
 #include "kernels/gemm_library.hpp"
-#include "train/calibration.hpp"
+#include "run/calibration.hpp"
 
 using namespace ndmini;
 

@@ -19,8 +19,8 @@
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "parallel/pipeline/schedule.hpp"
-#include "train/budget.hpp"
-#include "train/layout.hpp"
+#include "run/budget.hpp"
+#include "run/layout.hpp"
 #include "train/metrics.hpp"
 
 using namespace ndmini;

@@ -26,7 +26,7 @@
 #include "mesh/mesh.hpp"
 #include "parallel/context.hpp"
 #include "parallel/stage_runtime.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 #include "train/trainer.hpp"
 
 using namespace ndmini;

@@ -15,7 +15,7 @@
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "mesh/mesh.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 using namespace ndmini;
 

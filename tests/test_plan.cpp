@@ -20,7 +20,7 @@
 #include "equivalence_layouts.hpp"
 #include "model/gpt.hpp"
 #include "plan/cost_model.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 #include "train/trainer.hpp"
 
 using namespace ndmini;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.hpp"
+
 namespace ndmini {
 
 // ---- the deck's enumerated values, parsed once here; each has one name table,
@@ -37,7 +39,7 @@ inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::one_f
 // Activation recomputation: block recomputes each block's forward in its backward.
 enum class Recompute { none, block };
 inline constexpr EnumName<Recompute> kRecomputeNames[] = {{Recompute::none, "none"}, {Recompute::block, "block"}};
-enum class Precision { fp32, bf16 };
+// Precision: core/bf16.hpp.
 inline constexpr EnumName<Precision> kPrecisionNames[] = {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}};
 // Fault injection (fault/fault.hpp).
 enum class FaultKind { none, kill, nan, enospc, skip_collective };

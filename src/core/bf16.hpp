@@ -68,4 +68,9 @@ inline void to_float(float* out, const bf16* in, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
 }
 
+// The precision of the products or of a transfer (the deck's train.precision
+// and comm.reduce_dtype). It lives here, not in config/, so the layers below
+// the deck can take it.
+enum class Precision { fp32, bf16 };
+
 }  // namespace ndmini

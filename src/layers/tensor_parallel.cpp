@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
-#include "parallel/grad_reduction.hpp"
+#include "layers/grad_reduction.hpp"
 
 namespace ndmini {
 namespace {

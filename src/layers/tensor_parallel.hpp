@@ -28,7 +28,6 @@
 #include <cstddef>
 
 #include "comm/communicator.hpp"
-#include "config/config.hpp"
 #include "core/types.hpp"
 
 namespace ndmini {
@@ -110,7 +109,7 @@ class TensorParallel {
   // With SP each tp rank saw only its rows, so the gradients of tp-replicated
   // tensors (LayerNorms, row-parallel biases, wpe) are partial: sums n floats
   // of them over tp (nothing to do without SP), in the wire format of
-  // comm.reduce_dtype (parallel/grad_reduction.hpp).
+  // comm.reduce_dtype (layers/grad_reduction.hpp).
   void sum_replicated_grads(real* grads, std::size_t n, Precision wire);
 
  private:

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The parallel degrees of a run, held once (as torchtitan's ParallelDims).
-// They are the five mesh axes pp, dp_replicate, dp_shard, cp, tp (outermost
-// to innermost, tp fastest-varying) and how the model is split over them
-// (sequence parallelism, virtual pipeline stages). The groups derived from
-// them are accessors.
-// Resolved once from the deck (mesh.hpp resolve_mesh, train/layout.hpp);
-// every place that needs a degree reads it from this value. No MPI: a
-// layout can be checked for N ranks on a laptop (ndmini check --world N).
+// The parallel degrees of a run, once (as torchtitan's ParallelDims). They
+// are the five mesh axes pp, dp_replicate, dp_shard, cp, tp (outermost to
+// innermost, tp fastest-varying), how the model is split over them (sequence
+// parallelism, virtual pipeline stages), and the groups derived from them as
+// accessors. They are resolved once from the deck (mesh.hpp resolve_mesh,
+// run/layout.hpp); every place that needs a degree reads it from this value.
+// There is no MPI here, so a layout can be checked for N ranks on a laptop
+// (ndmini check --world N).
 //
 // The flattened groups, defined HERE once (mesh.hpp builds their communicators):
 //   fsdp          dp_shard x cp          parameters, gradients and optimizer state are sharded over it

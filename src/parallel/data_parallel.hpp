@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Replicated data parallelism over dp_replicate: every replica holds the
-// same parameters and the gradients are summed over the group.
+// Replicated data parallelism over dp_replicate. Every replica holds the
+// same parameters, and the gradients are summed over the group.
 //
 // Unsharded (pure DP): each unit is one bucket, all-reduced as soon as the
 // backward of the last micro-batch has produced its gradients, so the
 // reduction of one unit overlaps the backward of the next; poll() between
 // units lets MPI progress them. Sharded (HSDP): the shards, already summed
 // over the fsdp group, are all-reduced over dp_replicate at the end. Both
-// move the wire format of comm.reduce_dtype (parallel/grad_reduction.hpp).
+// move the wire format of comm.reduce_dtype (layers/grad_reduction.hpp).
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/types.hpp"
-#include "parallel/grad_reduction.hpp"
+#include "layers/grad_reduction.hpp"
 
 namespace ndmini {
 

@@ -19,8 +19,8 @@
 #include "model/gpt.hpp"
 #include "plan/cluster.hpp"
 #include "plan/cost_model.hpp"
-#include "train/budget.hpp"
-#include "train/calibration.hpp"
+#include "run/budget.hpp"
+#include "run/calibration.hpp"
 
 namespace ndmini {
 namespace {

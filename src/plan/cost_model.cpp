@@ -80,7 +80,7 @@ class TrafficCounter {
 // `half`: bf16 compute, under which FSDP's gathered parameters and every
 // activation and activation gradient of tp, SP, cp and pp travel in 2 bytes;
 // the cross-entropy's statistics stay 4. Gradient reductions move the wire
-// format of comm.reduce_dtype (parallel/grad_reduction.hpp). `code`: the
+// format of comm.reduce_dtype (layers/grad_reduction.hpp). `code`: the
 // pipeline's transfers as another code sends them (not a count of ndmini's).
 TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, const ClusterSpec* cluster,
                              bool half = false, const Implementation& code = {}) {

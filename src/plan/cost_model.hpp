@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The cost model of one layout (docs/planner.md has the equations): memory
-// per device by category, FLOPs, bytes per communicator and the predicted
-// time of each part of an optimizer step on a cluster (plan/cluster.hpp).
+// The cost model of one layout (docs/planner.md has the equations). It gives
+// memory per device by category, FLOPs, bytes per communicator and the
+// predicted time of each part of an optimizer step on a cluster
+// (plan/cluster.hpp).
 //
 // Sizes are not modelled here: memory comes from the estimate the trainer
-// refuses decks with (train/layout.hpp, built from each buffer owner's size
+// refuses decks with (run/layout.hpp, built from each buffer owner's size
 // function), the bytes of each communicator from the shapes the layers, FSDP
 // (its own replay) and the pipeline send, as the comm layer counts them
 // (comm/communicator.hpp). Only times are a model.
@@ -15,7 +16,7 @@
 
 #include "config/config.hpp"
 #include "plan/cluster.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 namespace ndmini {
 

@@ -13,7 +13,7 @@
 #include "parallel/param_store.hpp"
 #include "parallel/stage_runtime.hpp"
 #include "plan/search_request.hpp"
-#include "train/budget.hpp"
+#include "run/budget.hpp"
 
 namespace ndmini {
 namespace {

@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// ndmini plan: evaluate the deck's layout on a cluster, or search every
-// valid layout of a world size and rank them by predicted step time
-// (plan/cost_model.hpp); print a table, or JSON (docs/planner.md).
+// ndmini plan evaluates the deck's layout on a cluster, or searches every
+// valid layout of a world size and ranks them by predicted step time
+// (plan/cost_model.hpp). It prints a table, or JSON (docs/planner.md).
 #include <string>
 #include <vector>
 
 #include "config/config.hpp"
 #include "plan/cluster.hpp"
 #include "plan/cost_model.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 namespace ndmini {
 

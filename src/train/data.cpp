@@ -135,7 +135,7 @@ void require_long_enough(std::size_t n, const Config& cfg, const std::string& ke
 }
 
 // The file's size was bounded before: require_memory_fits counts its tokens
-// (train/budget.hpp); it is read up to that size, however it grows meanwhile.
+// (run/budget.hpp); it is read up to that size, however it grows meanwhile.
 std::vector<token_t> read_text(const std::string& key, const std::string& path, const Config& cfg,
                                io::DataRecord& record) {
   const RegularFile file(path, data_file(key, path, kTextKind));

@@ -3,19 +3,12 @@
 
 namespace ndmini {
 
-FeedSizes MicroBatchFeed::sizes_of(int micro_batch, int seq_len, int cp) {
-  FeedSizes s;
-  s.whole = static_cast<std::size_t>(micro_batch) * seq_len;
-  s.local = static_cast<std::size_t>(micro_batch) * (seq_len / cp);  // CpLayout::local_len()
-  return s;
-}
-
 MicroBatchFeed::MicroBatchFeed(const DataSource& data, const CpLayout& cp, int micro_batch, int first_sequence)
     : data_(data),
       cp_(cp),
       micro_batch_(micro_batch),
       first_sequence_(first_sequence),
-      sizes_(sizes_of(micro_batch, cp.seq_len, cp.cp)),
+      sizes_(feed_sizes(micro_batch, cp.seq_len, cp.cp)),
       full_in_("ndmini::inputs_full", sizes_.whole),
       full_tg_("ndmini::targets_full", sizes_.whole),
       h_in_("ndmini::inputs_host", sizes_.local),

@@ -9,24 +9,15 @@
 #include "layers/context_parallel.hpp"
 #include "parallel/pipeline/pipeline.hpp"
 #include "parallel/stage_runtime.hpp"
+#include "run/feed_sizes.hpp"
 #include "train/data.hpp"
 
 namespace ndmini {
-
-// Elements of the token buffers a MicroBatchFeed allocates; its constructor
-// and the memory estimate both read them from MicroBatchFeed::sizes_of.
-struct FeedSizes {
-  std::size_t whole = 0;  // the micro-batch's whole sequences: inputs and targets, on the host
-  std::size_t local = 0;  // this cp rank's tokens of them: inputs and targets, on the host and in MemSpace
-  std::size_t bytes() const { return (2 * whole + 4 * local) * sizeof(token_t); }
-};
 
 // The tokens of one micro-batch on this rank: its data-parallel share of the
 // global batch, and of each sequence the tokens its cp rank holds.
 class MicroBatchFeed {
  public:
-  static FeedSizes sizes_of(int micro_batch, int seq_len, int cp);
-
   MicroBatchFeed(const DataSource& data, const CpLayout& cp, int micro_batch, int first_sequence);
 
   // Micro-batch `index` of `step`, unless it is loaded already.

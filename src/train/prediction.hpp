@@ -11,7 +11,7 @@
 #include "config/config.hpp"
 #include "plan/cluster.hpp"
 #include "plan/cost_model.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 namespace ndmini {
 

@@ -12,7 +12,7 @@
 #include "io/checkpoint.hpp"
 #include "kernels/gemm_library.hpp"
 #include "model/gpt.hpp"
-#include "train/budget.hpp"
+#include "run/budget.hpp"
 #include "train/metrics.hpp"
 
 namespace ndmini {

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// What a run prints on rank 0 (docs/output.md): the banner, one progress
-// line per logged step (train/metrics.hpp), and the closing PERFORMANCE
-// block, whose machine-readable twin is the metrics file's summary object.
+// What a run prints on rank 0 (docs/output.md). That is the banner, one
+// progress line per logged step (train/metrics.hpp), and the closing
+// PERFORMANCE block, whose machine-readable twin is the metrics file's
+// summary object.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,8 +12,8 @@
 
 #include "comm/communicator.hpp"
 #include "parallel/context.hpp"
-#include "train/calibration.hpp"
-#include "train/layout.hpp"
+#include "run/calibration.hpp"
+#include "run/layout.hpp"
 #include "train/prediction.hpp"
 #include "train/result.hpp"
 

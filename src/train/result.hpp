@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// What a run produced, in one record: the training loop (trainer.hpp) fills
+// What a run produced, in one record. The training loop (trainer.hpp) fills
 // it, the closing PERFORMANCE block and the metrics file's summary object
 // (report.hpp) print it, and train() returns it.
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "train/calibration.hpp"
+#include "run/calibration.hpp"
 
 namespace ndmini {
 

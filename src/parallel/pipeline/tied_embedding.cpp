@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "parallel/grad_reduction.hpp"
+#include "layers/grad_reduction.hpp"
 
 namespace ndmini {
 

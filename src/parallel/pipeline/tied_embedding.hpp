@@ -21,7 +21,7 @@ class TiedEmbedding {
   explicit TiedEmbedding(Communicator* pair) : pair_(pair) {}
 
   // Sums this rank's shard of the wte gradients (n floats) over the pair,
-  // in the wire format of comm.reduce_dtype (parallel/grad_reduction.hpp).
+  // in the wire format of comm.reduce_dtype (layers/grad_reduction.hpp).
   void reduce_grads(real* grads, std::size_t n, Precision wire);
   // Whether this rank's shard of wte (n floats) equals the other end's, bit
   // for bit. Collective over the pair; true where there is none.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "train/budget.hpp"
+#include "run/budget.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Sizes bounded before anything is allocated: the memory one rank of a run
-// needs (the busiest pipeline stage's estimate, train/layout.hpp, plus the
-// tokens of a file source) against what one rank may use, and the refusal of
-// a deck that cannot fit, naming the keys that make it large. `ndmini check`
-// and `train` both call it before any model memory exists.
+// Sizes bounded before anything is allocated. The memory one rank of a run
+// needs is the busiest pipeline stage's estimate (run/layout.hpp) plus the
+// tokens of a file source. It is set against what one rank may use, and a
+// deck that cannot fit is refused, naming the keys that make it large.
+// `ndmini check` and `train` both call it before any model memory exists.
+// The planner reads its byte counts and the memory one rank may use.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "config/config.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 namespace ndmini {
 

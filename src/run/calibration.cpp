@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "train/calibration.hpp"
+#include "run/calibration.hpp"
 
 #include <algorithm>
 #include <utility>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The peak MFU is measured against: given in the deck (perf.peak_gflops) or
-// measured at start-up by a short GEMM calibration on every rank, in the
+// The peak MFU is measured against. The deck gives it (perf.peak_gflops), or
+// a short GEMM calibration on every rank measures it at start-up, in the
 // precision the run's matrix products use.
 #include <mpi.h>
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 #include "core/error.hpp"
 #include "parallel/pipeline/pipeline.hpp"
-#include "train/feed.hpp"
+#include "run/feed_sizes.hpp"
 
 namespace ndmini {
 
@@ -75,8 +75,8 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
   // one more for the validation loss.
   const int feeds = cfg.train.eval_every > 0 ? 2 : 1;
   for (MemoryEstimate& e : out)
-    e.scratch_bytes += feeds * static_cast<std::int64_t>(
-                                   MicroBatchFeed::sizes_of(cfg.train.micro_batch, cfg.model.seq_len, d.cp).bytes());
+    e.scratch_bytes +=
+        feeds * static_cast<std::int64_t>(feed_sizes(cfg.train.micro_batch, cfg.model.seq_len, d.cp).bytes());
   return out;
 }
 

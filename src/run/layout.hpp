@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The layout of a run, resolved and checked once before anything is built:
-// the parallel degrees (mesh/dims.hpp), the model's rules for that split
-// (model/), how the global batch divides, and the pipeline's stage plan and
-// schedule (parallel/pipeline/), built here once: every other place reads
-// them from the layout.
+// The layout of a run, resolved and checked once before anything is built.
+// It holds the parallel degrees (mesh/dims.hpp), checked against the model's
+// rules for that split (model/), how the global batch divides, and the
+// pipeline's stage plan and schedule (parallel/pipeline/). These are built
+// here once; every other place reads them from the layout. The memory
+// estimate of a layout is declared here too.
 #include <string>
 #include <vector>
 

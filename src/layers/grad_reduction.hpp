@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Gradient sums over a group in the wire format of comm.reduce_dtype: fp32
-// as they are, or bf16 -- the fp32 gradients rounded to nearest even into a
-// bf16 buffer, summed in bf16 (Communicator's bf16 sum, half the bytes) and
-// widened back into the fp32 gradients. Only the transfer changes: what the
-// gradients accumulate into stays fp32.
+// Gradient sums over a group in the wire format of comm.reduce_dtype. Under
+// fp32 the gradients travel as they are. Under bf16 they are rounded to
+// nearest even into a bf16 buffer, summed in bf16 (Communicator's bf16 sum,
+// half the bytes) and widened back into the fp32 gradients. Only the transfer
+// changes; what the gradients accumulate into stays fp32. The tensor-parallel
+// layers and parallel/ (data parallelism, the tied embedding) share these.
 #include <cstddef>
 
 #include "comm/communicator.hpp"
-#include "config/config.hpp"
 #include "core/types.hpp"
 
 namespace ndmini {

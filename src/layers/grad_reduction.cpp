@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "parallel/grad_reduction.hpp"
+#include "layers/grad_reduction.hpp"
 
 #include "kernels/kernels.hpp"
 
