@@ -37,8 +37,8 @@ int status_of(Work&& work, bool speaks, Ending on_error) {
   }
 }
 
-// Any other exception is a bug, and it may hold on this rank only: the rank
-// names it and takes the job down (MPI_Abort with status 3).
+// An exception other than an Error is a bug, which may hold on this rank
+// only. The rank names it and takes the job down (MPI_Abort, status 3).
 [[noreturn]] void abort_on_bug(int rank, const std::exception& e);
 
 // status_of for work every rank does alike (train, check): rank 0 speaks for
