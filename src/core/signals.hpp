@@ -1,17 +1,16 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// Pre-emption. SIGTERM, SIGINT and SIGUSR1 ask the run to stop; they are what
-// a scheduler sends before it ends a job (Slurm's --signal). The handler only
-// records the first one. The training loop agrees on it at the next step
-// boundary and saves, and the process exits with signal_exit_status(). A
-// second signal ends the process at once, with the same status convention.
-// A save cut short leaves only debris, and `latest` still names the previous
-// checkpoint.
+// Pre-emption. SIGTERM, SIGINT and SIGUSR1 ask the run to stop; a scheduler
+// sends one before it ends a job (Slurm's --signal). The handler only records
+// the first one. The training loop agrees on it at the next step boundary and
+// saves, and the process exits with signal_exit_status(). A second signal
+// ends the process at once, with the same status convention. A save cut
+// short leaves only debris, and `latest` names the previous checkpoint.
 //
-// Why not simply die of the signal: MPICH's mpiexec reports a job whose
+// Why not simply die of the signal? MPICH's mpiexec reports a job whose
 // ranks a forwarded signal ended as status 0 (it drops the ranks' statuses
-// once it forwarded a signal); the driver hands the status over through
-// MPI_Abort instead, once everything is saved (miniapp/main.cpp).
+// once it forwarded a signal). So the driver hands the status over through
+// MPI_Abort instead, once everything is saved (miniapp/exit_status.cpp).
 namespace ndmini {
 
 // Installs the handler for SIGTERM, SIGINT and SIGUSR1 from construction
