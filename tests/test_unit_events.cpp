@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -31,14 +32,22 @@ using namespace ndmini::equivalence;
 namespace {
 
 // The tiny deck for one step, without the validation loss (its forward-only
-// pass is the second test's) or GEMM calibration.
+// pass is the second test's) or GEMM calibration. The global batch is cut
+// to a few micro-batches per rank (at least pp, so every schedule reaches
+// its steady state): seconds, not minutes.
 Config deck(const Layout& layout, const std::string& precision) {
-  std::vector<std::string> all = {"train.steps=1", "train.micro_batch=1", "train.log_every=100",
-                                  "train.eval_every=0", "train.precision=" + precision};
+  std::vector<std::string> all = {"train.steps=1", "train.micro_batch=1", "train.log_every=100", "train.eval_every=0",
+                                  "train.precision=" + precision};
   if (precision == "bf16" && layout.ranks > 1) all.push_back("comm.reduce_dtype=bf16");
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
-  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+  const std::string tiny = std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml";
+  const Config cfg = load_config(tiny, all);
+  const ParallelDims d = resolve_layout(cfg, layout.ranks).dims;
+  const int micro_batches = std::max(2, d.pp);
+  all.push_back("train.global_batch=" +
+                std::to_string(micro_batches * cfg.train.micro_batch * d.dp_replicate * d.dp_shard));
+  return load_config(tiny, all);
 }
 
 // Empty when equal; else where they part.

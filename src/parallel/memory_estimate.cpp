@@ -36,12 +36,21 @@ class FsdpReplay {
     for (const UnitEvent& e : events) {
       switch (e.op) {
         case UnitOp::gather:
-        case UnitOp::prefetch: gather(e.unit.index()); break;  // a prefetch allocates as the gather would
-        case UnitOp::release: release(e.unit.index()); break;
-        case UnitOp::open_grads: begin_grads(e.unit.index()); break;
-        case UnitOp::end_grads: end_grads(e.unit.index()); break;
+        case UnitOp::prefetch:  // a prefetch allocates as the gather would
+          gather(e.unit.index());
+          break;
+        case UnitOp::release:
+          release(e.unit.index());
+          break;
+        case UnitOp::open_grads:
+          begin_grads(e.unit.index());
+          break;
+        case UnitOp::end_grads:
+          end_grads(e.unit.index());
+          break;
         case UnitOp::poll:  // completes reductions early at best: the replay keeps them, an upper bound
-        case UnitOp::compute: break;
+        case UnitOp::compute:
+          break;
       }
     }
   }
@@ -227,9 +236,9 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
   const std::vector<PipelineAction> first(actions.begin(), actions.begin() + replayed);
-  const double fsdp_bytes = static_cast<double>(peak_of(
-      layout, fsdp, stage_unit_events(chunks, first, training(reshard_after_forward, recompute)), precision,
-      reduce_dtype));
+  const double fsdp_bytes = static_cast<double>(
+      peak_of(layout, fsdp, stage_unit_events(chunks, first, training(reshard_after_forward, recompute)), precision,
+              reduce_dtype));
   const double wire_bytes = reduce_dtype == Precision::bf16 ? bf16_wire_bytes(layout, split, chunks, shard) : 0.0;
   e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes + wire_bytes);
   e.comm_buffer_bytes = saturated_bytes(fsdp_bytes + wire_bytes);

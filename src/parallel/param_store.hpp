@@ -7,8 +7,9 @@
 // always available; with FSDP (parallel/fsdp.hpp) each rank keeps only its
 // shard of every unit and a unit's full parameters exist only between
 // gather() and release(). Gradients of replicas are summed over dp_replicate
-// (parallel/data_parallel.hpp). The model drives the life cycle unit by unit;
-// which strategy does what is decided here, once.
+// (parallel/data_parallel.hpp). StageRuntime drives the life cycle unit by
+// unit, executing the unit events (parallel/unit_events.hpp); which strategy
+// does what is decided here, once.
 #include <memory>
 #include <vector>
 
@@ -66,7 +67,7 @@ class ParamStore {
 
   // FSDP life cycle, driven by the unit events StageRuntime executes
   // (parallel/unit_events.hpp); all are no-ops without FSDP.
-  void prefetch(UnitId u);  // start the all-gather of unit u
+  void prefetch(UnitId u);  // start the all-gather of unit u (none: no unit runs next)
   void gather(UnitId u);    // make unit u's parameters available (waits for a prefetch)
   void release(UnitId u);   // drop them
   bool reshard_after_forward() const { return groups_.reshard_after_forward; }
@@ -75,7 +76,7 @@ class ParamStore {
   // Gradient life cycle of one micro-batch's backward, unit by unit.
   void begin_grads(UnitId u);                       // FSDP: zeroed full gradients (kept if already open)
   void end_grads(UnitId u, bool last_micro_batch);  // FSDP: reduce-scatter; DP: all-reduce after the last
-  void poll();                                   // lets in-flight reductions progress
+  void poll();                                      // lets in-flight reductions progress
   // Completes every reduction: afterwards the shard gradients are the sums
   // over all data-parallel ranks (dp_shard x cp, and dp_replicate).
   void finish_grads();

@@ -25,25 +25,37 @@ std::vector<Chunk> chunks_or_whole_model(const std::vector<Chunk>& chunks, int l
 enum class Region { none, embedding_forward, block_forward, head, block_backward, embedding_backward };
 Region region_of(Part p) {
   switch (p) {
-    case Part::embedding_forward: return Region::embedding_forward;
-    case Part::block_forward: return Region::block_forward;
+    case Part::embedding_forward:
+      return Region::embedding_forward;
+    case Part::block_forward:
+      return Region::block_forward;
     case Part::head_forward:
-    case Part::head_backward: return Region::head;
+    case Part::head_backward:
+      return Region::head;
     case Part::block_recompute:
-    case Part::block_backward: return Region::block_backward;
-    case Part::embedding_backward: return Region::embedding_backward;
-    case Part::end_of_evaluation: return Region::none;
+    case Part::block_backward:
+      return Region::block_backward;
+    case Part::embedding_backward:
+      return Region::embedding_backward;
+    case Part::end_of_evaluation:
+      return Region::none;
   }
   return Region::none;
 }
 std::string region_name(Region r, int layer) {
   switch (r) {
-    case Region::embedding_forward: return "ndmini::embedding forward";
-    case Region::block_forward: return "ndmini::block " + std::to_string(layer) + " forward";
-    case Region::head: return "ndmini::head forward and backward";
-    case Region::block_backward: return "ndmini::block " + std::to_string(layer) + " backward";
-    case Region::embedding_backward: return "ndmini::embedding backward";
-    case Region::none: break;
+    case Region::embedding_forward:
+      return "ndmini::embedding forward";
+    case Region::block_forward:
+      return "ndmini::block " + std::to_string(layer) + " forward";
+    case Region::head:
+      return "ndmini::head forward and backward";
+    case Region::block_backward:
+      return "ndmini::block " + std::to_string(layer) + " backward";
+    case Region::embedding_backward:
+      return "ndmini::embedding backward";
+    case Region::none:
+      break;
   }
   return "";
 }
@@ -93,17 +105,14 @@ StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelPar
   }
   if (units != static_cast<std::size_t>(store_->units()))
     throw InternalError("the chunks' units do not match the parameter layout");
-  UnitPolicy policy{reshard_of(store_->reshard_after_forward()), recompute_, Pass::train};
+  const Reshard reshard = reshard_of(store_->reshard_after_forward());
+  const UnitPolicy train{reshard, recompute_, Pass::train}, evaluation{reshard, recompute_, Pass::evaluation};
+  constexpr auto forward = PipelineAction::Kind::forward, backward = PipelineAction::Kind::backward;
   for (std::size_t k = 0; k < chunks().size(); ++k) {
     const Chunk& c = chunks()[k];
     const ChunkUnits& u = model_.units()[k];
-    ChunkEvents e;
-    e.forward = unit_events(c, u, PipelineAction::Kind::forward, policy);
-    e.backward = unit_events(c, u, PipelineAction::Kind::backward, policy);
-    policy.pass = Pass::evaluation;
-    e.evaluation = unit_events(c, u, PipelineAction::Kind::forward, policy);
-    policy.pass = Pass::train;
-    events_.push_back(std::move(e));
+    events_.push_back({unit_events(c, u, forward, train), unit_events(c, u, forward, evaluation),
+                       unit_events(c, u, backward, train)});
   }
   end_of_evaluation_ = end_of_evaluation_events(store_->units());
   spare_.resize(chunks().size());
@@ -188,13 +197,27 @@ void StageRuntime::execute(const std::vector<UnitEvent>& events, int first_layer
   for (const UnitEvent& e : events) {
     regions.enter(region_of(e.part), first_layer + e.block);
     switch (e.op) {
-      case UnitOp::gather: s.gather(e.unit); break;
-      case UnitOp::prefetch: s.prefetch(e.unit); break;  // its all-gather overlaps the compute before it
-      case UnitOp::release: s.release(e.unit); break;
-      case UnitOp::open_grads: s.begin_grads(e.unit); break;
-      case UnitOp::end_grads: s.end_grads(e.unit, last_micro_batch); break;
-      case UnitOp::poll: s.poll(); break;
-      case UnitOp::compute: compute(e); break;
+      case UnitOp::gather:
+        s.gather(e.unit);
+        break;
+      case UnitOp::prefetch:  // its all-gather overlaps the compute before it
+        s.prefetch(e.unit);
+        break;
+      case UnitOp::release:
+        s.release(e.unit);
+        break;
+      case UnitOp::open_grads:
+        s.begin_grads(e.unit);
+        break;
+      case UnitOp::end_grads:
+        s.end_grads(e.unit, last_micro_batch);
+        break;
+      case UnitOp::poll:
+        s.poll();
+        break;
+      case UnitOp::compute:
+        compute(e);
+        break;
     }
     if (event_log_ != nullptr) event_log_->push_back(e);
   }
@@ -239,7 +262,8 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
         model_.head_backward(s.params(u.ln_f), s.weights(u.wte), s.grads(u.ln_f), s.grads(u.wte), as_matrix(*x, Nr, C),
                              as_matrix(r.grad, Nr, C));
         return;
-      default: throw InternalError("a forward cannot compute " + describe(e));
+      default:
+        throw InternalError("a forward cannot compute " + describe(e));
     }
   });
   return loss;
@@ -270,7 +294,8 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
         ExecSpace().fence();
         const auto t0 = Clock::now();
         {
-          const ProfileRegion again([&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " recompute"; });
+          const ProfileRegion again(
+              [&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " recompute"; });
           model_.block_forward(s.weights(e.unit.index()), as_matrix(x, Nr, C), recomputed_);
           ExecSpace().fence();
         }
@@ -282,8 +307,11 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
         model_.block_backward(s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres);
         return;
       }
-      case Part::embedding_backward: model_.embedding_backward(s.grads(u.wte), s.grads(u.wpe), dres, r.tokens); return;
-      default: throw InternalError("a backward cannot compute " + describe(e));
+      case Part::embedding_backward:
+        model_.embedding_backward(s.grads(u.wte), s.grads(u.wpe), dres, r.tokens);
+        return;
+      default:
+        throw InternalError("a backward cannot compute " + describe(e));
     }
   });
   if (!c.embedding) Kokkos::deep_copy(Kokkos::View<real*, MemSpace, Unmanaged>(input_grad, Nr * C), r.grad);

@@ -147,8 +147,8 @@ class StageRuntime {
   GptModel model_;
   Recompute recompute_ = Recompute::none;
   std::unique_ptr<ParamStore> store_;
-  TiedEmbedding tied_;                             // the two copies of wte (pp > 1)
-  UnitId wte_unit_;                                // this stage's wte unit, if it holds one
+  TiedEmbedding tied_;  // the two copies of wte (pp > 1)
+  UnitId wte_unit_;     // this stage's wte unit, if it holds one
   // Per local chunk, built once: a micro-batch's forward (with the head's
   // backward), its forward-only pass (a loss scale of 0), its backward.
   struct ChunkEvents {

@@ -12,13 +12,20 @@ namespace {
 
 const char* name_of(UnitOp op) {
   switch (op) {
-    case UnitOp::gather: return "gather";
-    case UnitOp::prefetch: return "prefetch";
-    case UnitOp::release: return "release";
-    case UnitOp::open_grads: return "open grads of";
-    case UnitOp::end_grads: return "end grads of";
-    case UnitOp::poll: return "poll";
-    case UnitOp::compute: return "compute";
+    case UnitOp::gather:
+      return "gather";
+    case UnitOp::prefetch:
+      return "prefetch";
+    case UnitOp::release:
+      return "release";
+    case UnitOp::open_grads:
+      return "open grads of";
+    case UnitOp::end_grads:
+      return "end grads of";
+    case UnitOp::poll:
+      return "poll";
+    case UnitOp::compute:
+      return "compute";
   }
   return "?";
 }
@@ -26,14 +33,22 @@ const char* name_of(UnitOp op) {
 std::string name_of(Part p, int block) {
   const std::string b = "block " + std::to_string(block);
   switch (p) {
-    case Part::embedding_forward: return "embedding forward";
-    case Part::block_forward: return b + " forward";
-    case Part::head_forward: return "head forward";
-    case Part::head_backward: return "head backward";
-    case Part::block_recompute: return b + " recompute";
-    case Part::block_backward: return b + " backward";
-    case Part::embedding_backward: return "embedding backward";
-    case Part::end_of_evaluation: return "end of evaluation";
+    case Part::embedding_forward:
+      return "embedding forward";
+    case Part::block_forward:
+      return b + " forward";
+    case Part::head_forward:
+      return "head forward";
+    case Part::head_backward:
+      return "head backward";
+    case Part::block_recompute:
+      return b + " recompute";
+    case Part::block_backward:
+      return b + " backward";
+    case Part::embedding_backward:
+      return "embedding backward";
+    case Part::end_of_evaluation:
+      return "end of evaluation";
   }
   return "?";
 }
@@ -81,7 +96,9 @@ struct Units {
   UnitId wte, wpe, ln_f;
   std::vector<UnitId> blocks;
   explicit Units(const ChunkUnits& u)
-      : wte(UnitId::of_layout_index(u.wte)), wpe(UnitId::of_layout_index(u.wpe)), ln_f(UnitId::of_layout_index(u.ln_f)) {
+      : wte(UnitId::of_layout_index(u.wte)),
+        wpe(UnitId::of_layout_index(u.wpe)),
+        ln_f(UnitId::of_layout_index(u.ln_f)) {
     for (int b : u.blocks) blocks.push_back(UnitId::of_layout_index(b));
   }
   int block_count() const { return static_cast<int>(blocks.size()); }

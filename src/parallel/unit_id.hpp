@@ -8,11 +8,11 @@ namespace ndmini {
 
 class UnitId {
  public:
-  constexpr UnitId() = default;  // none
-  constexpr explicit UnitId(int index) : index_(index < 0 ? kNone : index) {}
+  constexpr UnitId() = default;                            // none
+  constexpr explicit UnitId(int index) : index_(index) {}  // index >= 0
   static constexpr UnitId none() { return UnitId(); }
   // ChunkUnits (model/gpt.hpp) still marks a missing unit with a negative index.
-  static constexpr UnitId of_layout_index(int index) { return UnitId(index); }
+  static constexpr UnitId of_layout_index(int index) { return index < 0 ? none() : UnitId(index); }
 
   constexpr bool is_none() const { return index_ == kNone; }
   constexpr explicit operator bool() const { return !is_none(); }
