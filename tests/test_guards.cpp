@@ -21,6 +21,7 @@
 #include "parallel/pipeline/schedule.hpp"
 #include "run/budget.hpp"
 #include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 #include "train/metrics.hpp"
 
 using namespace ndmini;

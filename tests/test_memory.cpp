@@ -27,6 +27,7 @@
 #include "parallel/context.hpp"
 #include "parallel/stage_runtime.hpp"
 #include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 #include "train/trainer.hpp"
 
 using namespace ndmini;

@@ -21,6 +21,7 @@
 #include "model/gpt.hpp"
 #include "plan/cost_model.hpp"
 #include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 #include "train/trainer.hpp"
 
 using namespace ndmini;

@@ -98,31 +98,31 @@ std::vector<ParamStore::Piece> ParamStore::pieces_of(const ParamLayout& layout, 
   return pieces;
 }
 
-void ParamStore::prefetch(int u) {
-  if (!fsdp_ || u < 0 || u >= units()) return;
+void ParamStore::prefetch(UnitId u) {
+  if (!fsdp_ || u.is_none()) return;
   refresh_working_shard();
-  fsdp_->prefetch(u);
+  fsdp_->prefetch(u.index());
 }
 
-void ParamStore::gather(int u) {
+void ParamStore::gather(UnitId u) {
   if (!fsdp_) return;
   refresh_working_shard();
-  fsdp_->gather(u);
+  fsdp_->gather(u.index());
 }
 
-void ParamStore::release(int u) {
-  if (fsdp_) fsdp_->release(u);
+void ParamStore::release(UnitId u) {
+  if (fsdp_) fsdp_->release(u.index());
 }
 
-void ParamStore::begin_grads(int u) {
-  if (fsdp_) fsdp_->begin_grads(u);
+void ParamStore::begin_grads(UnitId u) {
+  if (fsdp_) fsdp_->begin_grads(u.index());
 }
 
-void ParamStore::end_grads(int u, bool last_micro_batch) {
+void ParamStore::end_grads(UnitId u, bool last_micro_batch) {
   if (fsdp_)
-    fsdp_->end_grads(u);
+    fsdp_->end_grads(u.index());
   else if (dp_ && last_micro_batch)
-    dp_->reduce_bucket(grads(u), layout_.unit_size[u]);
+    dp_->reduce_bucket(grads(u.index()), layout_.unit_size[u.index()]);
 }
 
 void ParamStore::poll() {
@@ -147,29 +147,6 @@ bool ParamStore::is_replica(const Piece& piece) const { return replica_ || !coun
 std::size_t ParamStore::persistent_bytes() const {
   return (shard_params_.extent(0) + shard_grads_.extent(0) + working_rounded_.extent(0)) * sizeof(real) +
          working_bf16_.extent(0) * sizeof(bf16);
-}
-
-UnitParams::UnitParams(ParamStore& store, int unit, int prefetch, bool release)
-    : store_(store), unit_(unit), release_(release), exceptions_(std::uncaught_exceptions()) {
-  store_.gather(unit);
-  store_.prefetch(prefetch);  // the next unit's all-gather overlaps this unit's compute
-}
-
-UnitParams::~UnitParams() noexcept(false) {
-  if (release_ && std::uncaught_exceptions() == exceptions_) store_.release(unit_);
-}
-
-UnitGrads::UnitGrads(ParamStore& store, int unit, bool last_micro_batch, bool end)
-    : store_(store),
-      unit_(unit),
-      last_micro_batch_(last_micro_batch),
-      end_(end),
-      exceptions_(std::uncaught_exceptions()) {
-  store_.begin_grads(unit);
-}
-
-UnitGrads::~UnitGrads() noexcept(false) {
-  if (end_ && std::uncaught_exceptions() == exceptions_) store_.end_grads(unit_, last_micro_batch_);
 }
 
 }  // namespace ndmini

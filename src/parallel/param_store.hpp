@@ -7,8 +7,9 @@
 // always available; with FSDP (parallel/fsdp.hpp) each rank keeps only its
 // shard of every unit and a unit's full parameters exist only between
 // gather() and release(). Gradients of replicas are summed over dp_replicate
-// (parallel/data_parallel.hpp). The model drives the life cycle unit by unit;
-// which strategy does what is decided here, once.
+// (parallel/data_parallel.hpp). StageRuntime drives the life cycle unit by
+// unit, executing the unit events (parallel/unit_events.hpp); which strategy
+// does what is decided here, once.
 #include <memory>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "model/param_layout.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/fsdp.hpp"
+#include "parallel/unit_id.hpp"
 
 namespace ndmini {
 
@@ -60,17 +62,21 @@ class ParamStore {
   void params_changed() { ++version_; }
   Precision precision() const { return precision_; }
 
-  // FSDP life cycle; all are no-ops without FSDP.
-  void prefetch(int u);  // start the all-gather of unit u (ignores u outside [0, units()))
-  void gather(int u);    // make unit u's parameters available (waits for a prefetch)
-  void release(int u);   // drop them
+  // Both of the above, for the model's matrix products.
+  UnitWeights weights(int u) { return {params(u), params_bf16(u)}; }
+
+  // FSDP life cycle, driven by the unit events StageRuntime executes
+  // (parallel/unit_events.hpp); all are no-ops without FSDP.
+  void prefetch(UnitId u);  // start the all-gather of unit u (none: no unit runs next)
+  void gather(UnitId u);    // make unit u's parameters available (waits for a prefetch)
+  void release(UnitId u);   // drop them
   bool reshard_after_forward() const { return groups_.reshard_after_forward; }
   Precision reduce_dtype() const { return groups_.reduce_dtype; }
 
   // Gradient life cycle of one micro-batch's backward, unit by unit.
-  void begin_grads(int u);                       // FSDP: zeroed full gradients (kept if already open)
-  void end_grads(int u, bool last_micro_batch);  // FSDP: reduce-scatter; DP: all-reduce after the last
-  void poll();                                   // lets in-flight reductions progress
+  void begin_grads(UnitId u);                       // FSDP: zeroed full gradients (kept if already open)
+  void end_grads(UnitId u, bool last_micro_batch);  // FSDP: reduce-scatter; DP: all-reduce after the last
+  void poll();                                      // lets in-flight reductions progress
   // Completes every reduction: afterwards the shard gradients are the sums
   // over all data-parallel ranks (dp_shard x cp, and dp_replicate).
   void finish_grads();
@@ -139,46 +145,6 @@ class ParamStore {
   std::vector<Piece> pieces_;
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<DataParallel> dp_;
-};
-
-// FSDP as a scope around one unit's compute. UnitParams: the unit's full
-// parameters from construction (gathered; the all-gather of `prefetch`, the
-// unit that runs next, started) to destruction (released, unless `release`
-// is false: the unit stays gathered for a later scope). UnitGrads: its full
-// gradients from construction (opened) to destruction (reduction started,
-// unless `end` is false: a later scope of the same unit ends them). Without
-// FSDP both only hand out the unit's part of the flat buffers (and
-// UnitGrads' end starts data parallelism's bucket after the last micro-batch).
-// While an exception unwinds, destruction does nothing: the step is abandoned.
-class UnitParams {
- public:
-  UnitParams(ParamStore& store, int unit, int prefetch = -1, bool release = true);
-  ~UnitParams() noexcept(false);
-  UnitParams(const UnitParams&) = delete;
-  UnitParams& operator=(const UnitParams&) = delete;
-  real* data() const { return store_.params(unit_); }
-  UnitWeights weights() const { return {store_.params(unit_), store_.params_bf16(unit_)}; }
-
- private:
-  ParamStore& store_;
-  int unit_;
-  bool release_;
-  int exceptions_;
-};
-
-class UnitGrads {
- public:
-  UnitGrads(ParamStore& store, int unit, bool last_micro_batch, bool end = true);
-  ~UnitGrads() noexcept(false);
-  UnitGrads(const UnitGrads&) = delete;
-  UnitGrads& operator=(const UnitGrads&) = delete;
-  real* data() const { return store_.grads(unit_); }
-
- private:
-  ParamStore& store_;
-  int unit_;
-  bool last_micro_batch_, end_;
-  int exceptions_;
 };
 
 }  // namespace ndmini

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// The model on one rank, split: StageRuntime runs the chunks of one pipeline
-// stage (GptModel, model/gpt.hpp, computes them) and owns how they are split
-// over the ranks: the parameter store (FSDP shards or replicas), FSDP as a
-// scope around every unit's compute (parallel/param_store.hpp), the
-// activation record of every (chunk, micro-batch) in flight, and the
-// gradient finalisation across FSDP, data parallelism, tensor parallelism
-// and the tied embedding of the pipeline's two ends.
+// The model on one rank, split. StageRuntime runs the chunks of one
+// pipeline stage; GptModel (model/gpt.hpp) computes them. The runtime owns
+// how they are split over the ranks. It holds the parameter store (FSDP
+// shards or replicas) and executes each chunk's unit events, FSDP's scopes
+// around every unit's compute (parallel/unit_events.hpp). It keeps the
+// activation record of every (chunk, micro-batch) in flight. It finalises
+// the gradients across FSDP, data parallelism, tensor parallelism and the
+// tied embedding of the pipeline's two ends.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "parallel/param_store.hpp"
 #include "parallel/pipeline/schedule.hpp"
 #include "parallel/pipeline/tied_embedding.hpp"
+#include "parallel/unit_events.hpp"
 
 namespace ndmini {
 
@@ -33,33 +35,6 @@ struct ModelParallel {
   Communicator* tied_embedding = nullptr;  // first and last pipeline stage (pp > 1)
   std::vector<Chunk> chunks;               // empty: one chunk of every layer, the embedding and the head
 };
-
-// Bytes per rank, from the sizes the runtime and the model allocate:
-// parameters, gradients and AdamW state; the records of (chunk,
-// micro-batch) the stage holds (in_flight of them, of
-// activation_bytes_per_micro_batch on average); and scratch (the layers'
-// buffers, the head's, what FSDP holds at most over split.fsdp()).
-// `in_flight`: the most records the schedule keeps at once on the stage.
-struct MemoryEstimate {
-  std::int64_t state_bytes = 0;
-  std::int64_t activation_bytes_per_micro_batch = 0;
-  std::int64_t in_flight = 0;
-  std::int64_t scratch_bytes = 0;
-  std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
-  // The same bytes by category (ndmini plan's table): state_bytes is
-  // parameters + gradients + optimizer state; comm_buffer_bytes is the part
-  // of scratch_bytes that communication holds (FSDP's gathered units, full
-  // gradients and reduce-scatters in flight; the pipeline's send buffers),
-  // the rest of scratch is workspace.
-  std::int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, comm_buffer_bytes = 0;
-};
-// `actions`: the stage's schedule for one step, or its first micro-batches
-// when the step has very many (the records of each chunk, FSDP's gathered
-// units and open gradients follow it).
-MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
-                                   const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
-                                   const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                   Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32);
 
 class StageRuntime {
  public:
@@ -136,24 +111,19 @@ class StageRuntime {
   // since the last call (fenced, so the figure is the kernels' own time).
   double take_recompute_ms() { return std::exchange(recompute_ms_, 0.0); }
 
-  // Bytes of one record of `chunk` (the sizes record() allocates).
-  static std::size_t record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
-  // The most bytes FSDP holds at once (gathered units, full gradients, the
-  // reduce-scatters in flight) when a stage of `chunks`, its units sharded
-  // over `shards` ranks, runs `actions`: the unit scopes of forward() and
-  // backward() replayed without compute. 0 without FSDP.
-  static std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
-                                     const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                     Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32);
-  // The floats FSDP all-gathers and reduce-scatters (gathered sizes) when
-  // that stage runs `actions`: the same replay, counting each collective.
-  // (Under bf16 the all-gathers move bf16 values: half the bytes.)
-  struct FsdpTraffic {
-    double all_gather_floats = 0, reduce_scatter_floats = 0;
-    std::int64_t all_gathers = 0, reduce_scatters = 0;
+  // What one record of `chunk` holds: record() allocates it, record_bytes() counts it.
+  struct RecordContents {
+    std::size_t activation_floats;  // the chunk's input, and as many for the gradient of its output
+    std::size_t tokens;             // the first chunk's token ids (its embedding backward needs them); 0 elsewhere
+    int layers;                     // one block's activations each
+    bool output_only;               // recompute = block: of each block only its output
   };
-  static FsdpTraffic fsdp_traffic(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
-                                  const std::vector<PipelineAction>& actions, bool reshard_after_forward);
+  static RecordContents record_contents(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
+  static std::size_t record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
+
+  // Tests: every unit event executed from now on is appended to `log`
+  // (null: none). The memory estimate replays the same list.
+  void record_unit_events(std::vector<UnitEvent>* log) { event_log_ = log; }
 
  private:
   // What one micro-batch keeps between the forward and the backward of one chunk.
@@ -168,16 +138,24 @@ class StageRuntime {
   Record& record(int chunk, int micro_batch);       // found or made (a forward's start)
   Record& find_record(int chunk, int micro_batch);  // must exist (after its forward)
   void free_record(int chunk, int micro_batch);
-  // The head: final LayerNorm, tied LM head, loss; with loss_scale != 0 also
-  // its backward, writing d(x) into dx. Returns the loss sum.
-  double head(ConstSlice2D x, ConstTokenView targets, real loss_scale, const ChunkUnits& u, Slice2D dx,
-              bool last_micro_batch, bool owns_wte);
+  // Runs `events`: the FSDP ones on the store, the compute ones by
+  // `compute(event)`, each part of the chunk in its profile region.
+  template <class Compute>
+  void execute(const std::vector<UnitEvent>& events, int first_layer, bool last_micro_batch, Compute&& compute);
 
   GptModel model_;
   Recompute recompute_ = Recompute::none;
   std::unique_ptr<ParamStore> store_;
-  TiedEmbedding tied_;                             // the two copies of wte (pp > 1)
-  int wte_unit_ = -1;                              // this stage's wte unit, if it holds one
+  TiedEmbedding tied_;  // the two copies of wte (pp > 1)
+  UnitId wte_unit_;     // this stage's wte unit, if it holds one
+  // Per local chunk, built once: a micro-batch's forward (with the head's
+  // backward), its forward-only pass (a loss scale of 0), its backward.
+  struct ChunkEvents {
+    std::vector<UnitEvent> forward, evaluation, backward;
+  };
+  std::vector<ChunkEvents> events_;
+  std::vector<UnitEvent> end_of_evaluation_;
+  std::vector<UnitEvent>* event_log_ = nullptr;
   std::map<std::pair<int, int>, Record> records_;  // (local chunk, micro-batch) in flight
   std::vector<std::vector<Record>> spare_;         // freed records per local chunk, reused
   BlockActivations recomputed_;                    // recompute = block: one block's activations

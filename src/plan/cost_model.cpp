@@ -9,6 +9,7 @@
 #include "model/gpt.hpp"
 #include "parallel/param_store.hpp"
 #include "parallel/stage_runtime.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace ndmini {
 namespace {
@@ -168,8 +169,7 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
       if (layout.params[piece.param].split == TpSplit::replicated)
         t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kGradFloat);
   if (fsdp > 1) {
-    const StageRuntime::FsdpTraffic f =
-        StageRuntime::fsdp_traffic(layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
+    const FsdpTraffic f = fsdp_traffic(layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
     if (f.all_gathers > 0)
       t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kHalf);
     if (f.reduce_scatters > 0)

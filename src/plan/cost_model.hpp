@@ -17,6 +17,7 @@
 #include "config/config.hpp"
 #include "plan/cluster.hpp"
 #include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace ndmini {
 

@@ -10,6 +10,7 @@
 #include "core/regular_file.hpp"
 #include "core/types.hpp"
 #include "model/gpt.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace ndmini {
 namespace {

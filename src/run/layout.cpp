@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "parallel/pipeline/pipeline.hpp"
 #include "run/feed_sizes.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace ndmini {
 

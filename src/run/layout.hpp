@@ -14,6 +14,7 @@
 #include "model/gpt.hpp"
 #include "parallel/pipeline/schedule.hpp"
 #include "parallel/stage_runtime.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace ndmini {
 

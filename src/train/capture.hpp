@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/unit_events.hpp"
 #include "train/trainer.hpp"
 
 namespace ndmini {
@@ -14,7 +15,8 @@ namespace ndmini {
 struct TrainCapture {
   std::map<std::string, std::vector<float>> first_step_grads;  // after reduction, before clipping
   std::map<std::string, std::vector<float>> final_params;
-  bool tied_wte_identical = false;  // after the last step: both pipeline ends hold the same wte, bit for bit
+  bool tied_wte_identical = false;     // after the last step: both pipeline ends hold the same wte, bit for bit
+  std::vector<UnitEvent> unit_events;  // every unit event this rank's runtime executed, in order
 };
 
 }  // namespace ndmini

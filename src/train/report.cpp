@@ -13,6 +13,7 @@
 #include "kernels/gemm_library.hpp"
 #include "model/gpt.hpp"
 #include "run/budget.hpp"
+#include "run/memory_estimate.hpp"
 #include "train/metrics.hpp"
 
 namespace ndmini {

@@ -231,6 +231,7 @@ void Trainer::setup() {
   agree_on_errors(comm_, [&] { sources_ = make_data_sources(cfg_); });
   model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
                                           layout_.recompute, cfg_.train.precision);
+  if (opts_.capture != nullptr) model_->record_unit_events(&opts_.capture->unit_events);
   model_->init(cfg_.train.seed);
   opt_ = std::make_unique<AdamW>(model_->store());
   ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_);
