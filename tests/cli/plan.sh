@@ -253,6 +253,89 @@ PY
     # The deck's own layout: tp = 3 does not divide the 4 heads.
     expect_exit2 "model.heads = 4 is not divisible by parallel.tp = 3" tiny.toml --cluster "$A100" --world 3 \
       --set parallel.tp=3 ;;
+  planned)
+    # What was planned and why: the batch in the header and the JSON, the notes (the batch caps dp,
+    # fp32 on a GPU, launches untimed), the table's compute + comm + bubble = step, equal times
+    # ordered by memory, sp off at tp = 1, and the in-flight count outside memory_bytes.
+    H100="$SOURCE_DIR/inputs/clusters/h100.toml"
+    run 1 plan tiny.toml --cluster "$H100" --world 16 --search --top 40 >out.txt 2>&1 || { cat out.txt; fail "search refused"; }
+    head -6 out.txt
+    grep -qF "global batch 8 sequences of 64 tokens, micro-batch searched, fp32 compute" out.txt || fail "no batch line"
+    grep -qF "note: train.global_batch = 8 caps the data-parallel degree at 8 of the 16 devices" out.txt ||
+      fail "no note that the batch caps dp"
+    grep -qF "is planned as fp32 on this cluster's devices (67 TFLOP/s fp32 against 989 bf16)" out.txt ||
+      fail "no note on fp32 on a GPU"
+    grep -qF "note: the model leaves kernel launches out" out.txt || fail "no note on launches"
+    awk '/^ +[0-9]+ +[0-9]+ /{ s = $15 + $16 + $17; if (s < $14 - 0.002 || s > $14 + 0.002) bad = bad " " $1; n++ }
+         END { exit bad != "" || n < 40 }' out.txt || fail "compute + comm + bubble is not the step in the table"
+    run 1 plan tiny.toml --cluster "$H100" --world 16 --search --top 200 --json >out.json 2>err.txt ||
+      { cat err.txt; fail "search refused (JSON)"; }
+    python3 - out.json <<'PY' || fail "the JSON does not say what was planned"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert (doc["global_batch"], doc["micro_batch"], doc["seq_len"], doc["precision"]) == (8, 4, 64, "fp32"), doc
+assert any("caps the data-parallel degree" in n for n in doc["notes"]), doc["notes"]
+layouts = doc["layouts"]
+ties = 0
+for a, b in zip(layouts, layouts[1:]):
+    ta, tb = a["time_ms"]["step"], b["time_ms"]["step"]
+    assert ta <= tb
+    if ta == tb:
+        ties += 1
+        assert a["memory_bytes"]["total"] <= b["memory_bytes"]["total"], (a["layout"], b["layout"])
+assert ties > 0, "no equal times among the layouts: the order by memory is untested"
+for l in layouts:
+    assert "in_flight" not in l["memory_bytes"] and l["micro_batches_in_flight"] >= 1, l["memory_bytes"]
+    assert l["kernel_launches"] > 0 and l["time_ms"]["launch"] == 0
+    if l["layout"]["tp"] == 1:
+        assert l["layout"]["sequence_parallel"] is False, l["layout"]
+print("json ok,", ties, "ties")
+PY
+    # sp at tp = 1 has no effect: off. bf16 on the cluster: no fp32 note.
+    run 1 plan tiny.toml --cluster "$H100" --world 1 --set parallel.sequence_parallel=true --precision bf16 \
+      >out.txt 2>&1 || { cat out.txt; fail "evaluation refused"; }
+    grep -qF "sp=off" out.txt || fail "sequence parallelism shown on at tp = 1"
+    ! grep -qF "is planned as fp32" out.txt || fail "an fp32 note under --precision bf16" ;;
+  deck_keys)
+    # --precision bf16 is train.precision (so comm.reduce_dtype = "bf16" is accepted); the deck's
+    # perf.memory_per_rank_gib bounds the plan; the deck's degrees against --world: plan's advice.
+    run 1 plan tiny.toml --cluster "$A100" --world 2 --set parallel.dp_replicate=2 --set comm.reduce_dtype=bf16 \
+      --precision bf16 >out.txt 2>&1 || { cat out.txt; fail "--precision bf16 was not taken as train.precision"; }
+    grep -qF "bf16 compute" out.txt || fail "not planned in bf16"
+    run 1 plan tiny.toml --cluster "$A100" --world 1 --set perf.memory_per_rank_gib=2 >out.txt 2>&1 ||
+      { cat out.txt; fail "perf.memory_per_rank_gib = 2 refused"; }
+    grep -qF "memory per device 0.01 GiB of 2.00 GiB" out.txt || fail "perf.memory_per_rank_gib not honoured"
+    grep -qF "note: perf.memory_per_rank_gib = 2 of the deck limits memory per device" out.txt || fail "no note"
+    expect_exit2 "fits the deck's perf.memory_per_rank_gib = 0.0001" tiny.toml --cluster "$A100" --world 2 --search \
+      --set perf.memory_per_rank_gib=0.0001
+    expect_exit2 "make 1 device; set them with --set parallel.<axis>=N to make 2, or add --search" tiny.toml \
+      --cluster "$A100" --world 2
+    ! grep -qF "launch" out.txt || fail "plan gives train's advice" ;;
+  launches)
+    # device.launch_overhead_us: each launch costs it, in the step; 0 is a value; -1 is refused.
+    cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nlaunch_overhead_us = 4/'
+    run 1 plan tiny.toml --cluster bad.toml --world 1 --json >with.json 2>&1 || { cat with.json; fail "refused"; }
+    run 1 plan tiny.toml --cluster "$A100" --world 1 --json >without.json 2>&1 || { cat without.json; fail "refused"; }
+    python3 - with.json without.json <<'PY' || fail "the launches are not in the step"
+import json, sys
+a, b = (json.load(open(f))["layouts"][0] for f in sys.argv[1:])
+assert a["kernel_launches"] == b["kernel_launches"] > 0
+assert abs(a["time_ms"]["launch"] - a["kernel_launches"] * 4e-3) < 1e-9, a["time_ms"]
+assert abs(a["time_ms"]["step"] - b["time_ms"]["step"] - a["time_ms"]["launch"]) < 1e-9
+parts = sum(a["time_ms"][k] for k in ("compute", "recompute", "kernels", "launch", "exposed_comm", "bubble", "optimizer"))
+assert abs(parts - a["time_ms"]["step"]) < 1e-9
+notes = json.load(open(sys.argv[1]))["notes"]
+assert not any("kernel launches out" in n for n in notes), notes
+print("launches ok:", a["kernel_launches"], "launches,", a["time_ms"]["launch"], "ms")
+PY
+    cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nlaunch_overhead_us = -1/'
+    expect_exit2 "device.launch_overhead_us = -1 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
+  fit_missing_key)
+    # A summary without a key --fit reads: an error naming the key and the file, exit 2.
+    printf '{"summary":true,"mesh":"x","compute_ms":1,"exposed_comm_ms":{},"predicted":{"cluster":"%s","products_ms":1,"step_ms":1,"kernels_ms":0,"optimizer_ms":0,"exposed_comm_ms":{}}}\n' \
+      "$(sed -n 's/^name = "\(.*\)"$/\1/p' "$A100")" >no_median.jsonl
+    expect_exit2 "metrics file 'no_median.jsonl': its summary has no number median_step_ms" --fit no_median.jsonl \
+      --cluster "$A100" ;;
   calibrate)
     # Two ranks measure this machine; the file they write reads back and plans.
     run 2 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
