@@ -338,9 +338,15 @@ PY
       --cluster "$A100" ;;
   calibrate)
     # Two ranks measure this machine; the file they write reads back and plans.
-    run 2 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
-    cat here.toml
+    run 2 plan --calibrate --out here.toml >out.txt 2>err.txt || { cat out.txt err.txt; fail "--calibrate failed"; }
+    cat here.toml err.txt
     [ ! -e here.toml.tmp ] || fail "the temporary file was left behind"
+    # It says what it measures as it goes (rank 0 only), and which file it wrote.
+    [ "$(grep -c '^calibrate: ' err.txt)" -ge 6 ] || fail "fewer than 6 progress lines"
+    [ "$(grep -c '^calibrate: done' err.txt)" -eq 1 ] || fail "not one 'done' line (one rank speaks)"
+    grep -qE '^calibrate: the GEMM peaks, fp32 and bf16 \([0-9]+ s\)$' err.txt || fail "no timed first phase"
+    grep -qxF "wrote here.toml" out.txt || fail "no 'wrote here.toml'"
+    grep -qE "^launch_overhead_us = [0-9.e+-]+$" here.toml || fail "no launch_overhead_us"
     run 1 plan tiny.toml --cluster here.toml --world 2 --search --top 3 >out.txt 2>&1 || { cat out.txt; fail "here.toml was refused"; }
     grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
     grep -qE "^# .*inside a node \(2 ranks [0-9.]+ GB/s, [0-9.]+ us\)" here.toml ||
@@ -364,6 +370,24 @@ PY
     rm here.toml
     expect_exit2 "launch at least 2" --calibrate --out here.toml
     [ ! -e here.toml ] || fail "a refused calibration wrote a file" ;;
+  calibrate_loaded)
+    # A loaded machine (a load average file standing in for /proc/loadavg: 64 on this node's cores):
+    # with --strict refused before measuring, exit 1, nothing written, in seconds.
+    echo "64.00 32.00 16.00 9/999 4242" >loadavg
+    start=$(now)
+    rc=0
+    NDMINI_CALIBRATE_LOADAVG=loadavg run 2 plan --calibrate --strict --out here.toml >out.txt 2>&1 || rc=$?
+    cat out.txt
+    [ "$rc" -eq 1 ] || fail "expected exit status 1, got $rc"
+    grep -qE "^ndmini: error: plan --calibrate --strict: the machine is loaded: a 1-minute load average of 64.00 \(loadavg\)" \
+      out.txt || fail "the message does not name the load and the file"
+    [ "$(grep -c . out.txt)" -eq 1 ] || fail "expected one line (one rank speaks)"
+    [ ! -e here.toml ] || fail "a refused calibration wrote a file"
+    less_than "$(seconds_since "$start")" 20 || fail "the refusal took $(seconds_since "$start") s: it measured first"
+    # A threshold that is not a number: refused, exit 2.
+    NDMINI_CALIBRATE_MAX_SPREAD=lots run 2 plan --calibrate >out.txt 2>&1 && fail "a bad threshold was accepted"
+    grep -qF "environment variable NDMINI_CALIBRATE_MAX_SPREAD = 'lots': must be a number" out.txt ||
+      { cat out.txt; fail "the bad threshold is not named"; } ;;
   calibrate_groups)
     # Four ranks on one node: the intra-node links are measured over groups of 2 and of 4 (every
     # node's groups at once) and the file takes the median of the sizes' figures. Oversubscribed
