@@ -173,6 +173,9 @@ void add_plan(CLI::App& app, Options& o, Parsed& p) {
       ->option_text("METRICS.jsonl ...");
   plan->add_option("--out", o.plan_out, "With --calibrate or --fit: write the cluster file to FILE")
       ->option_text("FILE");
+  plan->add_flag("--strict", o.plan_strict,
+                 "With --calibrate: a failed sanity check (a loaded machine, passes that disagree, an implausible "
+                 "latency, bf16 below fp32) exits 1 and writes nothing, instead of a warning");
 }
 
 // The subcommand that ran and the options CLI11 could not fill in directly.

@@ -24,6 +24,7 @@ struct Options {
   PlanRequest plan;
   std::vector<std::string> plan_fit;  // plan --fit METRICS.jsonl ...
   std::string plan_out;               // plan --out FILE
+  bool plan_strict = false;           // plan --calibrate --strict: a failed sanity check fails the run
 };
 
 // Parses argv (its --kokkos-* arguments are Kokkos' and skipped) into

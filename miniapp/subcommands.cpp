@@ -141,9 +141,32 @@ int run_plan_calibrate(const Runtime& runtime, const Options& o) {
   int status = status_of(
       [&] {
         if (!o.plan_fit.empty()) throw Error("ndmini plan: --calibrate and --fit are two different tasks; run one");
-        const std::string text = calibrate_cluster(MPI_COMM_WORLD);
-        if (writes && o.plan_out.empty()) std::printf("%s", text.c_str());
-        if (writes && !o.plan_out.empty()) write_cluster_file(o.plan_out, text);
+        const CalibrationLimits limits = calibration_limits_from_environment();
+        // A loaded machine under --strict: refuse before a minute of measuring (rank 0 reads, all stop).
+        int loaded = 0;
+        if (o.plan_strict && writes) {
+          const std::string why = load_warning(limits, static_cast<int>(std::thread::hardware_concurrency()));
+          if (!why.empty()) print_error("plan --calibrate --strict: " + why + "; nothing measured, nothing written");
+          loaded = why.empty() ? 0 : 1;
+        }
+        MPI_Bcast(&loaded, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (loaded) return exit_status(Ending::kError);
+        const Calibration c = calibrate_cluster(MPI_COMM_WORLD, limits, [](const std::string& line) {
+          std::fprintf(stderr, "%s\n", line.c_str());
+          std::fflush(stderr);
+        });
+        if (!writes) return exit_status(Ending::kDone);
+        for (const std::string& w : c.warnings) std::fprintf(stderr, "ndmini: warning: %s\n", w.c_str());
+        if (o.plan_strict && !c.warnings.empty()) {
+          print_error("plan --calibrate --strict: " + std::to_string(c.warnings.size()) +
+                      " sanity check(s) failed (the warnings above); nothing written");
+          return exit_status(Ending::kError);
+        }
+        if (o.plan_out.empty()) std::printf("%s", c.text.c_str());
+        if (!o.plan_out.empty()) {
+          write_cluster_file(o.plan_out, c.text);
+          std::printf("wrote %s\n", o.plan_out.c_str());
+        }
         return exit_status(Ending::kDone);
       },
       writes, Ending::kBadInput);

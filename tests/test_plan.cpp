@@ -12,13 +12,16 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "allocation_tracker.hpp"
 #include "config/config.hpp"
+#include "core/error.hpp"
 #include "equivalence_layouts.hpp"
 #include "model/gpt.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/cost_model.hpp"
 #include "run/layout.hpp"
 #include "run/memory_estimate.hpp"
@@ -141,4 +144,71 @@ TEST(Plan, ParameterCountOfTheStagesIsTheModels) {
         if (!p.tied_copy && (p.split != TpSplit::replicated || tp_rank == 0))
           count += static_cast<std::int64_t>(p.size);
   EXPECT_EQ(count, gpt_param_count(cfg.model));
+}
+
+// ndmini plan --calibrate's sanity checks, one case each, on samples whose
+// verdict is known (the end-to-end runs are in tests/cli/plan.sh).
+namespace {
+CalibrationSamples quiet_samples() {
+  CalibrationSamples s;
+  s.passes = {{"the large fp32 products", {1.00e11, 1.02e11, 0.99e11}}, {"the optimizer", {9e9, 9.1e9, 8.9e9}}};
+  s.latency_us = 0.9;
+  s.latency_call_ms = 0.002;
+  s.large_call_ms = 40;
+  s.peak_fp32 = 1e11;
+  s.peak_bf16 = 2e11;
+  return s;
+}
+bool any_contains(const std::vector<std::string>& lines, const std::string& what) {
+  for (const std::string& l : lines)
+    if (l.find(what) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST(CalibrationChecks, QuietSamplesPass) { EXPECT_TRUE(calibration_warnings(quiet_samples(), {}).empty()); }
+
+TEST(CalibrationChecks, PassesThatDisagree) {
+  CalibrationSamples s = quiet_samples();
+  s.passes[1].second = {9e9, 4e9, 9.1e9};  // one pass beside another job
+  const auto w = calibration_warnings(s, {});
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(any_contains(w, "the 3 passes of the optimizer disagree")) << w[0];
+}
+
+TEST(CalibrationChecks, LatencyOfALoadedNode) {
+  CalibrationSamples s = quiet_samples();
+  s.latency_us = 5112.87;  // what a loaded node wrote (0.9 quiet)
+  s.latency_call_ms = 10.2;
+  const auto w = calibration_warnings(s, {});
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(any_contains(w, "intra_node.latency_us = 5.11e+03 from a 4-byte all-reduce")) << w[0];
+  s = quiet_samples();
+  s.latency_call_ms = 30;  // below 500 us a step, but most of a 64 MiB call
+  EXPECT_EQ(calibration_warnings(s, {}).size(), 1u);
+}
+
+TEST(CalibrationChecks, Bf16BelowFp32WhereNative) {
+  CalibrationSamples s = quiet_samples();
+  s.peak_bf16 = 0.8e11;
+  const auto w = calibration_warnings(s, {});
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(any_contains(w, "peak_tflops_bf16 = 0.08 is below 1 x peak_tflops_fp32 = 0.1")) << w[0];
+  s.native_bf16 = false;  // emulated through fp32: slower by design
+  EXPECT_TRUE(calibration_warnings(s, {}).empty());
+}
+
+TEST(CalibrationChecks, LoadAverage) {
+  const std::string file = "calibration_loadavg_" + std::to_string(world_rank()) + ".txt";
+  CalibrationLimits limits;
+  limits.loadavg_file = file;
+  std::FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("3.50 2.00 1.00 3/200 12345\n", f);
+  std::fclose(f);
+  EXPECT_NE(load_warning(limits, 4).find("a 1-minute load average of 3.50"), std::string::npos);  // 0.875 per core
+  EXPECT_EQ(load_warning(limits, 8), "");                                                         // 0.44 per core
+  std::remove(file.c_str());
+  limits.loadavg_file = "no_such_loadavg";
+  EXPECT_THROW(load_warning(limits, 4), Error);
 }

@@ -5,7 +5,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -291,7 +294,8 @@ constexpr int kKindCount = 4;
 struct LinkRates {
   int ranks = 0;
   double latency_us = 0;
-  double bandwidth_gbs[kKindCount] = {};  // in kKinds' order
+  double latency_call_ms = 0, large_call_ms = 0;  // the 4-byte and the 64 MiB all-reduce, as measured
+  double bandwidth_gbs[kKindCount] = {};          // in kKinds' order
 };
 LinkRates link_rates(MPI_Comm group, MPI_Comm world, Communicator::Backend backend, View1D buf, View1D out) {
   double ms[1 + kKindCount] = {};  // the one-float all-reduce, then each kind at full size
@@ -306,6 +310,8 @@ LinkRates link_rates(MPI_Comm group, MPI_Comm world, Communicator::Backend backe
   mpi_all_reduce(MPI_IN_PLACE, &ranks, 1, MPI_INT, MPI_MAX, world, "the collective calibration");
   LinkRates r;
   r.ranks = ranks;
+  r.latency_call_ms = ms[0];
+  r.large_call_ms = ms[1];
   r.latency_us = ms[0] * 1e3 / collective_ms(Collective::all_reduce, 0, ranks, 1, 1e3);  // in units of the latency
   const double bytes = static_cast<double>(buf.extent(0)) * sizeof(real);
   for (int k = 0; k < kKindCount; ++k) {
@@ -341,15 +347,95 @@ std::vector<LinkRates> intra_node_rates(MPI_Comm world, int per_node, Communicat
   return rates;
 }
 
+// Microseconds one kernel launch costs beyond its work: kLaunches empty
+// kernels queued back to back and one fence (a step queues its kernels so;
+// a fence per kernel would time the synchronisation instead), the median of
+// kRepeats, this rank's.
+double launch_overhead_us() {
+  constexpr int kLaunches = 2000;
+  const double seconds = median_seconds([] {
+    for (int i = 0; i < kLaunches; ++i)
+      Kokkos::parallel_for("ndmini::calib_empty_kernel", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int){});
+  });
+  return seconds / kLaunches * 1e6;
+}
+
 std::string fixed(double v, int digits) {
   char s[32];
   std::snprintf(s, sizeof s, "%.*f", digits, v);
   return s;
 }
 
+std::string short_number(double v) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3g", v);
+  return s;
+}
+
+void override_from(const char* variable, double& value) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return;
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(v) || v < 0)
+    throw Error(std::string("environment variable ") + variable + " = '" + text +
+                "': must be a number, 0 or more (docs/planner.md, \"Sanity checks\"); unset it for the default");
+  value = v;
+}
+
 }  // namespace
 
-std::string calibrate_cluster(MPI_Comm world) {
+CalibrationLimits calibration_limits_from_environment() {
+  CalibrationLimits l;
+  override_from("NDMINI_CALIBRATE_MAX_SPREAD", l.most_pass_spread);
+  override_from("NDMINI_CALIBRATE_MAX_LATENCY_US", l.most_latency_us);
+  override_from("NDMINI_CALIBRATE_MIN_BF16_RATIO", l.least_bf16_over_fp32);
+  override_from("NDMINI_CALIBRATE_MAX_LOAD_PER_CORE", l.most_load_per_core);
+  if (const char* f = std::getenv("NDMINI_CALIBRATE_LOADAVG"); f != nullptr && *f != '\0') l.loadavg_file = f;
+  return l;
+}
+
+std::vector<std::string> calibration_warnings(const CalibrationSamples& s, const CalibrationLimits& limits) {
+  std::vector<std::string> out;
+  for (const auto& [name, passes] : s.passes) {
+    if (passes.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(passes.begin(), passes.end());
+    const double median = median_of(passes);
+    const double spread = median > 0 ? (*hi - *lo) / median : 0;
+    if (spread > limits.most_pass_spread)
+      out.push_back("the " + std::to_string(passes.size()) + " passes of " + name + " disagree: " + short_number(*lo) +
+                    " to " + short_number(*hi) + ", a spread of " + fixed(100 * spread, 0) +
+                    "% of their median (at most " + fixed(100 * limits.most_pass_spread, 0) +
+                    "%): something else ran beside the calibration");
+  }
+  if (s.latency_us > limits.most_latency_us || (s.large_call_ms > 0 && s.latency_call_ms > 0.5 * s.large_call_ms))
+    out.push_back("intra_node.latency_us = " + short_number(s.latency_us) + " from a 4-byte all-reduce of " +
+                  short_number(s.latency_call_ms) + " ms (a 64 MiB one took " + short_number(s.large_call_ms) +
+                  " ms): above " + short_number(limits.most_latency_us) +
+                  " us per ring step, or half the large call, a rank was descheduled (a loaded machine)");
+  if (s.native_bf16 && s.peak_bf16 < limits.least_bf16_over_fp32 * s.peak_fp32)
+    out.push_back("peak_tflops_bf16 = " + short_number(s.peak_bf16 / 1e12) + " is below " +
+                  short_number(limits.least_bf16_over_fp32) +
+                  " x peak_tflops_fp32 = " + short_number(s.peak_fp32 / 1e12) +
+                  " on a build with native bf16 products: one of the two was measured on a busy machine");
+  return out;
+}
+
+std::string load_warning(const CalibrationLimits& limits, int online_cores) {
+  std::ifstream in(limits.loadavg_file);
+  double load = -1;
+  if (!(in >> load) || load < 0)
+    throw Error("load average file '" + limits.loadavg_file +
+                "': cannot read its first number (NDMINI_CALIBRATE_LOADAVG names another file)");
+  const int cores = std::max(1, online_cores);
+  if (load / cores <= limits.most_load_per_core) return "";
+  return "the machine is loaded: a 1-minute load average of " + fixed(load, 2) + " (" + limits.loadavg_file + ") on " +
+         std::to_string(cores) + " core" + (cores == 1 ? "" : "s") + ", above " + fixed(limits.most_load_per_core, 2) +
+         " per core before the calibration started; its rates would be those of a shared machine";
+}
+
+Calibration calibrate_cluster(MPI_Comm world, const CalibrationLimits& limits,
+                              const std::function<void(const std::string&)>& progress) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -365,6 +451,17 @@ std::string calibrate_cluster(MPI_Comm world) {
   mpi_all_reduce(MPI_IN_PLACE, &nodes_min, 1, MPI_INT, MPI_MIN, world, "the ranks per node");
   mpi_all_reduce(MPI_IN_PLACE, &nodes_max, 1, MPI_INT, MPI_MAX, world, "the ranks per node");
 
+  const auto started = Clock::now();
+  auto phase = [&](const std::string& what) {
+    if (rank == 0 && progress) progress("calibrate: " + what + " (" + fixed(seconds_since(started), 0) + " s)");
+  };
+  Calibration result;
+  // Rank 0's node, before anything runs: the load of others.
+  if (rank == 0) {
+    const std::string loaded = load_warning(limits, static_cast<int>(std::thread::hardware_concurrency()));
+    if (!loaded.empty()) result.warnings.push_back(loaded);
+  }
+  phase("the GEMM peaks, fp32 and bf16");
   ClusterSpec spec;
   spec.devices_per_node = nodes_min;
   spec.name = std::string("this machine, measured by ndmini plan --calibrate (") + ExecSpace::name() + ", " +
@@ -379,6 +476,7 @@ std::string calibrate_cluster(MPI_Comm world) {
   // Collectives: inside a node per group size, the model's figure the
   // median of the sizes' (the file's comment lists each); between nodes,
   // over all ranks (the slower link dominates a group that spans nodes).
+  phase("the collectives inside a node and between nodes (latency and bandwidth per kind)");
   const Communicator::Backend backend = device_collectives_backend(world);
   Communicator comm(world, "calibration", backend);
   View1D buf("ndmini::calib_collective", std::size_t{1} << 24), out("ndmini::calib_collective_out", buf.extent(0));
@@ -391,6 +489,11 @@ std::string calibrate_cluster(MPI_Comm world) {
     std::vector<double> latencies;
     for (const LinkRates& g : groups) latencies.push_back(g.latency_us);
     intra.latency_us = median_of(latencies);
+    for (const LinkRates& g : groups)  // the calls of the group size whose latency is the median
+      if (g.latency_us == intra.latency_us) {
+        intra.latency_call_ms = g.latency_call_ms;
+        intra.large_call_ms = g.large_call_ms;
+      }
     for (int k = 0; k < kKindCount; ++k) {
       std::vector<double> bandwidths;
       for (const LinkRates& g : groups) {
@@ -433,6 +536,8 @@ std::string calibrate_cluster(MPI_Comm world) {
   enum { kAttention = 2 * kGemmClasses, kOptimizer, kKernels, kReached };
   std::vector<double> passes[kReached];
   for (int pass = 0; pass < kPasses; ++pass) {
+    phase("the model's kernels, pass " + std::to_string(pass + 1) + " of " + std::to_string(kPasses) +
+          " (products per shape class, attention, optimizer, memory-bound kernels)");
     together();
     const std::array<double, kGemmClasses> fp32 = block_products_flops(Precision::fp32);
     together();
@@ -469,9 +574,37 @@ std::string calibrate_cluster(MPI_Comm world) {
   spec.attention_efficiency = reached[kAttention] / peak;
   spec.memory_bandwidth_gbs = reached[kOptimizer] / 1e9;
   spec.kernel_bandwidth_gbs = reached[kKernels] / 1e9;
+  phase("the kernel launch overhead");
+  double launch_us = launch_overhead_us();
+  mpi_all_reduce(MPI_IN_PLACE, &launch_us, 1, MPI_DOUBLE, MPI_MAX, world, "the launch calibration");
+  spec.launch_overhead_us = launch_us;
+  phase("the overlap of a collective with compute");
   spec.overlap_efficiency = overlap_fraction(comm, world);
-  if (rank != 0) return "";
-  return cluster_toml(
+  phase("done");
+  if (rank != 0) return result;
+  CalibrationSamples samples;
+  const char* const names[kReached] = {"the small fp32 products",
+                                       "the medium fp32 products",
+                                       "the large fp32 products",
+                                       "the small bf16 products",
+                                       "the medium bf16 products",
+                                       "the large bf16 products",
+                                       "attention",
+                                       "the optimizer",
+                                       "the memory-bound kernels"};
+  for (int k = 0; k < kReached; ++k) samples.passes.push_back({names[k], passes[k]});
+  samples.latency_us = spec.intra_latency_us;
+  samples.latency_call_ms = intra.latency_call_ms;
+  samples.large_call_ms = intra.large_call_ms;
+  samples.peak_fp32 = spec.peak_tflops_fp32 * 1e12;  // as written
+  samples.peak_bf16 = spec.peak_tflops_bf16 * 1e12;
+#if defined(NDMINI_HAVE_ONEDNN) || defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
+  samples.native_bf16 = true;
+#else
+  samples.native_bf16 = false;
+#endif
+  for (std::string& w : calibration_warnings(samples, limits)) result.warnings.push_back(std::move(w));
+  result.text = cluster_toml(
       spec,
       "# Written by `ndmini plan --calibrate` (docs/planner.md): this machine's rates, measured, not\n"
       "# datasheet figures; regenerate it on the machine it describes.\n",
@@ -488,6 +621,8 @@ std::string calibrate_cluster(MPI_Comm world) {
         "one block's LayerNorms, GELU and bias gradients (4 x 256 tokens, 768 channels), forward and backward, "
         "counted as the planner counts them (3 x the block's activation records), median of 3 passes of 7, slowest "
         "rank"},
+       {"device.launch_overhead_us",
+        "2000 empty kernels queued back to back, one fence, per kernel; median of 7, slowest rank"},
        {"intra_node.bandwidth_gbs",
         "a 64 MiB all-reduce through the comm layer as ring bus bandwidth; " + intra_how(0)},
        {"intra_node.latency_us", groups.empty() ? "a one-float all-reduce over all ranks, per ring step"
@@ -517,6 +652,7 @@ std::string calibrate_cluster(MPI_Comm world) {
         "192 and 1024 rows (768 channels), the classes in turn, median of 3 passes of 7, slowest rank, over the "
         "precision's peak"},
        {"efficiency.gemm_small_bf16", "the same products in bf16 (bf16 inputs, fp32 results), over peak_tflops_bf16"}});
+  return result;
 }
 
 }  // namespace ndmini

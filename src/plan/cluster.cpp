@@ -48,6 +48,8 @@ const std::vector<ClusterKey>& cluster_keys() {
       {"device.peak_tflops_bf16", true, 0, 1e6, "dense TFLOP/s, above 0", &ClusterSpec::peak_tflops_bf16},
       {"device.memory_bandwidth_gbs", true, 0, 1e6, "GB/s, above 0", &ClusterSpec::memory_bandwidth_gbs},
       {"device.kernel_bandwidth_gbs", false, 0, 1e6, "GB/s, above 0", &ClusterSpec::kernel_bandwidth_gbs},
+      {"device.launch_overhead_us", false, 0, 1e6, "microseconds per kernel launch, 0 or more",
+       &ClusterSpec::launch_overhead_us, true},
       {"intra_node.bandwidth_gbs", true, 0, 1e6, "GB/s per device and direction, above 0",
        &ClusterSpec::intra_bandwidth_gbs},
       {"intra_node.latency_us", true, 0, 1e6, "microseconds, 0 or more", &ClusterSpec::intra_latency_us},
@@ -151,7 +153,7 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& origin) {
     shown << *value;
     if (!std::isfinite(*value) || *value < k.lo ||
         (*value == k.lo && std::string(k.path).find("latency") == std::string::npos &&
-         std::string(k.path) != "efficiency.overlap") ||
+         std::string(k.path) != "device.launch_overhead_us" && std::string(k.path) != "efficiency.overlap") ||
         *value > k.hi)
       refuse(origin, std::string(k.path) + " = " + shown.str() + " is impossible: must be " + k.rule);
     if (k.member == nullptr) {

@@ -13,6 +13,7 @@
 //   [efficiency] compute = 0.6   network = 0.8           # optional, see kDefault*Efficiency
 //                attention = 0.4 overlap = 0.9          # optional: as compute, 1
 //   [device] kernel_bandwidth_gbs = 900                 # optional: memory_bandwidth_gbs
+//   [device] launch_overhead_us = 4                     # optional: launches not timed (a warning)
 //   [intra_node] all_gather_gbs = 280 ...               # optional, per collective kind: bandwidth_gbs
 //   [efficiency] gemm_small_fp32 = 0.5 ...               # optional, per shape class and precision: compute
 #include <string>
@@ -73,6 +74,10 @@ struct ClusterSpec {
   double attention_efficiency = 0;
   double kernel_bandwidth_gbs = 0;
   double overlap_efficiency = 1;
+  // Optional, measured by ndmini plan --calibrate: the time a kernel launch
+  // costs the device beyond its work (0: absent; the planner then leaves
+  // launches out of the step and warns where they would matter).
+  double launch_overhead_us = 0;
   // Optional, measured by ndmini plan --calibrate: the fraction of the
   // precision's peak the products of each shape class reach (0: absent,
   // compute_efficiency stands in).

@@ -384,7 +384,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   // Per stage: the time of one micro-batch through its chunks (compute and
   // what blocks it), and what the step adds once.
   struct StageTime {
-    double compute = 0, recompute = 0, kernels = 0, per_micro_batch = 0, once = 0, optimizer = 0;
+    double compute = 0, recompute = 0, kernels = 0, launches = 0, per_micro_batch = 0, once = 0, optimizer = 0;
     std::vector<GroupTraffic> comm;
   };
   std::vector<StageTime> stages(d.pp);
@@ -407,7 +407,11 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
                  sizeof(real);
       st.kernels += kActivationPasses * bytes * (half ? 0.5 : 1.0) / kernel_rate;
       st.kernels += score_bytes_per_element * score_elements_per_layer * c.layers() / kernel_rate;
+      st.launches += kLaunchesPerBlock * c.layers() + (c.embedding ? kLaunchesOfEmbeddingAndHead / 2 : 0) +
+                     (c.head ? kLaunchesOfEmbeddingAndHead / 2 : 0) +
+                     (l.recompute == Recompute::block ? kLaunchesPerRecomputedBlock * c.layers() : 0);
     }
+    const double launch_ms = st.launches * cluster.launch_overhead_us * 1e-3;
     TrafficCounter t = count_traffic(cfg, l, s, &cluster, half, code);
     // Blocking collectives inside the compute: tp always; the pipeline's
     // receives (half its transfers; the sends overlap); the ring exchange
@@ -416,8 +420,8 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     t[kTp].exposed_ms = t[kTp].ms;
     t[kPp].exposed_ms = exposed_with_overlap(t[kPp].ms, t[kPp].ms / 2, overlap);
     t[kCp].exposed_ms = exposed_with_overlap(t[kCp].ms, std::max(0.0, t[kCp].ms - attention * mb), overlap);
-    st.per_micro_batch =
-        st.compute + st.recompute + st.kernels + (t[kTp].exposed_ms + t[kPp].exposed_ms + t[kCp].exposed_ms) / mb;
+    st.per_micro_batch = st.compute + st.recompute + st.kernels + launch_ms +
+                         (t[kTp].exposed_ms + t[kPp].exposed_ms + t[kCp].exposed_ms) / mb;
     const double work = mb * (st.compute + st.recompute + st.kernels);
     // FSDP: each unit's all-gather is prefetched behind the unit before it and
     // its reduce-scatter runs behind the units after: exposed is what the
@@ -467,6 +471,8 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   p.recompute_ms = mb * st.recompute;
   p.kernels_ms = mb * st.kernels;
   p.optimizer_ms = st.optimizer;
+  p.launches = mb * st.launches;
+  p.launch_ms = p.launches * cluster.launch_overhead_us * 1e-3;
   p.comm = st.comm;
   for (const GroupTraffic& g : p.comm) p.exposed_comm_ms += g.exposed_ms;
   p.tokens_per_s = tokens / (p.step_ms / 1e3);

@@ -26,6 +26,18 @@ namespace ndmini {
 // in the forward, read and its gradient written in the backward.
 inline constexpr double kActivationPasses = 3;
 
+// Kernel launches of one micro-batch's forward and backward, counted with a
+// Kokkos Tools kernel counter on tiny.toml (docs/planner.md, "Launch
+// overhead"): per block, 103 Kokkos kernels and its 12 matrix products; the
+// embedding and the head together about 10; recomputation runs a block's
+// forward, a third of its launches, again.
+inline constexpr double kLaunchesPerBlock = 115;
+inline constexpr double kLaunchesOfEmbeddingAndHead = 10;
+inline constexpr double kLaunchesPerRecomputedBlock = kLaunchesPerBlock / 3;
+// A typical cost of one launch on a GPU (CUDA's launch and its share of the
+// synchronisation), for the warning where the cluster file does not say.
+inline constexpr double kTypicalLaunchOverheadUs = 5;
+
 // Where the code whose run is predicted differs from ndmini in ways the
 // step time depends on. The defaults are ndmini's own; `ndmini plan
 // --stored-attention-scores --pp-scatter-gather` describes the Megatron-LM
@@ -92,6 +104,10 @@ struct StepPrediction {
   double kernels_ms = 0;    // memory-bound kernels: kActivationPasses x activation bytes / kernel bandwidth
   double bubble_ms = 0;     // the pipeline's idle time: a micro-batch through every other stage, / v
   double optimizer_ms = 0;  // AdamW and the gradient norm: bytes / memory bandwidth
+  // Kernel launches of the slowest stage per step, and their cost beyond
+  // the work (device.launch_overhead_us; 0 when the file has no such key).
+  double launches = 0;
+  double launch_ms = 0;
   double exposed_comm_ms = 0;
   double step_ms = 0;
   double tokens_per_s = 0;

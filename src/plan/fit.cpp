@@ -43,10 +43,22 @@ nlohmann::json last_line_json(const std::string& path) {
   return j;
 }
 
+// The number at `key` of `j` (a summary or its prediction); throws Error
+// naming the key and the file where it is absent or not a number.
+double number_at(const nlohmann::json& j, const char* key, const std::string& name, const char* where) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number())
+    throw Error(name + ": its summary has no number " + where + key +
+                " (a summary of another ndmini version, or edited?); train again with this build");
+  return it->get<double>();
+}
+
 FitRun read_run(const std::string& path, const ClusterSpec& cluster) {
   const nlohmann::json s = last_line_json(path);
   const std::string name = "metrics file '" + path + "'";
-  const nlohmann::json& p = s["predicted"];
+  static const nlohmann::json kNone;
+  const auto found = s.find("predicted");
+  const nlohmann::json& p = found == s.end() ? kNone : *found;
   if (!p.is_object())
     throw Error(name + ": its run has no prediction; train with --set perf.cluster=" + cluster.origin);
   if (p.value("cluster", std::string()) != cluster.name)
@@ -57,14 +69,20 @@ FitRun read_run(const std::string& path, const ClusterSpec& cluster) {
   FitRun r;
   r.file = path;
   r.mesh = s.value("mesh", std::string());
-  r.step = s.at("median_step_ms").get<double>();
-  r.compute = s.at("compute_ms").get<double>();
-  r.predicted_step = p.at("step_ms").get<double>();
-  r.products = p.at("products_ms").get<double>();
-  r.fixed_compute = p.at("kernels_ms").get<double>() + p.at("optimizer_ms").get<double>();
+  r.step = number_at(s, "median_step_ms", name, "");
+  r.compute = number_at(s, "compute_ms", name, "");
+  r.predicted_step = number_at(p, "step_ms", name, "predicted.");
+  r.products = number_at(p, "products_ms", name, "predicted.");
+  r.fixed_compute = number_at(p, "kernels_ms", name, "predicted.") + number_at(p, "optimizer_ms", name, "predicted.");
+  const auto exposed = s.find("exposed_comm_ms"), predicted_exposed = p.find("exposed_comm_ms");
+  if (exposed == s.end() || !exposed->is_object())
+    throw Error(name + ": its summary has no object exposed_comm_ms; train again with this build");
+  if (predicted_exposed == p.end() || !predicted_exposed->is_object())
+    throw Error(name + ": its summary has no object predicted.exposed_comm_ms; train again with this build");
   for (const char* g : kNetworkGroups) {
-    r.network += s["exposed_comm_ms"].value(g, 0.0);
-    r.predicted_network += p["exposed_comm_ms"].value(g, 0.0);
+    const auto m = exposed->find(g), q = predicted_exposed->find(g);
+    if (m != exposed->end() && m->is_number()) r.network += m->get<double>();
+    if (q != predicted_exposed->end() && q->is_number()) r.predicted_network += q->get<double>();
   }
   return r;
 }

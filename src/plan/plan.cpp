@@ -54,11 +54,15 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// Sequence parallelism splits the tp group's activations: at tp = 1 the
+// flag has no effect, and the report says off.
+bool sequence_parallel_in_effect(const ParallelDims& d) { return d.sequence_parallel && d.tp > 1; }
+
 std::string layout_words(const PlanCandidate& c) {
   const ParallelDims& d = c.layout.dims;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s sp=%s recompute=%s micro_batch=%d (x%d) schedule=%s v=%d", d.str().c_str(),
-                d.sequence_parallel ? "on" : "off", name_of(c.layout.recompute), c.cfg.train.micro_batch,
+                sequence_parallel_in_effect(d) ? "on" : "off", name_of(c.layout.recompute), c.cfg.train.micro_batch,
                 c.layout.micro_batches, name_of(c.layout.schedule.kind()), d.virtual_stages);
   return buf;
 }
@@ -77,15 +81,21 @@ void details(std::string& out, const PlanCandidate& c, const ClusterSpec& cluste
        p.fits ? "fits" : "DOES NOT FIT", gib(static_cast<double>(mem.params)).c_str(),
        gib(static_cast<double>(mem.grads)).c_str(), gib(static_cast<double>(mem.optimizer)).c_str());
   line(
-      "                  activations %s (%lld micro-batch records in flight), communication buffers %s, "
+      "                  activations %s (records of %lld micro-batch%s in flight), communication buffers %s, "
       "workspace %s\n",
       gib(static_cast<double>(mem.activations)).c_str(), static_cast<long long>(mem.in_flight),
-      gib(static_cast<double>(mem.comm_buffers)).c_str(), gib(static_cast<double>(mem.workspace)).c_str());
+      mem.in_flight == 1 ? "" : "es", gib(static_cast<double>(mem.comm_buffers)).c_str(),
+      gib(static_cast<double>(mem.workspace)).c_str());
   line("FLOPs per step    %.4g model, %.4g with recomputation\n", p.model_flops, p.hardware_flops);
   line(
-      "time per step     %.3f ms = compute %.3f + recompute %.3f + memory-bound kernels %.3f + exposed comm %.3f + "
-      "bubble %.3f + optimizer %.3f (pipeline stage %d)\n",
-      p.step_ms, p.compute_ms, p.recompute_ms, p.kernels_ms, p.exposed_comm_ms, p.bubble_ms, p.optimizer_ms, p.stage);
+      "time per step     %.3f ms = compute %.3f + recompute %.3f + memory-bound kernels %.3f + kernel launches %.3f + "
+      "exposed comm %.3f + bubble %.3f + optimizer %.3f (pipeline stage %d)\n",
+      p.step_ms, p.compute_ms, p.recompute_ms, p.kernels_ms, p.launch_ms, p.exposed_comm_ms, p.bubble_ms,
+      p.optimizer_ms, p.stage);
+  line("kernel launches   %.0f per step on a device of that stage, %s\n", p.launches,
+       cluster.launch_overhead_us > 0
+           ? ("at device.launch_overhead_us = " + number_text(cluster.launch_overhead_us) + " each").c_str()
+           : "not timed (the cluster file has no device.launch_overhead_us)");
   line("throughput        %.4g tokens/s, MFU %.3f\n", p.tokens_per_s, p.mfu);
   out += "communication     group          ranks  link        calls        bytes/step       ms  exposed ms\n";
   for (const GroupTraffic& g : p.comm) {
@@ -107,16 +117,20 @@ nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
                  {"dp_shard", d.dp_shard},
                  {"cp", d.cp},
                  {"tp", d.tp},
-                 {"sequence_parallel", d.sequence_parallel},
+                 {"sequence_parallel", sequence_parallel_in_effect(d)},
                  {"recompute", name_of(c.layout.recompute)},
                  {"micro_batch", c.cfg.train.micro_batch},
                  {"micro_batches", c.layout.micro_batches},
                  {"schedule", name_of(c.layout.schedule.kind())},
                  {"virtual_stages", d.virtual_stages}};
-  j["memory_bytes"] = {{"params", p.memory.params},       {"grads", p.memory.grads},
-                       {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
-                       {"in_flight", p.memory.in_flight}, {"comm_buffers", p.memory.comm_buffers},
-                       {"workspace", p.memory.workspace}, {"total", p.memory.total()}};
+  j["memory_bytes"] = {{"params", p.memory.params},
+                       {"grads", p.memory.grads},
+                       {"optimizer", p.memory.optimizer},
+                       {"activations", p.memory.activations},
+                       {"comm_buffers", p.memory.comm_buffers},
+                       {"workspace", p.memory.workspace},
+                       {"total", p.memory.total()}};
+  j["micro_batches_in_flight"] = p.memory.in_flight;  // a count: activations holds this many micro-batches' records
   j["fits"] = p.fits;
   // One block's records of one micro-batch, tensor by tensor, from the size
   // function the activation records are allocated by.
@@ -137,10 +151,11 @@ nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
                     {"ms", g.ms},
                     {"exposed_ms", g.exposed_ms}});
   j["comm"] = comm;
-  j["time_ms"] = {{"compute", p.compute_ms}, {"recompute", p.recompute_ms},
-                  {"kernels", p.kernels_ms}, {"exposed_comm", p.exposed_comm_ms},
-                  {"bubble", p.bubble_ms},   {"optimizer", p.optimizer_ms},
-                  {"step", p.step_ms}};
+  j["time_ms"] = {{"compute", p.compute_ms},           {"recompute", p.recompute_ms},
+                  {"kernels", p.kernels_ms},           {"launch", p.launch_ms},
+                  {"exposed_comm", p.exposed_comm_ms}, {"bubble", p.bubble_ms},
+                  {"optimizer", p.optimizer_ms},       {"step", p.step_ms}};
+  j["kernel_launches"] = p.launches;
   j["stage"] = p.stage;
   j["tokens_per_s"] = p.tokens_per_s;
   j["mfu"] = p.mfu;
@@ -249,47 +264,89 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
     kept.toml = base.toml;
     out.fitting.push_back({std::move(kept), std::move(layout), std::move(prediction)});
   }
+  // Equal times: the layout that needs less memory first (more room to grow the batch or the model).
   std::stable_sort(out.fitting.begin(), out.fitting.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-    return a.prediction.step_ms < b.prediction.step_ms;
+    if (a.prediction.step_ms != b.prediction.step_ms) return a.prediction.step_ms < b.prediction.step_ms;
+    return a.prediction.memory.total() < b.prediction.memory.total();
   });
   return out;
 }
 
-std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code) {
+namespace {
+
+// The header's second line: what was planned.
+std::string batch_words(const PlanContext& c) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "global batch %d sequences of %d tokens, micro-batch %s, %s compute\n", c.global_batch,
+                c.seq_len, c.searched ? "searched" : std::to_string(c.micro_batch).c_str(), name_of(c.precision));
+  return buf;
+}
+
+// Where launches are not timed and would take over a tenth of the step at
+// a typical launch cost, the prediction is a lower bound: say so.
+void launch_note(PlanContext& context, const PlanCandidate& best) {
+  const StepPrediction& p = best.prediction;
+  if (context.cluster.launch_overhead_us > 0) return;
+  const double typical_ms = p.launches * kTypicalLaunchOverheadUs * 1e-3;
+  if (typical_ms <= 0.1 * p.step_ms) return;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "the model leaves kernel launches out (cluster file '%s' has no device.launch_overhead_us): the "
+                "%s layout launches %.0f kernels per step, %.3g ms at a typical %g us each against its predicted "
+                "%.3g ms, so per-device work is below where the model holds and its times are lower bounds; "
+                "ndmini plan --calibrate measures the key",
+                context.cluster.origin.c_str(), context.searched ? "fastest" : "deck's", p.launches, typical_ms,
+                kTypicalLaunchOverheadUs, p.step_ms);
+  context.notes.push_back(buf);
+}
+
+}  // namespace
+
+std::string plan_text(const PlanContext& ctx, const PlanSearch& search) {
+  const ClusterSpec& cluster = ctx.cluster;
+  const Implementation& code = ctx.code;
   std::string out;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "ndmini plan: %s on %d device%s of %s (%s; %d per node), %s\n", deck.c_str(), world,
-                world == 1 ? "" : "s", cluster.name.c_str(), cluster.origin.c_str(), cluster.devices_per_node,
-                name_of(precision));
+  std::snprintf(buf, sizeof buf, "ndmini plan: %s on %d device%s of %s (%s; %d per node), %s\n", ctx.deck.c_str(),
+                ctx.world, ctx.world == 1 ? "" : "s", cluster.name.c_str(), cluster.origin.c_str(),
+                cluster.devices_per_node, name_of(ctx.precision));
   out += buf;
+  out += batch_words(ctx);
+  for (const std::string& note : ctx.notes) out += "note: " + note + "\n";
   if (code.stored_attention_scores || code.pp_scatter_gather)
     out += std::string("times of a code that is not ndmini:") +
            (code.stored_attention_scores ? " attention stores its s x s scores;" : "") +
            (code.pp_scatter_gather ? " pipeline transfers scattered and gathered over tp;" : "") +
            " memory is ndmini's\n";
-  if (!searched) {
+  if (!ctx.searched) {
     details(out, search.fitting.front(), cluster);
     return out;
   }
+  const std::size_t top = ctx.top;
   std::snprintf(buf, sizeof buf,
                 "%lld layouts considered, %lld divide the world and the model; %lld examined (the others "
-                "cannot be among the fastest), %zu of them fit in %s GiB per device; the fastest %zu:\n",
+                "cannot be among the fastest), %zu of them fit in %s GiB per device; the fastest %zu (equal times: "
+                "less memory first):\n",
                 search.considered, search.valid, search.evaluated, search.fitting.size(),
                 gib(cluster.memory_bytes()).c_str(), std::min(top, search.fitting.size()));
   out += buf;
+  // compute: the products, recomputation, memory-bound kernels, launches and the optimizer;
+  // with comm (exposed) and bubble the three add up to the step.
   out +=
-      "rank  pp dp_r dp_s  cp  tp sp recompute  mb    m schedule          v   mem GiB    step ms     tokens/s    "
-      "MFU\n";
+      "rank  pp dp_r dp_s  cp  tp sp recompute  mb    m schedule          v   mem GiB    step ms  compute  "
+      "comm  bubble     tokens/s    MFU\n";
   for (std::size_t k = 0; k < top && k < search.fitting.size(); ++k) {
     const PlanCandidate& c = search.fitting[k];
     const ParallelDims& d = c.layout.dims;
-    std::snprintf(buf, sizeof buf, "%4zu %3d %4d %4d %3d %3d %-2s %-9s %4d %4d %-16s %2d %9s %10.3f %12.4g %6.3f\n",
-                  k + 1, d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp, d.sequence_parallel ? "on" : "-",
+    const StepPrediction& p = c.prediction;
+    const double compute = p.compute_ms + p.recompute_ms + p.kernels_ms + p.launch_ms + p.optimizer_ms;
+    std::snprintf(buf, sizeof buf,
+                  "%4zu %3d %4d %4d %3d %3d %-2s %-9s %4d %4d %-16s %2d %9s %10.3f %8.3f %5.3f %7.3f %12.4g %6.3f\n",
+                  k + 1, d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp, sequence_parallel_in_effect(d) ? "on" : "-",
                   name_of(c.layout.recompute), c.cfg.train.micro_batch, c.layout.micro_batches,
                   name_of(c.layout.schedule.kind()), d.virtual_stages,
-                  gib(static_cast<double>(c.prediction.memory.total())).c_str(), c.prediction.step_ms,
-                  c.prediction.tokens_per_s, c.prediction.mfu);
+                  gib(static_cast<double>(p.memory.total())).c_str(), p.step_ms, compute, p.exposed_comm_ms,
+                  p.bubble_ms, p.tokens_per_s, p.mfu);
     out += buf;
   }
   out += "\nthe fastest in detail:\n";
@@ -297,22 +354,29 @@ std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int w
   return out;
 }
 
-std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code) {
+std::string plan_json(const PlanContext& ctx, const PlanSearch& search) {
+  const ClusterSpec& cluster = ctx.cluster;
   nlohmann::ordered_json j;
-  j["deck"] = deck;
-  j["cluster"] = {{"file", cluster.origin}, {"name", cluster.name}, {"devices_per_node", cluster.devices_per_node}};
-  j["world"] = world;
-  j["precision"] = name_of(precision);
-  j["implementation"] = {{"stored_attention_scores", code.stored_attention_scores},
-                         {"pp_scatter_gather", code.pp_scatter_gather}};
-  j["search"] = searched;
+  j["deck"] = ctx.deck;
+  j["cluster"] = {{"file", cluster.origin},
+                  {"name", cluster.name},
+                  {"devices_per_node", cluster.devices_per_node},
+                  {"memory_gib", cluster.memory_gib}};
+  j["world"] = ctx.world;
+  j["precision"] = name_of(ctx.precision);
+  j["global_batch"] = ctx.global_batch;
+  j["micro_batch"] = ctx.micro_batch;  // the deck's; each layout has its own
+  j["seq_len"] = ctx.seq_len;
+  j["notes"] = ctx.notes;
+  j["implementation"] = {{"stored_attention_scores", ctx.code.stored_attention_scores},
+                         {"pp_scatter_gather", ctx.code.pp_scatter_gather}};
+  j["search"] = ctx.searched;
   j["considered"] = search.considered;
   j["valid"] = search.valid;
   j["evaluated"] = search.evaluated;
   j["fitting"] = search.fitting.size();
   nlohmann::ordered_json layouts = nlohmann::ordered_json::array();
-  for (std::size_t k = 0; k < top && k < search.fitting.size(); ++k)
+  for (std::size_t k = 0; k < ctx.top && k < search.fitting.size(); ++k)
     layouts.push_back(candidate_json(search.fitting[k]));
   j["layouts"] = layouts;
   return j.dump(2) + "\n";
@@ -320,18 +384,60 @@ std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int w
 
 std::string run_plan(const PlanRequest& r) {
   using std::to_string;
-  const ClusterSpec cluster = load_cluster(r.cluster);
+  ClusterSpec cluster = load_cluster(r.cluster);
   const FileUse use{"deck '" + r.deck + "'", "name a .toml file (e.g. inputs/tiny.toml)"};
   const std::string text = read_small_file(r.deck, kDeckMaxBytes, use);
   const bool searched = r.search || deck_asks_for_search(text, r.overrides);
-  Config cfg = parse_config(text, r.deck, searched ? with_degrees_set(r.overrides) : r.overrides);
-  // The peak, the memory (the trainer's own sizes per precision) and, with
-  // bf16, the activation and gather bytes follow it.
+  // --precision is train.precision for the whole plan: the peak, the memory
+  // (the trainer's own sizes per precision), the bf16 activation and gather
+  // bytes, and the deck's checks (comm.reduce_dtype = "bf16" needs it).
+  std::vector<std::string> overrides = r.overrides;
   if (!r.precision.empty()) {
     require(r.precision == "fp32" || r.precision == "bf16", "--precision " + r.precision + ": must be fp32 or bf16");
-    cfg.train.precision = r.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+    overrides.push_back("train.precision=" + r.precision);
   }
+  Config cfg = parse_config(text, r.deck, searched ? with_degrees_set(overrides) : overrides);
   const Precision precision = cfg.train.precision;
+
+  PlanContext ctx;
+  ctx.deck = r.deck;
+  ctx.world = r.world;
+  ctx.precision = precision;
+  ctx.global_batch = cfg.train.global_batch;
+  ctx.micro_batch = cfg.train.micro_batch;
+  ctx.seq_len = cfg.model.seq_len;
+  ctx.searched = searched;
+  ctx.top = searched ? r.top : 1;
+  ctx.code = r.code;
+  // The deck's memory limit is the trainer's: plan within it.
+  const double limit_gib = cfg.perf.memory_per_rank_gib;
+  const bool deck_limits_memory = limit_gib > 0 && limit_gib < cluster.memory_gib;
+  if (deck_limits_memory) {
+    ctx.notes.push_back("perf.memory_per_rank_gib = " + number_text(limit_gib) +
+                        " of the deck limits memory per device below the cluster file's device.memory_gib = " +
+                        number_text(cluster.memory_gib) + ": planned within " + number_text(limit_gib) + " GiB");
+    cluster.memory_gib = limit_gib;
+  } else if (limit_gib > 0) {
+    ctx.notes.push_back("perf.memory_per_rank_gib = " + number_text(limit_gib) +
+                        " of the deck is above the cluster file's device.memory_gib = " +
+                        number_text(cluster.memory_gib) + ": planned within the device's");
+  }
+  // Each data-parallel rank takes whole sequences: the batch bounds dp.
+  if (searched && cfg.train.global_batch < r.world)
+    ctx.notes.push_back("train.global_batch = " + to_string(cfg.train.global_batch) +
+                        " caps the data-parallel degree at " + to_string(cfg.train.global_batch) + " of the " +
+                        to_string(r.world) +
+                        " devices: the rest must come from tp, cp or pp (--set train.global_batch=N plans a larger "
+                        "batch)");
+  // A GPU's fp32 runs without tensor cores: say what the deck's precision costs here.
+  constexpr double kTensorCoreRatio = 4;
+  if (precision == Precision::fp32 && cluster.peak_tflops_bf16 >= kTensorCoreRatio * cluster.peak_tflops_fp32)
+    ctx.notes.push_back(
+        std::string(r.precision.empty() ? "the deck's train.precision = \"fp32\"" : "--precision fp32") +
+        " is planned as fp32 on this cluster's devices (" + number_text(cluster.peak_tflops_fp32) +
+        " TFLOP/s fp32 against " + number_text(cluster.peak_tflops_bf16) +
+        " bf16): --precision bf16 plans bf16 compute (train.precision = \"bf16\")");
+
   PlanSearch search;
   if (searched) {
     search = search_layouts(cfg, r.world, cluster, precision, r.top, r.code);
@@ -345,19 +451,29 @@ std::string run_plan(const PlanRequest& r) {
                 " over the pipeline stages); choose a world size that divides them");
     require(!search.fitting.empty(),  // then every valid layout was evaluated
             "--world " + to_string(r.world) + ": none of the " + to_string(search.valid) +
-                " layouts that divide the deck fits device.memory_gib = " + number_text(cluster.memory_gib) +
-                " of cluster file '" + cluster.origin + "': the smallest needs at least " +
-                bytes_text(search.least_bytes) +
+                " layouts that divide the deck fits " +
+                (deck_limits_memory ? "the deck's perf.memory_per_rank_gib" : "device.memory_gib") + " = " +
+                number_text(cluster.memory_gib) + " of cluster file '" + cluster.origin +
+                "': the smallest needs at least " + bytes_text(search.least_bytes) +
                 " per device; use more devices, a smaller train.global_batch or a smaller model");
   } else {
+    // The deck's own degrees must make the world: plan's advice, not train's ("launch N ranks").
+    const ParallelConfig& p = cfg.parallel;
+    const long long product = 1LL * p.pp * p.dp_replicate * p.dp_shard * p.cp * p.tp;
+    require(p.pp < 1 || p.dp_replicate < 1 || p.dp_shard < 1 || p.cp < 1 || p.tp < 1 || product == r.world,
+            "--world " + to_string(r.world) + ": the deck's degrees (parallel.pp=" + to_string(p.pp) +
+                " x dp_replicate=" + to_string(p.dp_replicate) + " x dp_shard=" + to_string(p.dp_shard) +
+                " x cp=" + to_string(p.cp) + " x tp=" + to_string(p.tp) + ") make " + to_string(product) + " device" +
+                (product == 1 ? "" : "s") + "; set them with --set parallel.<axis>=N to make " + to_string(r.world) +
+                ", or add --search to rank every layout of " + to_string(r.world) + " devices");
     RunLayout layout = resolve_layout(cfg, r.world);
     StepPrediction prediction = predict_step(cfg, layout, cluster, precision, r.code);
     search.considered = search.valid = 1;
     search.fitting.push_back({cfg, std::move(layout), std::move(prediction)});
   }
-  const std::size_t top = searched ? r.top : 1;
-  return r.json ? plan_json(r.deck, cluster, r.world, precision, search, top, searched, r.code)
-                : plan_text(r.deck, cluster, r.world, precision, search, top, searched, r.code);
+  ctx.cluster = cluster;
+  launch_note(ctx, search.fitting.front());
+  return r.json ? plan_json(ctx, search) : plan_text(ctx, search);
 }
 
 }  // namespace ndmini

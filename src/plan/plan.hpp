@@ -60,10 +60,22 @@ struct PlanRequest {
 // world no layout divides or fits (search).
 std::string run_plan(const PlanRequest& request);
 
+// What a report says it planned: the request, the batch, and the notes on
+// what limits or skews the answer (printed as `note:` lines, and `notes`).
+struct PlanContext {
+  std::string deck;
+  ClusterSpec cluster;  // with device.memory_gib as the plan applies it
+  int world = 0;
+  Precision precision = Precision::fp32;
+  int global_batch = 0, micro_batch = 0, seq_len = 0;  // the deck's (a search varies micro_batch)
+  bool searched = false;
+  std::size_t top = 1;
+  Implementation code;
+  std::vector<std::string> notes;
+};
+
 // The human report and the JSON document (keys in docs/planner.md).
-std::string plan_text(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code = {});
-std::string plan_json(const std::string& deck, const ClusterSpec& cluster, int world, Precision precision,
-                      const PlanSearch& search, std::size_t top, bool searched, const Implementation& code = {});
+std::string plan_text(const PlanContext& context, const PlanSearch& search);
+std::string plan_json(const PlanContext& context, const PlanSearch& search);
 
 }  // namespace ndmini

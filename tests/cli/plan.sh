@@ -253,11 +253,100 @@ PY
     # The deck's own layout: tp = 3 does not divide the 4 heads.
     expect_exit2 "model.heads = 4 is not divisible by parallel.tp = 3" tiny.toml --cluster "$A100" --world 3 \
       --set parallel.tp=3 ;;
+  planned)
+    # What was planned and why: the batch in the header and the JSON, the notes (the batch caps dp,
+    # fp32 on a GPU, launches untimed), the table's compute + comm + bubble = step, equal times
+    # ordered by memory, sp off at tp = 1, and the in-flight count outside memory_bytes.
+    H100="$SOURCE_DIR/inputs/clusters/h100.toml"
+    run 1 plan tiny.toml --cluster "$H100" --world 16 --search --top 40 >out.txt 2>&1 || { cat out.txt; fail "search refused"; }
+    head -6 out.txt
+    grep -qF "global batch 8 sequences of 64 tokens, micro-batch searched, fp32 compute" out.txt || fail "no batch line"
+    grep -qF "note: train.global_batch = 8 caps the data-parallel degree at 8 of the 16 devices" out.txt ||
+      fail "no note that the batch caps dp"
+    grep -qF "is planned as fp32 on this cluster's devices (67 TFLOP/s fp32 against 989 bf16)" out.txt ||
+      fail "no note on fp32 on a GPU"
+    grep -qF "note: the model leaves kernel launches out" out.txt || fail "no note on launches"
+    awk '/^ +[0-9]+ +[0-9]+ /{ s = $15 + $16 + $17; if (s < $14 - 0.002 || s > $14 + 0.002) bad = bad " " $1; n++ }
+         END { exit bad != "" || n < 40 }' out.txt || fail "compute + comm + bubble is not the step in the table"
+    run 1 plan tiny.toml --cluster "$H100" --world 16 --search --top 200 --json >out.json 2>err.txt ||
+      { cat err.txt; fail "search refused (JSON)"; }
+    python3 - out.json <<'PY' || fail "the JSON does not say what was planned"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert (doc["global_batch"], doc["micro_batch"], doc["seq_len"], doc["precision"]) == (8, 4, 64, "fp32"), doc
+assert any("caps the data-parallel degree" in n for n in doc["notes"]), doc["notes"]
+layouts = doc["layouts"]
+ties = 0
+for a, b in zip(layouts, layouts[1:]):
+    ta, tb = a["time_ms"]["step"], b["time_ms"]["step"]
+    assert ta <= tb
+    if ta == tb:
+        ties += 1
+        assert a["memory_bytes"]["total"] <= b["memory_bytes"]["total"], (a["layout"], b["layout"])
+assert ties > 0, "no equal times among the layouts: the order by memory is untested"
+for l in layouts:
+    assert "in_flight" not in l["memory_bytes"] and l["micro_batches_in_flight"] >= 1, l["memory_bytes"]
+    assert l["kernel_launches"] > 0 and l["time_ms"]["launch"] == 0
+    if l["layout"]["tp"] == 1:
+        assert l["layout"]["sequence_parallel"] is False, l["layout"]
+print("json ok,", ties, "ties")
+PY
+    # sp at tp = 1 has no effect: off. bf16 on the cluster: no fp32 note.
+    run 1 plan tiny.toml --cluster "$H100" --world 1 --set parallel.sequence_parallel=true --precision bf16 \
+      >out.txt 2>&1 || { cat out.txt; fail "evaluation refused"; }
+    grep -qF "sp=off" out.txt || fail "sequence parallelism shown on at tp = 1"
+    ! grep -qF "is planned as fp32" out.txt || fail "an fp32 note under --precision bf16" ;;
+  deck_keys)
+    # --precision bf16 is train.precision (so comm.reduce_dtype = "bf16" is accepted); the deck's
+    # perf.memory_per_rank_gib bounds the plan; the deck's degrees against --world: plan's advice.
+    run 1 plan tiny.toml --cluster "$A100" --world 2 --set parallel.dp_replicate=2 --set comm.reduce_dtype=bf16 \
+      --precision bf16 >out.txt 2>&1 || { cat out.txt; fail "--precision bf16 was not taken as train.precision"; }
+    grep -qF "bf16 compute" out.txt || fail "not planned in bf16"
+    run 1 plan tiny.toml --cluster "$A100" --world 1 --set perf.memory_per_rank_gib=2 >out.txt 2>&1 ||
+      { cat out.txt; fail "perf.memory_per_rank_gib = 2 refused"; }
+    grep -qF "memory per device 0.01 GiB of 2.00 GiB" out.txt || fail "perf.memory_per_rank_gib not honoured"
+    grep -qF "note: perf.memory_per_rank_gib = 2 of the deck limits memory per device" out.txt || fail "no note"
+    expect_exit2 "fits the deck's perf.memory_per_rank_gib = 0.0001" tiny.toml --cluster "$A100" --world 2 --search \
+      --set perf.memory_per_rank_gib=0.0001
+    expect_exit2 "make 1 device; set them with --set parallel.<axis>=N to make 2, or add --search" tiny.toml \
+      --cluster "$A100" --world 2
+    ! grep -qF "launch" out.txt || fail "plan gives train's advice" ;;
+  launches)
+    # device.launch_overhead_us: each launch costs it, in the step; 0 is a value; -1 is refused.
+    cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nlaunch_overhead_us = 4/'
+    run 1 plan tiny.toml --cluster bad.toml --world 1 --json >with.json 2>&1 || { cat with.json; fail "refused"; }
+    run 1 plan tiny.toml --cluster "$A100" --world 1 --json >without.json 2>&1 || { cat without.json; fail "refused"; }
+    python3 - with.json without.json <<'PY' || fail "the launches are not in the step"
+import json, sys
+a, b = (json.load(open(f))["layouts"][0] for f in sys.argv[1:])
+assert a["kernel_launches"] == b["kernel_launches"] > 0
+assert abs(a["time_ms"]["launch"] - a["kernel_launches"] * 4e-3) < 1e-9, a["time_ms"]
+assert abs(a["time_ms"]["step"] - b["time_ms"]["step"] - a["time_ms"]["launch"]) < 1e-9
+parts = sum(a["time_ms"][k] for k in ("compute", "recompute", "kernels", "launch", "exposed_comm", "bubble", "optimizer"))
+assert abs(parts - a["time_ms"]["step"]) < 1e-9
+notes = json.load(open(sys.argv[1]))["notes"]
+assert not any("kernel launches out" in n for n in notes), notes
+print("launches ok:", a["kernel_launches"], "launches,", a["time_ms"]["launch"], "ms")
+PY
+    cluster_with 's/^(memory_bandwidth_gbs = .*)$/\1\nlaunch_overhead_us = -1/'
+    expect_exit2 "device.launch_overhead_us = -1 is impossible" tiny.toml --cluster bad.toml --world 1 ;;
+  fit_missing_key)
+    # A summary without a key --fit reads: an error naming the key and the file, exit 2.
+    printf '{"summary":true,"mesh":"x","compute_ms":1,"exposed_comm_ms":{},"predicted":{"cluster":"%s","products_ms":1,"step_ms":1,"kernels_ms":0,"optimizer_ms":0,"exposed_comm_ms":{}}}\n' \
+      "$(sed -n 's/^name = "\(.*\)"$/\1/p' "$A100")" >no_median.jsonl
+    expect_exit2 "metrics file 'no_median.jsonl': its summary has no number median_step_ms" --fit no_median.jsonl \
+      --cluster "$A100" ;;
   calibrate)
     # Two ranks measure this machine; the file they write reads back and plans.
-    run 2 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
-    cat here.toml
+    run 2 plan --calibrate --out here.toml >out.txt 2>err.txt || { cat out.txt err.txt; fail "--calibrate failed"; }
+    cat here.toml err.txt
     [ ! -e here.toml.tmp ] || fail "the temporary file was left behind"
+    # It says what it measures as it goes (rank 0 only), and which file it wrote.
+    [ "$(grep -c '^calibrate: ' err.txt)" -ge 6 ] || fail "fewer than 6 progress lines"
+    [ "$(grep -c '^calibrate: done' err.txt)" -eq 1 ] || fail "not one 'done' line (one rank speaks)"
+    grep -qE '^calibrate: the GEMM peaks, fp32 and bf16 \([0-9]+ s\)$' err.txt || fail "no timed first phase"
+    grep -qxF "wrote here.toml" out.txt || fail "no 'wrote here.toml'"
+    grep -qE "^launch_overhead_us = [0-9.e+-]+$" here.toml || fail "no launch_overhead_us"
     run 1 plan tiny.toml --cluster here.toml --world 2 --search --top 3 >out.txt 2>&1 || { cat out.txt; fail "here.toml was refused"; }
     grep -qF "per_node = 2" here.toml || fail "two ranks on this node, but the file says otherwise"
     grep -qE "^# .*inside a node \(2 ranks [0-9.]+ GB/s, [0-9.]+ us\)" here.toml ||
@@ -281,6 +370,24 @@ PY
     rm here.toml
     expect_exit2 "launch at least 2" --calibrate --out here.toml
     [ ! -e here.toml ] || fail "a refused calibration wrote a file" ;;
+  calibrate_loaded)
+    # A loaded machine (a load average file standing in for /proc/loadavg: 64 on this node's cores):
+    # with --strict refused before measuring, exit 1, nothing written, in seconds.
+    echo "64.00 32.00 16.00 9/999 4242" >loadavg
+    start=$(now)
+    rc=0
+    NDMINI_CALIBRATE_LOADAVG=loadavg run 2 plan --calibrate --strict --out here.toml >out.txt 2>&1 || rc=$?
+    cat out.txt
+    [ "$rc" -eq 1 ] || fail "expected exit status 1, got $rc"
+    grep -qE "^ndmini: error: plan --calibrate --strict: the machine is loaded: a 1-minute load average of 64.00 \(loadavg\)" \
+      out.txt || fail "the message does not name the load and the file"
+    [ "$(grep -c . out.txt)" -eq 1 ] || fail "expected one line (one rank speaks)"
+    [ ! -e here.toml ] || fail "a refused calibration wrote a file"
+    less_than "$(seconds_since "$start")" 20 || fail "the refusal took $(seconds_since "$start") s: it measured first"
+    # A threshold that is not a number: refused, exit 2.
+    NDMINI_CALIBRATE_MAX_SPREAD=lots run 2 plan --calibrate >out.txt 2>&1 && fail "a bad threshold was accepted"
+    grep -qF "environment variable NDMINI_CALIBRATE_MAX_SPREAD = 'lots': must be a number" out.txt ||
+      { cat out.txt; fail "the bad threshold is not named"; } ;;
   calibrate_groups)
     # Four ranks on one node: the intra-node links are measured over groups of 2 and of 4 (every
     # node's groups at once) and the file takes the median of the sizes' figures. Oversubscribed
