@@ -5,8 +5,12 @@
 // the same list, with the world helpers they share.
 #include <mpi.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
+
+#include "config/config.hpp"
+#include "run/layout.hpp"
 
 namespace ndmini::equivalence {
 
@@ -95,6 +99,21 @@ inline const std::vector<Layout>& layouts() {
       {8, {"parallel.pp=2", "parallel.dp_replicate=2", "parallel.cp=2", rc}, {}},
   };
   return all;
+}
+
+// The global batch (a --set value) that gives each data-parallel rank of
+// `overrides`' layout on `ranks` ranks a few micro-batches of the deck: at
+// least 2 (gradient accumulation runs), at least pp (every pipeline schedule
+// reaches its steady state), never more sequences than the deck's own global
+// batch. Most of a test's time on oversubscribed cores is the collectives of
+// each micro-batch, so fewer micro-batches are what makes a layout's run cheap.
+inline std::string few_micro_batches(const std::string& deck_path, const std::vector<std::string>& overrides,
+                                     int ranks) {
+  const Config cfg = load_config(deck_path, overrides);
+  const ParallelDims d = resolve_layout(cfg, ranks).dims;
+  const int per_rank = std::max(2, d.pp);
+  const int batch = std::min(cfg.train.global_batch, per_rank * cfg.train.micro_batch * d.dp_replicate * d.dp_shard);
+  return "train.global_batch=" + std::to_string(batch);
 }
 
 }  // namespace ndmini::equivalence

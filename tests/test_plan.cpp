@@ -34,7 +34,8 @@ using ndmini::test_support::train_tracked;
 
 namespace {
 
-// The tiny deck as the equivalence suite runs it: 3 steps (the first is the
+// The tiny deck as the equivalence suite runs it (its global batch too:
+// few_micro_batches): 3 steps (the first is the
 // warm-up the timed figures leave out), the validation loss at steps 0 and
 // 2 (its traffic is not the step's: the trainer resets the counters), no
 // GEMM calibration.
@@ -44,7 +45,9 @@ Config deck(const Layout& layout, const std::vector<std::string>& extra) {
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
   all.insert(all.end(), extra.begin(), extra.end());
-  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+  const std::string tiny = std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml";
+  all.push_back(few_micro_batches(tiny, all, layout.ranks));
+  return load_config(tiny, all);
 }
 
 // The plan of `layout` (with `extra` deck settings) against a training run of it.

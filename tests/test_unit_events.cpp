@@ -37,8 +37,8 @@ namespace {
 // to a few micro-batches per rank (at least pp, so every schedule reaches
 // its steady state): seconds, not minutes.
 Config deck(const Layout& layout, const std::string& precision) {
-  std::vector<std::string> all = {"train.steps=1", "train.micro_batch=1", "train.log_every=100", "train.eval_every=0",
-                                  "train.precision=" + precision};
+  std::vector<std::string> all = {"train.steps=1",      "train.micro_batch=1", "train.log_every=100",
+                                  "train.eval_every=0", "perf.peak_gflops=30", "train.precision=" + precision};
   if (precision == "bf16" && layout.ranks > 1) all.push_back("comm.reduce_dtype=bf16");
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
