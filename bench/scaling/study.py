@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import socket
+import stat
 import statistics
 import subprocess
 
@@ -34,6 +35,52 @@ FIXED_RULES = {"dp": "dp_replicate", "fsdp": "dp_shard"}
 
 class StudyError(Exception):
     """A bad argument or study directory: one message that says what to fix."""
+
+
+# ndmini's own bounds: a deck or cluster file of at most 1 MiB (kDeckMaxBytes in
+# src/config/config.hpp) and a world of at most 2^20 ranks (kMaxWorld in miniapp/command_line.cpp).
+INPUT_MAX_BYTES = 1 << 20
+MAX_WORLD = 1 << 20
+
+
+def file_kind(mode):
+    """What a path that is not a regular file is, in words."""
+    for test, word in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def check_input_file(what, path, example):
+    """Refuses an input path before anything opens it: it must be a regular file
+    (open() on a FIFO waits for a writer forever) of at most INPUT_MAX_BYTES."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise StudyError(f"{what} {path}: no such file; give {example}") from None
+    except OSError as e:
+        raise StudyError(f"{what} {path}: cannot be read ({e.strerror}); give {example}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StudyError(f"{what} {path}: {file_kind(info.st_mode)}, not a regular file; give {example}")
+    if info.st_size > INPUT_MAX_BYTES:
+        raise StudyError(f"{what} {path}: {info.st_size} bytes, more than the {INPUT_MAX_BYTES} ndmini reads; "
+                         f"give {example}")
+    if not os.access(path, os.R_OK):
+        raise StudyError(f"{what} {path}: not readable; give {example}")
+
+
+def check_output_dir(what, path):
+    """Refuses an output directory that names something else (a file, a FIFO)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StudyError(f"{what} {path}: cannot be used ({e.strerror}); give a new or existing directory") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise StudyError(f"{what} {path}: exists and is {file_kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else 'a file'}, "
+                         f"not a directory; give a new or existing study directory")
 
 
 # --- Layout rules ------------------------------------------------------------------
