@@ -599,6 +599,11 @@ def main(argv=None):
             refused = f", {total - len(scripts)} refused" if len(scripts) < total else ""
             print(f"scaling.py: {len(scripts)} of {total} points emitted{refused}"
                   f"{refusal_note(study, args.allow_missing)}", file=sys.stderr)
+            if study.get("prediction"):
+                _, rows = st.collect(study_dir)
+                print("predicted by ndmini plan (docs/planner.md), before anything runs:")
+                for line in st.prediction_lines(rows):
+                    print("  " + line)
             if scripts:
                 print(f"{len(scripts)} batch scripts in {study_dir}/points/*/job.sbatch; submit with "
                       f"{study_dir}/submit_all.sh, then build the table with {study_dir}/collect.sh")
@@ -614,7 +619,7 @@ def main(argv=None):
     with open(paths[1]) as f:
         print(f.read())
     if not any(p.endswith(".png") for p in paths):
-        print("(no scaling.png: matplotlib is not installed; apt-get install python3-matplotlib)", file=sys.stderr)
+        print(st.matplotlib_hint("scaling.py"), file=sys.stderr)
     print("wrote " + ", ".join(paths), file=sys.stderr)
     code, line = st.outcome(study, rows)
     print(f"scaling.py: {line}" + refusal_note(study, args.allow_missing), file=sys.stderr)

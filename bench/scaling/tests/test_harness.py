@@ -290,7 +290,43 @@ def sbatch():
         for want in ("--set parallel.pp=2", "--set parallel.dp_replicate=2", "--set parallel.tp=2",
                      "--set parallel.dp_shard=1", "--set train.global_batch=16"):
             check(want in text, f"the pp=2,tp=2 point must pass '{want}'")
-        print(f"ok: {len(got)} emitted files match the fixture; pp x tp degrees passed through")
+        # Collected before any job is submitted: every point "not run" (not "failed"), exit 1. Then one
+        # point's two runs given metrics files that open with a header record (`"record": "header"`,
+        # as ndmini may write first): read past it, that point measured, the others still not run.
+        collect = [sys.executable, os.path.join(HARNESS, "collect.py"), study_dir]
+        out = run(collect, expect=1)
+        check("collect.py: 0 of 3 points measured, 3 not run" in out.stderr, f"unsubmitted points: {out.stderr}")
+        check(all(r["status"] == "not run" for r in read_csv(os.path.join(study_dir, "results.csv"))),
+              "unsubmitted points must read 'not run'")
+        header = {"record": "header", "version": "0.0", "git_sha": "0" * 40, "deck": "tiny.toml",
+                  "config": {"train": {"steps": 10}}, "host": "node1", "start_time": "2026-12-04T00:00:00Z"}
+        for rep in ("rep1", "rep2"):
+            rep_dir = os.path.join(study_dir, "points", "n0004_dp_shard2_tp2", rep)
+            os.makedirs(rep_dir)
+            with open(os.path.join(rep_dir, "metrics.jsonl"), "w") as f:
+                f.write(json.dumps(header) + "\n")
+                for step in range(10):
+                    f.write(json.dumps({"step": step, "loss": 5.0, "step_ms": 20.0 + step % 2, "tokens_per_s": 1000.0,
+                                        "mfu": 0.1, "mem_bytes": 1, "comm": {}}) + "\n")
+                f.write(json.dumps({"summary": True, "peak_rss_bytes": 1, "state_bytes": 1, "io_ms": 0.0}) + "\n")
+            with open(os.path.join(rep_dir, "exit_code"), "w") as f:
+                f.write("0\n")
+        out = run(collect, expect=1)
+        check("collect.py: 1 of 3 points measured, 2 not run" in out.stderr, f"with a header record: {out.stderr}")
+        rows = {r["label"]: r for r in read_csv(os.path.join(study_dir, "results.csv"))}
+        # Steps 20, 21, 20, ... ms: the median of the 8 after the 2 warm-up steps is 20.5; a header taken for a
+        # step would shift them (21).
+        measured_row = rows["n0004_dp_shard2_tp2"]
+        check(measured_row["status"] == "ok" and measured_row["tokens_per_s"] == "1000" and
+              measured_row["step_ms"] == "20.5", f"the point whose metrics open with a header record: {measured_row}")
+        # --emit-sbatch --cluster prints what it predicted, one line per point, before anything runs.
+        here = os.path.join(SOURCE, "inputs", "clusters", "here.toml")
+        out = emit(os.path.join(work, "predicted"), NDMINI, ["--ranks", "1,2", "--layout", "dp", "--cluster", here])
+        lines = [line for line in out.stdout.splitlines() if " ranks " in line and "here: " in line]
+        check("predicted by ndmini plan" in out.stdout and len(lines) == 2 and all("ms/step" in x for x in lines),
+              f"--emit-sbatch --cluster must print its 2 predictions: {out.stdout}")
+        print(f"ok: {len(got)} emitted files match the fixture; pp x tp degrees passed through; unsubmitted points "
+              f"not run; a header record read past; the predictions of --emit-sbatch --cluster printed")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
