@@ -2,6 +2,7 @@
 #include "exit_status.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -48,6 +49,15 @@ int hand_over_stop_status(int rank, int status, bool signalled) {
     MPI_Abort(MPI_COMM_WORLD, status);
   }
   return status;
+}
+
+void end_job_at_once(int status) {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);  // both may be called from any thread, at any time
+  MPI_Finalized(&finalized);
+  if (initialized != 0 && finalized == 0) MPI_Abort(MPI_COMM_WORLD, status);
+  _exit(status);
 }
 
 }  // namespace ndmini::driver

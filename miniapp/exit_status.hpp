@@ -57,4 +57,10 @@ int collective_status_of(int rank, Work&& work) {
 // to mpiexec through MPI_Abort. Returns the status otherwise.
 int hand_over_stop_status(int rank, int status, bool signalled);
 
+// A deliberate second stop request (core/signals.hpp's EndAtOnce): the whole
+// job ends at once through MPI_Abort, so mpiexec reports `status` and ends
+// every rank together (none is left inside a transfer with a peer that is
+// gone); before MPI_Init or after MPI_Finalize, this process _exits.
+[[noreturn]] void end_job_at_once(int status);
+
 }  // namespace ndmini::driver

@@ -6,6 +6,7 @@
 
 #include "command_line.hpp"
 #include "core/signals.hpp"
+#include "exit_status.hpp"
 #include "runtime.hpp"
 #include "subcommands.hpp"
 
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   using namespace ndmini::driver;
   // From the first moment: a signal during start-up is handled at the first
   // step boundary, not left to kill a rank (which mpiexec may report as 0).
-  std::optional<ndmini::StopSignals> stop_signals(std::in_place);
+  std::optional<ndmini::StopSignals> stop_signals(std::in_place, &end_job_at_once);
   Runtime runtime(argc, argv);
   if (runtime.kokkos_help()) return 0;
 

@@ -3,8 +3,9 @@
 """Builds a scaling study's table from its directory: results.csv, results.md
 and (with matplotlib) scaling.png. scaling.py calls the same code after its
 runs; after --emit-sbatch, run this (or the study's collect.sh) once the
-jobs are done. Points whose runs failed or never ran are listed as failed,
-points refused when the study was planned as refused, with their message.
+jobs are done. Points whose runs failed are listed as failed, points none of
+whose runs started (a batch job not submitted yet) as not run, points refused
+when the study was planned as refused, with their message.
 Exits 1 when a point has no figures (a refused one only without --allow-missing).
 
 The predictions made when the study was planned (scaling.py --cluster) are read
@@ -55,6 +56,8 @@ def main(argv):
     with open(paths[1]) as f:
         print(f.read())
     code, line = st.outcome(study, rows)
+    if not any(p.endswith(".png") for p in paths):
+        print(st.matplotlib_hint("collect.py"), file=sys.stderr)
     print("wrote " + ", ".join(paths), file=sys.stderr)
     print(f"collect.py: {line}", file=sys.stderr)
     if st.prediction_summary(rows):

@@ -34,12 +34,13 @@ def check_options(cluster, predict_cluster, predict_to, layout_rule):
         raise st.StudyError("--predict-cluster FILE is the cluster of the --predict-to extension; give --predict-to N "
                             "too (or only --cluster FILE to predict the measured points)")
     for flag, path in (("--cluster", cluster), ("--predict-cluster", predict_cluster)):
-        if path and not os.path.isfile(path):
-            raise st.StudyError(f"{flag} {path}: no such file; give a cluster file such as inputs/clusters/here.toml "
-                                f"(this machine) or inputs/clusters/h100.toml")
+        if path:
+            st.check_input_file(flag, path, "a cluster file such as inputs/clusters/here.toml (this machine) or "
+                                "inputs/clusters/h100.toml")
     if predict_to is not None:
-        if predict_to < 2:
-            raise st.StudyError(f"--predict-to {predict_to}: give the largest rank count to predict, at least 2")
+        if not 2 <= predict_to <= st.MAX_WORLD:
+            raise st.StudyError(f"--predict-to {predict_to}: give the largest rank count to predict, from 2 to "
+                                f"{st.MAX_WORLD} (the largest world ndmini plans)")
         if layout_rule == "explicit":
             raise st.StudyError("--predict-to carries a --layout rule on to more ranks, and a study of --point "
                                 "layouts has no rule: give --ranks with --layout, or give the larger layouts as "

@@ -292,8 +292,6 @@ def deck_batch_per_rank(deck_batch, deck_int):
 
 def build_study(args):
     deck_path = os.path.abspath(args.deck)
-    if not os.path.exists(deck_path):
-        raise st.StudyError(f"deck {args.deck}: no such file")
     with open(deck_path) as f:
         deck_text = f.read()
     points = plan_points(args)
@@ -564,6 +562,14 @@ def check_numbers(args):
                             f"the signal would stop every run at its start; lower --signal-grace or raise --time")
 
 
+def check_paths(args):
+    """Every path argument, before anything opens or creates it."""
+    st.check_input_file("deck", args.deck, "a deck (TOML) such as inputs/small.toml")
+    for flag, path in (("--out", args.out), ("--emit-sbatch", args.emit_sbatch)):
+        if path:
+            st.check_output_dir(flag, path)
+
+
 def refusal_note(study, allow_missing):
     """' (LABEL: reason; ...)' for the count of refused points in a summary line, and what the exit makes of them."""
     refused = [p for p in study["points"] if p.get("precheck_error")]
@@ -576,6 +582,7 @@ def refusal_note(study, allow_missing):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        check_paths(args)
         check_numbers(args)
         predict.check_options(args.cluster, args.predict_cluster, args.predict_to,
                               "explicit" if args.point else args.layout)
@@ -592,6 +599,11 @@ def main(argv=None):
             refused = f", {total - len(scripts)} refused" if len(scripts) < total else ""
             print(f"scaling.py: {len(scripts)} of {total} points emitted{refused}"
                   f"{refusal_note(study, args.allow_missing)}", file=sys.stderr)
+            if study.get("prediction"):
+                _, rows = st.collect(study_dir)
+                print("predicted by ndmini plan (docs/planner.md), before anything runs:")
+                for line in st.prediction_lines(rows):
+                    print("  " + line)
             if scripts:
                 print(f"{len(scripts)} batch scripts in {study_dir}/points/*/job.sbatch; submit with "
                       f"{study_dir}/submit_all.sh, then build the table with {study_dir}/collect.sh")
@@ -607,7 +619,7 @@ def main(argv=None):
     with open(paths[1]) as f:
         print(f.read())
     if not any(p.endswith(".png") for p in paths):
-        print("(no scaling.png: matplotlib is not installed; apt-get install python3-matplotlib)", file=sys.stderr)
+        print(st.matplotlib_hint("scaling.py"), file=sys.stderr)
     print("wrote " + ", ".join(paths), file=sys.stderr)
     code, line = st.outcome(study, rows)
     print(f"scaling.py: {line}" + refusal_note(study, args.allow_missing), file=sys.stderr)

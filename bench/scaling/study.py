@@ -25,8 +25,10 @@ import os
 import re
 import shlex
 import socket
+import stat
 import statistics
 import subprocess
+import sys
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # mesh order, outermost first
 FIXED_RULES = {"dp": "dp_replicate", "fsdp": "dp_shard"}
@@ -34,6 +36,52 @@ FIXED_RULES = {"dp": "dp_replicate", "fsdp": "dp_shard"}
 
 class StudyError(Exception):
     """A bad argument or study directory: one message that says what to fix."""
+
+
+# ndmini's own bounds: a deck or cluster file of at most 1 MiB (kDeckMaxBytes in
+# src/config/config.hpp) and a world of at most 2^20 ranks (kMaxWorld in miniapp/command_line.cpp).
+INPUT_MAX_BYTES = 1 << 20
+MAX_WORLD = 1 << 20
+
+
+def file_kind(mode):
+    """What a path that is not a regular file is, in words."""
+    for test, word in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def check_input_file(what, path, example):
+    """Refuses an input path before anything opens it: it must be a regular file
+    (open() on a FIFO waits for a writer forever) of at most INPUT_MAX_BYTES."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise StudyError(f"{what} {path}: no such file; give {example}") from None
+    except OSError as e:
+        raise StudyError(f"{what} {path}: cannot be read ({e.strerror}); give {example}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StudyError(f"{what} {path}: {file_kind(info.st_mode)}, not a regular file; give {example}")
+    if info.st_size > INPUT_MAX_BYTES:
+        raise StudyError(f"{what} {path}: {info.st_size} bytes, more than the {INPUT_MAX_BYTES} ndmini reads; "
+                         f"give {example}")
+    if not os.access(path, os.R_OK):
+        raise StudyError(f"{what} {path}: not readable; give {example}")
+
+
+def check_output_dir(what, path):
+    """Refuses an output directory that names something else (a file, a FIFO)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StudyError(f"{what} {path}: cannot be used ({e.strerror}); give a new or existing directory") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise StudyError(f"{what} {path}: exists and is {file_kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else 'a file'}, "
+                         f"not a directory; give a new or existing study directory")
 
 
 # --- Layout rules ------------------------------------------------------------------
@@ -269,6 +317,8 @@ def read_metrics(path):
             if not line:
                 continue
             rec = json.loads(line)
+            if not isinstance(rec, dict) or rec.get("record") == "header":
+                continue  # the header (version, git_sha, deck, config, host, start_time) describes, not measures
             if rec.get("summary"):
                 summary = rec
             elif "step" in rec:
@@ -318,7 +368,9 @@ def summarize_run(run_dir, warmup):
     group's exposed time, and step_ms leaves the checkpoint I/O out, so
     neither is subtracted again.
     """
-    run = {"dir": run_dir, "ok": False}
+    # A run that left nothing in its folder never started (an emitted batch job not submitted).
+    started = os.path.isdir(run_dir) and any(os.scandir(run_dir))
+    run = {"dir": run_dir, "ok": False, "started": started}
     code_file = os.path.join(run_dir, "exit_code")
     exit_code = None
     if os.path.exists(code_file):
@@ -421,6 +473,9 @@ def collect(study_dir):
         if point.get("precheck_error"):  # refused before any run: no run to read
             row["status"] = "refused"
             row["message"] = point["precheck_error"]
+        elif not good and not any(r["started"] for r in runs):
+            row["status"] = "not run"
+            row["message"] = "no run of this point has started (its batch job not submitted, or still queued)"
         elif not good:
             row["status"] = "failed"
             row["message"] = "; ".join(sorted({r.get("message", "") for r in runs}))
@@ -696,7 +751,7 @@ def markdown(study, rows):
             lines.append(f"| {r['ranks']} | {r['layout']} | {batch} | predicted ({r['predicted_cluster']}) | | | | | |"
                          + tail)
             continue
-        if r["status"] in ("failed", "refused"):
+        if r["status"] in ("failed", "refused", "not run"):
             lines.append(f"| {r['ranks']} | {r['layout']} | {batch} | {r['status']} | | | | | {r['message']} |" + tail)
             continue
         bubble = fmt(r["bubble_ms"], ".1f") if r["bubble_measured"] else "n/a"
@@ -752,9 +807,31 @@ def predicted_series(rows):
     return series
 
 
+def plot_subtitle(study, rows):
+    """The figure's second line: the batch per rank, the steps and repeats, and the machines."""
+    if study["mode"] == "weak" and study.get("batch_per_rank"):
+        batch = f"{study['batch_per_rank']} sequences per data-parallel rank"
+    elif study.get("global_batch"):
+        batch = f"global batch {study['global_batch']} sequences"
+    else:
+        batch = "the deck's batch"
+    ok = measured(rows)
+    hosts = sorted({r["hosts"] for r in ok if r.get("hosts")})
+    where = [f"measured on {', '.join(hosts) or 'this machine'}"] if ok else []
+    clusters = study.get("prediction", {}).get("clusters", {})
+    tags = sorted({r["predicted_cluster"] for r in rows if r.get("predicted_status") == "fits"})
+    if tags:
+        where.append("predicted for " + ", ".join(
+            f"{t} ({os.path.basename(clusters[t]['file'])})" if t in clusters else t for t in tags))
+    return (f"{batch} of {study['seq_len']} tokens; {study['steps']} steps per run, {study['warmup']} warm-up "
+            f"dropped, {study['repeats']} run(s) per point (bars: min-max over them)\n" + "; ".join(where))
+
+
 def plot(study, rows, path):
-    """Tokens/s, speed-up and efficiency against the ideal, measured (solid) and predicted
-    (dashed, one line per cluster); False when matplotlib is missing or nothing has figures."""
+    """Tokens/s, speed-up and efficiency against the ideal: the measured points (solid, with
+    min-max bars over the repeats) in one row of panels, the predicted ones (dashed, one
+    marker per cluster) in another, as they may lie decades apart; one colour per layout
+    family in both. False when matplotlib is missing or nothing has figures."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -768,53 +845,73 @@ def plot(study, rows, path):
     # One line per layout family (the axes above 1); the single-rank point starts each.
     families = sorted(({layout_family(r) for r in ok} | {fam for _, fam in predicted}) - {"single"}) or ["single"]
     colors = {fam: f"C{k}" for k, fam in enumerate(families)}
-    ranks = sorted({r["ranks"] for r in ok} | {r["ranks"] for rs in predicted.values() for r in rs})
-    fig, (t, a, b) = plt.subplots(1, 3, figsize=(15, 4.5))
-    base = ok[0]["baseline_ranks"] if ok else min(r["predicted_baseline_ranks"] for rs in predicted.values()
-                                                   for r in rs)
-    ideal = [n for n in ranks if n >= base]
-    a.plot(ideal, [n / base for n in ideal], "k:", label="ideal")
-    b.plot(ideal, [1.0] * len(ideal), "k:", label="ideal")
-    for fam in families:
-        series = sorted((r for r in ok if layout_family(r) in (fam, "single")), key=lambda r: r["ranks"])
-        if series:
-            x = [r["ranks"] for r in series]
-            t.plot(x, [r["tokens_per_s"] for r in series], "o-", color=colors[fam], label=f"{fam}, measured")
-            a.plot(x, [r["speedup"] for r in series], "o-", color=colors[fam], label=f"{fam}, measured")
-            b.plot(x, [r["efficiency"] for r in series], "o-", color=colors[fam], label=f"{fam}, measured")
-    markers = {}
-    for (tag, fam), series in sorted(predicted.items()):
-        if fam == "single" and fam not in colors:
-            continue  # the single-rank prediction starts every family's line
-        series = sorted(series + [r for r in predicted.get((tag, "single"), []) if fam != "single"],
-                        key=lambda r: r["ranks"])
-        x = [r["ranks"] for r in series]
-        style = dict(linestyle="--", marker=markers.setdefault(tag, "sx^v<>"[len(markers) % 6]), color=colors[fam],
-                     markerfacecolor="none", label=f"{fam}, predicted ({tag})")
-        t.plot(x, [r["predicted_tokens_per_s"] for r in series], **style)
-        a.plot(x, [r["predicted_speedup"] for r in series], **style)
-        b.plot(x, [r["predicted_efficiency"] for r in series], **style)
-    t.set_ylabel("tokens/s")
-    a.set_ylabel("speed-up" if study["mode"] == "strong" else "scaled speed-up")
-    b.set_ylabel("parallel efficiency")
-    b.set_ylim(0, 1.1)
-    wide = ranks[-1] / ranks[0] > 16  # a predicted extension: log axes
-    for ax in (t, a, b):
-        ax.set_xlabel("ranks")
-        if len(ranks) > 1:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(ranks)
-        ax.set_xticklabels([str(n) for n in ranks])
-        ax.minorticks_off()
-        ax.grid(True, alpha=0.3)
-    if predicted or wide:
-        t.set_yscale("log")
-    if wide:
-        a.set_yscale("log", base=2)
-    b.legend(fontsize="small")
-    fig.suptitle(f"{study['name']}: {study['mode']} scaling of {study['deck_name']} ({', '.join(families)})")
+    panels = (["measured"] if ok else []) + (["predicted"] if predicted else [])
+    fig, axes = plt.subplots(len(panels), 3, figsize=(15, 4.2 * len(panels) + 0.6), squeeze=False)
+    for row_axes, kind in zip(axes, panels):
+        t, a, b = row_axes
+        if kind == "measured":
+            ranks = sorted({r["ranks"] for r in ok})
+            base = ok[0]["baseline_ranks"]
+            base_tps = next(r["tokens_per_s"] for r in ok if r["ranks"] == base)
+            for fam in families:
+                series = sorted((r for r in ok if layout_family(r) in (fam, "single")), key=lambda r: r["ranks"])
+                if not series:
+                    continue
+                x = [r["ranks"] for r in series]
+                tps = [r["tokens_per_s"] for r in series]
+                low = [r["tokens_per_s"] - r["tokens_per_s_min"] for r in series]
+                high = [r["tokens_per_s_max"] - r["tokens_per_s"] for r in series]
+                ideal = [r["ideal_speedup"] for r in series]
+                style = dict(fmt="o-", color=colors[fam], capsize=4, label=f"{fam}, measured")
+                t.errorbar(x, tps, yerr=[low, high], **style)
+                # The speed-up's bars: each repeat's extremes over the baseline's median.
+                a.errorbar(x, [v / base_tps for v in tps], yerr=[[v / base_tps for v in low],
+                                                                 [v / base_tps for v in high]], **style)
+                b.errorbar(x, [v / base_tps / i for v, i in zip(tps, ideal)],
+                           yerr=[[v / base_tps / i for v, i in zip(low, ideal)],
+                                 [v / base_tps / i for v, i in zip(high, ideal)]], **style)
+            title = "measured"
+        else:
+            ranks = sorted({r["ranks"] for rs in predicted.values() for r in rs})
+            base = min(r["predicted_baseline_ranks"] for rs in predicted.values() for r in rs)
+            markers = {}
+            for (tag, fam), series in sorted(predicted.items()):
+                if fam == "single" and fam not in colors:
+                    continue  # the single-rank prediction starts every family's line
+                series = sorted(series + [r for r in predicted.get((tag, "single"), []) if fam != "single"],
+                                key=lambda r: r["ranks"])
+                x = [r["ranks"] for r in series]
+                style = dict(linestyle="--", marker=markers.setdefault(tag, "sx^v<>"[len(markers) % 6]),
+                             color=colors[fam], markerfacecolor="none", label=f"{fam}, predicted ({tag})")
+                t.plot(x, [r["predicted_tokens_per_s"] for r in series], **style)
+                a.plot(x, [r["predicted_speedup"] for r in series], **style)
+                b.plot(x, [r["predicted_efficiency"] for r in series], **style)
+            title = "predicted by ndmini plan"
+        ideal = [n for n in ranks if n >= base]
+        a.plot(ideal, [n / base for n in ideal], "k:", label="ideal")
+        b.plot(ideal, [1.0] * len(ideal), "k:", label="ideal")
+        t.set_ylabel(f"tokens/s, {title}")
+        a.set_ylabel(("speed-up" if study["mode"] == "strong" else "scaled speed-up") + f", {title}")
+        b.set_ylabel(f"parallel efficiency, {title}")
+        top = max([1.15] + [line.get_ydata().max() for line in b.get_lines() if len(line.get_ydata())])
+        b.set_ylim(0, 1.05 * top)
+        wide = ranks[-1] / ranks[0] > 16  # a predicted extension: log axes
+        for ax in (t, a, b):
+            ax.set_xlabel("ranks")
+            if len(ranks) > 1:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(ranks)
+            ax.set_xticklabels([str(n) for n in ranks])
+            ax.minorticks_off()
+            ax.grid(True, alpha=0.3)
+        if wide:
+            t.set_yscale("log")
+            a.set_yscale("log", base=2)
+        b.legend(fontsize="small", loc="lower left")
+    fig.suptitle(f"{study['name']}: {study['mode']} scaling of {study['deck_name']} ({', '.join(families)})\n"
+                 f"{plot_subtitle(study, rows)}", fontsize="medium")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
@@ -823,9 +920,9 @@ def outcome(study, rows):
     """(exit code, one summary line): 0 when every point ran and measured, or when the
     only missing points were refused and the study was planned with --allow-missing."""
     rows = [r for r in rows if r.get("kind") != "predicted"]
-    counts = {k: sum(r["status"] == k for r in rows) for k in ("ok", "partial", "failed", "refused")}
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("ok", "partial", "failed", "not run", "refused")}
     line = f"{counts['ok']} of {len(rows)} points measured"
-    line += "".join(f", {counts[k]} {k}" for k in ("partial", "failed", "refused") if counts[k])
+    line += "".join(f", {counts[k]} {k}" for k in ("partial", "failed", "not run", "refused") if counts[k])
     missing_allowed = counts["refused"] == 0 or study.get("allow_missing", False)
     complete = counts["ok"] > 0 and counts["ok"] + counts["refused"] == len(rows) and missing_allowed
     return (0 if complete else 1), line
@@ -842,6 +939,31 @@ def prediction_summary(rows):
         others = ", ".join(f"{statuses.count(s)} {s}" for s in ("does not fit", "refused", "missing") if s in statuses)
         parts.append(f"{len(statuses)} points on {tag}" + (f" ({others})" if others else ""))
     return "predicted by ndmini plan: " + ", ".join(parts) if parts else ""
+
+
+def prediction_lines(rows):
+    """One line per prediction (ranks, layout, cluster: step, tokens/s, efficiency, or why none)."""
+    lines = []
+    for r in rows:
+        status = r.get("predicted_status")
+        if status is None:
+            continue
+        head = f"{r['ranks']:>6} ranks {r['layout']:<24} {r['predicted_cluster']}: "
+        if status == "fits":
+            lines.append(head + f"{r['predicted_step_ms']:.4g} ms/step, {r['predicted_tokens_per_s']:.0f} tokens/s, "
+                         f"efficiency {fmt(r.get('predicted_efficiency'), '.3f')}, MFU {r['predicted_mfu']:.3f}")
+        else:
+            lines.append(head + status + (f": {r['predicted_message']}" if r.get("predicted_message") else ""))
+    return lines
+
+
+def matplotlib_hint(prog):
+    """What to do when the figure is missing: install matplotlib for the python3 that ran `prog`."""
+    exe = sys.executable or "python3"
+    system = os.path.dirname(os.path.realpath(exe)) in ("/usr/bin", "/bin")
+    fix = "apt-get install python3-matplotlib" if system else f"{exe} -m pip install matplotlib"
+    return (f"(no scaling.png: matplotlib is not installed for {exe}, which ran {prog}; {fix}, then run "
+            f"bench/scaling/collect.py STUDY with that python3)")
 
 
 def write_outputs(study_dir):

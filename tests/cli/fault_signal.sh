@@ -1,34 +1,90 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Pre-emption (core/signals.hpp), a checkpoint saved after every step.
-# $1 = ranks, $2 = trials, $3 = "once" or "twice".
+# $1 = ranks, $2 = trials, $3 = "once", "cluster" or "twice"; $4 = "busy":
+# one busy loop per core beside the job for the whole test.
 # once: SIGTERM or SIGUSR1 at a random moment (in a step or inside a save),
-#   sent to mpiexec (which forwards it to every rank), to one rank only, or
-#   to every rank (as srun delivers it).
-#   Every time the job exits with 128 + the signal after one line naming the
-#   signal and the checkpoint saved; that checkpoint is `latest` and
-#   verifies; resuming from it to the end gives losses, parameters and AdamW
-#   state bitwise those of an uninterrupted run.
-# twice: SIGTERM, then SIGTERM again 20 ms later, to every rank (as srun
-#   delivers them): the job ends at once (not at the step boundary the first
-#   one waits for; a draw where that boundary and its save came first is
-#   drawn again), non-zero; `latest`, where there is one, verifies, and
-#   resuming from it gives the uninterrupted run bit for bit. (Sent to
-#   MPICH's mpiexec, the status can read 0: it drops the exit statuses of
-#   ranks it forwarded a signal to, and a rank that exits at once cannot
-#   call MPI_Abort; docs/cluster.md, "Pre-emption and requeue".)
+#   sent to mpiexec (which forwards it to every rank), to one rank only, to
+#   every rank (as srun delivers it), or to every process.
+# cluster: always to every process, as a node daemon (Slurm's scancel or
+#   time limit) delivers it: mpiexec, the hydra proxy and each rank, one by
+#   one in random order 0-30 ms apart, so each rank gets its own copy and
+#   the forwarded ones.
+#   Every time (once, cluster) the copies are one request: the job exits
+#   with 128 + the signal after one line naming the signal and the
+#   checkpoint saved, and no "second signal"; that checkpoint is `latest`
+#   and verifies; resuming from it to the end gives losses, parameters and
+#   AdamW state bitwise those of an uninterrupted run.
+# twice: the first SIGTERM to every process as in cluster; one rank is then
+#   held (SIGSTOP) so that the step boundary cannot come first, and after
+#   the copy window (2 s) a deliberate second SIGTERM goes to every rank or
+#   to mpiexec alone: the job ends at once (MPI_Abort: mpiexec exits 143,
+#   the held rank taken down with the rest), `latest`, where there is one,
+#   verifies, and resuming from it gives the uninterrupted run bit for bit.
 source "$(dirname "$0")/lib.sh"
 np=$1
 trials=$2
 mode=$3
+busy=${4:-}
 STEPS=12
 args=(train tiny.toml --set train.steps=$STEPS --set train.log_every=1 --set train.micro_batch=2
   --set checkpoint.every=1 --set checkpoint.keep=2 --set parallel.dp_shard="$np" "${QUICK[@]}")
 final=$(printf 'step_%08d' $STEPS)
-# twice: steps of many micro-batches (tiny's x 32), so that the step boundary
-# the first signal waits for seldom comes within the 20 ms before the second
-# (on a quiet machine tiny's own steps took ~25 ms, and 5 draws in a row lost that race).
-[ "$mode" = twice ] && args+=(--set train.global_batch=256)
+# core/signals.hpp's kCopyWindowSeconds, and a margin: the deliberate second request comes after it.
+WINDOW_S=2
+# Both cores busy (a loaded node): the copies' spacing and the step's timing under contention.
+busy_pids=()
+if [ "$busy" = busy ]; then
+  for ((c = 0; c < $(nproc); c++)); do
+    bash -c 'while :; do :; done' &
+    busy_pids+=($!)
+  done
+  trap 'kill "${busy_pids[@]}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+fi
+
+# proxy_pids JOB: mpiexec's hydra proxies (the launcher's forwarders, children of mpiexec).
+proxy_pids() {
+  local k
+  for k in $(ps -o pid= --ppid "$1" 2>/dev/null || true); do
+    [ "$(ps -o comm= -p "$k" 2>/dev/null)" = hydra_pmi_proxy ] && echo "$k"
+  done
+}
+
+# signal_every_process SIG JOB RANK_PIDS...: SIG to mpiexec, its proxies and
+# each rank, one by one in a random order, 0-30 ms apart.
+signal_every_process() {
+  local sig=$1 job=$2 i j t p
+  shift 2
+  local procs=("$job" $(proxy_pids "$job") "$@") names=()
+  for ((i = ${#procs[@]} - 1; i > 0; i--)); do
+    j=$((RANDOM % (i + 1)))
+    t=${procs[$i]} procs[$i]=${procs[$j]} procs[$j]=$t
+  done
+  # Named before the first kill: no ps between two signals.
+  for p in "${procs[@]}"; do
+    if [ "$p" = "$job" ]; then
+      names+=(mpiexec)
+    elif [ "$(ps -o comm= -p "$p" 2>/dev/null)" = ndmini ]; then
+      names+=("rank$(rank_of "$p" 2>/dev/null || echo ?)")
+    else
+      names+=(proxy)
+    fi
+  done
+  local gaps=($(awk -v seed=$RANDOM -v n=${#procs[@]} 'BEGIN { srand(seed); for (i = 0; i < n; i++) printf "%.3f ", int(rand() * 31) / 1000 }'))
+  for ((i = 0; i < ${#procs[@]}; i++)); do
+    kill -"$sig" "${procs[$i]}" 2>/dev/null || true
+    sleep "${gaps[$i]}"
+  done
+  order="${names[*]}"
+}
+
+# kill_job JOB RANK_PIDS...: SIGCONT and SIGKILL what is left of a job (a test that failed).
+kill_job() {
+  local job=$1
+  shift
+  kill -CONT "$@" 2>/dev/null || true
+  kill -KILL "$@" $(proxy_pids "$job") "$job" 2>/dev/null || true
+}
 
 # ready_ranks JOB: the job's rank PIDs once every rank catches SIGTERM (the
 # handler is installed: bit 14 of SigCgt); fails if the job ends first.
@@ -92,13 +148,14 @@ saving() { ls -a "$1" 2>/dev/null | grep -q '^\.step_.*\.tmp$'; }
 
 RANDOM=$((np * 7919 + trials + ${#mode}))  # reproducible draws, different per configuration
 in_save=0
-to_mpiexec=0 to_one=0 to_every=0
+to_mpiexec=0 to_one=0 to_every=0 to_all=0
 for ((trial = 1; trial <= trials; trial++)); do
   dir=trial$trial
-  if [ "$mode" = once ]; then
+  if [ "$mode" != twice ]; then
     sig=$([ $((RANDOM % 2)) -eq 0 ] && echo TERM || echo USR1)
     status=$((128 + $(kill -l "$sig")))
-    to=$((RANDOM % 3))  # 0: mpiexec, 1: one rank, 2: every rank
+    to=$((RANDOM % 4))  # 0: mpiexec, 1: one rank, 2: every rank, 3: every process
+    [ "$mode" = cluster ] && to=3
   else
     sig=TERM
     status=143
@@ -124,7 +181,7 @@ for ((trial = 1; trial <= trials; trial++)); do
       span=$delay
       continue
     fi
-    if [ "$mode" = once ]; then
+    if [ "$mode" != twice ]; then
       case $to in
         0)
           target=mpiexec
@@ -138,14 +195,32 @@ for ((trial = 1; trial <= trials; trial++)); do
           target="every rank"
           kill -"$sig" "${pids[@]}" 2>/dev/null || true
           ;;
+        3)
+          signal_every_process "$sig" $job "${pids[@]}"
+          target="every process ($order)"
+          ;;
       esac
       saving "$dir" && where="$where, during a save"
     else
-      target="every rank, twice"
-      kill -TERM "${pids[@]}" 2>/dev/null || true
-      sleep 0.02
+      signal_every_process TERM $job "${pids[@]}"
+      held=$((RANDOM % np))
+      kill -STOP "${pids[$held]}" 2>/dev/null || true
+      second=$([ $((trial % 2)) -eq 1 ] && echo "every rank" || echo mpiexec)
+      target="every process ($order), rank $held held, after ${WINDOW_S}.3 s again to $second"
+      sleep "$WINDOW_S.3"
       t1=$(now)
-      kill -TERM "${pids[@]}" 2>/dev/null || true
+      if [ "$second" = mpiexec ]; then kill -TERM $job 2>/dev/null || true; else kill -TERM "${pids[@]}" 2>/dev/null || true; fi
+      # At once: a bound far below the collective timeout the held rank would otherwise end in.
+      for ((w = 0; w < 150; w++)); do
+        kill -0 $job 2>/dev/null || break
+        sleep 0.1
+      done
+      if kill -0 $job 2>/dev/null; then
+        kill_job $job "${pids[@]}"
+        wait $job || true
+        cat "$dir.0.txt"
+        fail "trial $trial: the job did not end within 15 s of the deliberate second SIGTERM"
+      fi
     fi
     rc=0
     wait $job || rc=$?
@@ -161,7 +236,7 @@ for ((trial = 1; trial <= trials; trial++)); do
     # Too late: the signal came after the last step (the run is complete, the
     # status still says it was signalled) or, the second one, after the job
     # had stopped at the step boundary.
-    if [ "$mode" = once ] && [ $rc -eq $status ] && ! grep -q "stopped after step" "$dir.0.txt"; then
+    if [ "$mode" != twice ] && [ $rc -eq $status ] && ! grep -q "stopped after step" "$dir.0.txt"; then
       grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" ||
         { cat "$dir.0.txt"; fail "trial $trial: SIG$sig to $target: exit $rc, no stop line, and the run did not complete"; }
       echo "trial $trial: SIG$sig at $delay s came after the last step (exit $rc); drawing again"
@@ -174,7 +249,9 @@ for ((trial = 1; trial <= trials; trial++)); do
     fi
     break
   done
-  if [ "$mode" = once ]; then
+  if [ "$mode" != twice ]; then
+    ! grep -q "second signal" "$dir.0.txt" ||
+      { cat "$dir.0.txt"; fail "trial $trial: a copy of the one request was taken for a second one"; }
     [ $rc -eq $status ] || { cat "$dir.0.txt"; fail "trial $trial: exit status $rc, expected $status (128 + SIG$sig)"; }
     line=$(grep "^ndmini: SIG$sig received: stopped after step" "$dir.0.txt") ||
       { cat "$dir.0.txt"; fail "trial $trial: no line naming SIG$sig and the step"; }
@@ -186,7 +263,8 @@ for ((trial = 1; trial <= trials; trial++)); do
     "$NDMINI" ckpt verify "$dir" >/dev/null || fail "trial $trial: the checkpoint saved at the signal does not verify"
     summary="exit $rc, saved step $saved"
   else
-    grep -q "^ndmini: second signal (SIGTERM): exiting at once with status 143" "$dir.0.txt" ||
+    [ $rc -eq 143 ] || { cat "$dir.0.txt"; fail "trial $trial: exit status $rc after the second SIGTERM, expected 143"; }
+    grep -q "^ndmini: second signal (SIGTERM): ending the job at once with status 143" "$dir.0.txt" ||
       { cat "$dir.0.txt"; fail "trial $trial: no line for the second signal"; }
     saving "$dir" && where="$where, a save cut short"
     summary="exit $rc, $ended_in s after the second signal, no checkpoint committed yet"
@@ -199,7 +277,8 @@ for ((trial = 1; trial <= trials; trial++)); do
   case "$target" in
     mpiexec) to_mpiexec=$((to_mpiexec + 1)) ;;
     rank*) to_one=$((to_one + 1)) ;;
-    *) to_every=$((to_every + 1)) ;;
+    "every rank") to_every=$((to_every + 1)) ;;
+    *) to_all=$((to_all + 1)) ;;
   esac
   finish "$dir" "$trial"
   echo "trial $trial: SIG$sig to $target at $delay s ($where): $summary; resumed to the end bitwise identical"
@@ -209,4 +288,5 @@ if h5diff -q "ref/$(printf 'step_%08d' $((STEPS - 1)))/checkpoint.h5" "ref/$fina
   fail "steps $((STEPS - 1)) and $STEPS compare equal: the comparison cannot see anything"
 fi
 echo "$trials of $trials trials ($mode, $np ranks): non-zero exit, checkpoint verified, bitwise identical after resume;" \
-  "sent to mpiexec $to_mpiexec, to one rank $to_one, to every rank $to_every; $in_save inside a save"
+  "sent to mpiexec $to_mpiexec, to one rank $to_one, to every rank $to_every, to every process $to_all;" \
+  "$in_save inside a save${busy:+; both cores busy}"

@@ -28,6 +28,12 @@
                              cluster too small (does not fit); a point the planner
                              refuses; collect.py offline and with --cluster; bad
                              combinations refused with one message, nothing written
+  test_harness.py bad-paths  every path argument checked before it is opened: a
+                             FIFO deck or cluster file (open() would wait forever),
+                             --out naming a file or a FIFO, a deck over 1 MiB, and
+                             --predict-to past ndmini's 2^20 ranks: one
+                             `scaling.py: error:` line, exit 2, nothing written, each
+                             within a time bound
   test_harness.py examples-help, examples-readme
                              every scaling.py example of --help / bench/README.md:
                              planned as written through --emit-sbatch (every point
@@ -284,7 +290,43 @@ def sbatch():
         for want in ("--set parallel.pp=2", "--set parallel.dp_replicate=2", "--set parallel.tp=2",
                      "--set parallel.dp_shard=1", "--set train.global_batch=16"):
             check(want in text, f"the pp=2,tp=2 point must pass '{want}'")
-        print(f"ok: {len(got)} emitted files match the fixture; pp x tp degrees passed through")
+        # Collected before any job is submitted: every point "not run" (not "failed"), exit 1. Then one
+        # point's two runs given metrics files that open with a header record (`"record": "header"`,
+        # as ndmini may write first): read past it, that point measured, the others still not run.
+        collect = [sys.executable, os.path.join(HARNESS, "collect.py"), study_dir]
+        out = run(collect, expect=1)
+        check("collect.py: 0 of 3 points measured, 3 not run" in out.stderr, f"unsubmitted points: {out.stderr}")
+        check(all(r["status"] == "not run" for r in read_csv(os.path.join(study_dir, "results.csv"))),
+              "unsubmitted points must read 'not run'")
+        header = {"record": "header", "version": "0.0", "git_sha": "0" * 40, "deck": "tiny.toml",
+                  "config": {"train": {"steps": 10}}, "host": "node1", "start_time": "2026-12-04T00:00:00Z"}
+        for rep in ("rep1", "rep2"):
+            rep_dir = os.path.join(study_dir, "points", "n0004_dp_shard2_tp2", rep)
+            os.makedirs(rep_dir)
+            with open(os.path.join(rep_dir, "metrics.jsonl"), "w") as f:
+                f.write(json.dumps(header) + "\n")
+                for step in range(10):
+                    f.write(json.dumps({"step": step, "loss": 5.0, "step_ms": 20.0 + step % 2, "tokens_per_s": 1000.0,
+                                        "mfu": 0.1, "mem_bytes": 1, "comm": {}}) + "\n")
+                f.write(json.dumps({"summary": True, "peak_rss_bytes": 1, "state_bytes": 1, "io_ms": 0.0}) + "\n")
+            with open(os.path.join(rep_dir, "exit_code"), "w") as f:
+                f.write("0\n")
+        out = run(collect, expect=1)
+        check("collect.py: 1 of 3 points measured, 2 not run" in out.stderr, f"with a header record: {out.stderr}")
+        rows = {r["label"]: r for r in read_csv(os.path.join(study_dir, "results.csv"))}
+        # Steps 20, 21, 20, ... ms: the median of the 8 after the 2 warm-up steps is 20.5; a header taken for a
+        # step would shift them (21).
+        measured_row = rows["n0004_dp_shard2_tp2"]
+        check(measured_row["status"] == "ok" and measured_row["tokens_per_s"] == "1000" and
+              measured_row["step_ms"] == "20.5", f"the point whose metrics open with a header record: {measured_row}")
+        # --emit-sbatch --cluster prints what it predicted, one line per point, before anything runs.
+        here = os.path.join(SOURCE, "inputs", "clusters", "here.toml")
+        out = emit(os.path.join(work, "predicted"), NDMINI, ["--ranks", "1,2", "--layout", "dp", "--cluster", here])
+        lines = [line for line in out.stdout.splitlines() if " ranks " in line and "here: " in line]
+        check("predicted by ndmini plan" in out.stdout and len(lines) == 2 and all("ms/step" in x for x in lines),
+              f"--emit-sbatch --cluster must print its 2 predictions: {out.stdout}")
+        print(f"ok: {len(got)} emitted files match the fixture; pp x tp degrees passed through; unsubmitted points "
+              f"not run; a header record read past; the predictions of --emit-sbatch --cluster printed")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -865,9 +907,65 @@ def predictions():
         shutil.rmtree(work, ignore_errors=True)
 
 
+# A refusal is a stat() and a message: seconds even on a loaded machine, where a
+# FIFO opened for reading would wait for its writer forever.
+BAD_PATH_BOUND_S = 30
+
+
+def bad_paths():
+    work = tempfile.mkdtemp(prefix="ndmini-bad-paths-")
+    try:
+        fifo = os.path.join(work, "fifo")
+        os.mkfifo(fifo)
+        a_file = os.path.join(work, "a_file")
+        with open(a_file, "w") as f:
+            f.write("not a study\n")
+        huge = os.path.join(work, "huge.toml")
+        with open(huge, "w") as f:
+            f.write("# padding\n" * 120000)  # 1.2 MB, over ndmini's 1 MiB deck bound
+        here = os.path.join(SOURCE, "inputs", "clusters", "here.toml")
+        out_dir = os.path.join(work, "study")
+        rule = ["--mode", "weak", "--ranks", "1", "--layout", "dp", "--exe", NDMINI, "--launcher", "mpiexec"]
+        cases = (
+            ([fifo] + rule + ["--out", out_dir], f"deck {fifo}: a FIFO, not a regular file"),
+            ([huge] + rule + ["--out", out_dir], f"deck {huge}: 1200000 bytes, more than the 1048576 ndmini reads"),
+            ([TINY] + rule + ["--out", a_file], f"--out {a_file}: exists and is a file, not a directory"),
+            ([TINY] + rule + ["--out", fifo], f"--out {fifo}: exists and is a FIFO, not a directory"),
+            ([TINY] + rule + ["--emit-sbatch", a_file], f"--emit-sbatch {a_file}: exists and is a file"),
+            ([TINY] + rule + ["--out", out_dir, "--cluster", fifo], f"--cluster {fifo}: a FIFO, not a regular file"),
+            ([TINY] + rule + ["--out", out_dir, "--cluster", here, "--predict-to", "8", "--predict-cluster", fifo],
+             f"--predict-cluster {fifo}: a FIFO, not a regular file"),
+            ([TINY] + rule + ["--out", out_dir, "--cluster", here, "--predict-to", "1000000000000"],
+             "--predict-to 1000000000000: give the largest rank count to predict, from 2 to 1048576"),
+            ([TINY] + rule + ["--out", out_dir, "--cluster", here, "--predict-to", "1048577"],
+             "--predict-to 1048577: give the largest rank count to predict, from 2 to 1048576"),
+        )
+        for extra, message in cases:
+            cmd = [sys.executable, SCALING] + extra
+            print("$ " + " ".join(cmd), flush=True)
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=BAD_PATH_BOUND_S)
+            except subprocess.TimeoutExpired:
+                fail(f"no answer within {BAD_PATH_BOUND_S} s: {' '.join(cmd)}")
+            sys.stderr.write(out.stderr)
+            check(out.returncode == 2, f"exit {out.returncode}, expected 2")
+            lines = out.stderr.splitlines()
+            check(len(lines) == 1 and lines[0].startswith("scaling.py: error: ") and message in lines[0],
+                  f"expected one 'scaling.py: error:' line with '{message}': {out.stderr!r}")
+            check(not os.path.exists(out_dir), "a refused study must write nothing")
+        with open(a_file) as f:
+            check(f.read() == "not a study\n", "the file --out named was changed")
+        out = subprocess.run([sys.executable, os.path.join(HARNESS, "collect.py"), work, "--cluster", fifo],
+                             capture_output=True, text=True, timeout=BAD_PATH_BOUND_S)
+        check(out.returncode == 2 and "collect.py: error:" in out.stderr, f"collect.py --cluster FIFO: {out.stderr!r}")
+        print(f"ok: {len(cases) + 1} bad paths refused, each with one message and exit 2, nothing written")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
     cases = {"smoke": smoke, "batch": batch, "sbatch": sbatch, "slurm-run": slurm_run, "blas": blas,
-             "predict": predictions,
+             "predict": predictions, "bad-paths": bad_paths,
              "examples-help": examples_help, "examples-readme": examples_readme}
     if len(sys.argv) != 2 or sys.argv[1] not in cases:
         sys.exit(f"usage: {sys.argv[0]} {'|'.join(cases)}")
