@@ -31,6 +31,7 @@
 #include "train/metrics.hpp"
 #include "train/optimizer.hpp"
 #include "train/prediction.hpp"
+#include "train/preflight.hpp"
 #include "train/report.hpp"
 #include "train/step_check.hpp"
 
@@ -219,16 +220,12 @@ void Trainer::setup() {
                   "\" has fewer than 2 ranks in this layout: dropping its sums would change nothing, so the fault "
                   "would never fire");
   });
-  agree_on_errors(comm_, [&] { prediction_ = predict_run(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
-  saves_ = cfg_.checkpoint.every > 0 || cfg_.checkpoint.at_start;
-  if (saves_ || opts_.resume)
-    dir_lock_ = std::make_unique<io::CheckpointDirLock>(comm_, cfg_.checkpoint.dir,
-                                                        saves_ ? io::DirAccess::write : io::DirAccess::read,
-                                                        saves_ ? checkpoint_bytes(cfg_.model) : 0);
-
-  // Reading the data is rank-local: agree on the outcome, so one rank's
-  // missing file stops every rank with its message instead of a hang.
-  agree_on_errors(comm_, [&] { sources_ = make_data_sources(cfg_); });
+  // The cluster file, the checkpoint folder and the data: what `ndmini check` opens too.
+  RunInputs inputs = open_run_inputs(cfg_, layout_, ctx_->mesh().ranks_per_node(), opts_.resume, comm_);
+  prediction_ = std::move(inputs.prediction);
+  dir_lock_ = std::move(inputs.dir_lock);
+  sources_ = std::move(inputs.sources);
+  saves_ = inputs.saves;
   model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
                                           layout_.recompute, cfg_.train.precision);
   if (opts_.capture != nullptr) model_->record_unit_events(&opts_.capture->unit_events);
