@@ -93,6 +93,8 @@ int run_check(const Runtime& runtime, const Options& o) {
       print_check(cfg, layout, node_ranks);
       std::printf("%s\n", describe_run_inputs(cfg, inputs).c_str());
       std::printf("%s", describe_mesh(layout.dims, true).c_str());
+      if (const std::string filled = describe_filled_degree(cfg.parallel, layout.dims); !filled.empty())
+        std::printf("layout: %s\n", filled.c_str());
     }
     return exit_status(Ending::kDone);
   });

@@ -502,6 +502,11 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     }
     key.store(cfg, *node);
   }
+  // At most one degree is -1: one set to -1 in the deck fills the world, not dp_shard's default.
+  auto& par = cfg.parallel;
+  if (deck.at_path("parallel.dp_shard").node() == nullptr &&
+      (par.pp == -1 || par.dp_replicate == -1 || par.cp == -1 || par.tp == -1))
+    par.dp_shard = 1;
   validate(cfg, origin);
   cfg.toml = deck_text(deck);
   return cfg;
