@@ -16,6 +16,7 @@
 #include "plan/fit.hpp"
 #include "run/budget.hpp"
 #include "run/layout.hpp"
+#include "train/preflight.hpp"
 #include "train/report.hpp"
 
 namespace ndmini::driver {
@@ -85,9 +86,15 @@ int run_check(const Runtime& runtime, const Options& o) {
     // Sizes before anything else: check never allocates what the deck describes.
     const int node_ranks = ranks_on_node(runtime, o.check_world);
     agree_on_errors(MPI_COMM_WORLD, [&] { require_memory_fits(cfg, layout, node_ranks); });
+    // What the first step opens, by train's own function: a check that passes
+    // leaves no file error for the job to meet at its start.
+    const RunInputs inputs = open_run_inputs(cfg, layout, node_ranks, false, MPI_COMM_WORLD);
     if (runtime.rank() == 0) {
       print_check(cfg, layout, node_ranks);
+      std::printf("%s\n", describe_run_inputs(cfg, inputs).c_str());
       std::printf("%s", describe_mesh(layout.dims, true).c_str());
+      if (const std::string filled = describe_filled_degree(cfg.parallel, layout.dims); !filled.empty())
+        std::printf("layout: %s\n", filled.c_str());
     }
     return exit_status(Ending::kDone);
   });

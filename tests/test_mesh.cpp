@@ -206,9 +206,38 @@ TEST(ResolveMesh, RefusesMinusOneThatDoesNotDivide) {
 }
 
 TEST(ResolveMesh, RefusesWrongProduct) {
-  expect_refused({"parallel.tp=2", "parallel.dp_replicate=2"}, 3,
+  expect_refused({"parallel.tp=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"}, 3,
                  {"parallel: dp_replicate=2 x dp_shard=1 x tp=2 x cp=1 x pp=1 = 4 ranks, but the job has 3",
                   "launch 4 ranks (mpiexec -n 4)"});
+  // Where the other degrees divide the world, the refusal names the -1 that fills it.
+  expect_refused(
+      {"parallel.tp=2", "parallel.dp_shard=1"}, 4,
+      {"= 2 ranks, but the job has 4",
+       "or set parallel.dp_shard = -1 (--set parallel.dp_shard=-1) to fill the job with FSDP (dp_shard = 2)"});
+  const std::string no_fill = resolve_error({"parallel.tp=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"}, 3);
+  EXPECT_EQ(no_fill.find("dp_shard = -1"), std::string::npos) << "a -1 that cannot fill the world offered: " << no_fill;
+}
+
+// dp_shard = -1 by default: an unset layout fills the world with FSDP; a -1
+// the deck gives another axis takes that role instead.
+TEST(ResolveMesh, DefaultShardFillsTheWorld) {
+  EXPECT_EQ(config_with({}).parallel.dp_shard, -1);
+  EXPECT_EQ(resolve_mesh(config_with({}).parallel, 1).str(), "pp=1 dp_replicate=1 dp_shard=1 cp=1 tp=1");
+  EXPECT_EQ(resolve_mesh(config_with({}).parallel, 4).str(), "pp=1 dp_replicate=1 dp_shard=4 cp=1 tp=1");
+  EXPECT_EQ(resolve_mesh(config_with({"parallel.tp=2"}).parallel, 8).str(), "pp=1 dp_replicate=1 dp_shard=4 cp=1 tp=2");
+  EXPECT_EQ(resolve_mesh(config_with({"parallel.tp=-1"}).parallel, 4).str(),
+            "pp=1 dp_replicate=1 dp_shard=1 cp=1 tp=4");
+  EXPECT_EQ(resolve_mesh(config_with({"parallel.dp_shard=1"}).parallel, 1).str(),
+            "pp=1 dp_replicate=1 dp_shard=1 cp=1 tp=1");
+  expect_refused({"parallel.tp=2"}, 3,
+                 {"parallel.dp_shard = -1 (the default) cannot be resolved", "(dp_replicate=1 x tp=2 x cp=1 x pp=1)",
+                  "multiply to 2", "launch a multiple of 2 ranks (mpiexec -n 2)"});
+  const ParallelConfig p = config_with({}).parallel;
+  EXPECT_EQ(describe_filled_degree(p, resolve_mesh(p, 4)),
+            "parallel.dp_shard = -1 (the default) fills the world: dp_shard = 4 of 4 ranks; set the degrees to "
+            "choose another layout");
+  const ParallelConfig set = config_with({"parallel.dp_shard=2"}).parallel;
+  EXPECT_EQ(describe_filled_degree(set, resolve_mesh(set, 2)), "");
 }
 
 TEST(ResolveMesh, ContextAndPipelineRules) {

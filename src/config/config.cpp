@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <sstream>
 #include <type_traits>
 
+#include "config/effective.hpp"
 #include "core/error.hpp"
 #include "core/regular_file.hpp"
 
@@ -37,7 +39,25 @@ struct Key {
 std::string toml_text(int v) { return std::to_string(v); }
 std::string toml_text(std::uint64_t v) { return std::to_string(v); }
 std::string toml_text(double v) { return shortest_float(v); }
-std::string toml_text(const std::string& v) { return "\"" + v + "\""; }
+// A TOML basic string: quotes, backslashes and control characters escaped,
+// so a path holding them reads back as itself.
+std::string toml_text(const std::string& v) {
+  std::string out = "\"";
+  for (const char ch : v) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      out += esc;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
 std::string toml_text(bool v) { return v ? "true" : "false"; }
 // An enum by its name in its table, as a deck writes it; an absent one as "".
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
@@ -502,6 +522,11 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     }
     key.store(cfg, *node);
   }
+  // At most one degree is -1: one set to -1 in the deck fills the world, not dp_shard's default.
+  auto& par = cfg.parallel;
+  if (deck.at_path("parallel.dp_shard").node() == nullptr &&
+      (par.pp == -1 || par.dp_replicate == -1 || par.cp == -1 || par.tp == -1))
+    par.dp_shard = 1;
   validate(cfg, origin);
   cfg.toml = deck_text(deck);
   return cfg;
@@ -517,6 +542,24 @@ std::vector<DeckKey> deck_keys() {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   const FileUse deck{"deck '" + path + "'", "name a .toml file (e.g. inputs/tiny.toml)"};
   return parse_config(read_small_file(path, kDeckMaxBytes, deck), path, overrides);
+}
+
+std::vector<KeyValue> key_values(const Config& cfg) {
+  std::vector<KeyValue> out;
+  for (const auto& k : schema()) out.push_back({k.dotted(), k.show(cfg)});
+  return out;
+}
+
+std::string effective_toml(const Config& cfg) {
+  std::string text, section;
+  for (const auto& k : schema()) {
+    if (k.section != section) {
+      text += (section.empty() ? "[" : "\n[") + k.section + "]\n";
+      section = k.section;
+    }
+    text += k.name + " = " + k.show(cfg) + "\n";
+  }
+  return text;
 }
 
 }  // namespace ndmini

@@ -105,7 +105,10 @@ struct TrainConfig {
 
 struct ParallelConfig {
   int dp_replicate = 1;
-  int dp_shard = 1;
+  // -1: the ranks the other degrees leave (torchtitan's default), so an unset
+  // layout fills the world with FSDP. An explicit -1 on another axis takes
+  // that role instead (parse_config sets an unset dp_shard to 1 then).
+  int dp_shard = -1;
   int tp = 1;
   int cp = 1;
   int pp = 1;

@@ -82,7 +82,8 @@ const std::map<std::string, std::string>& meanings() {
        "global batches of held-out data per validation loss (the same batches every time: batch j is the "
        "held-out source's batch of step j)"},
       {"parallel.dp_replicate", "data-parallel replicas; -1: what is left of the world (one -1 at most)"},
-      {"parallel.dp_shard", "FSDP shards; -1: what is left of the world"},
+      {"parallel.dp_shard",
+       "FSDP shards; -1 (the default): what the other degrees leave of the world, 1 when another degree is -1"},
       {"parallel.tp", "tensor-parallel degree; must divide the heads and the vocabulary; -1: what is left"},
       {"parallel.cp", "context-parallel degree; `seq_len` must divide into 2 cp chunks; -1: what is left"},
       {"parallel.pp", "pipeline stages; -1: what is left of the world"},

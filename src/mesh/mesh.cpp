@@ -79,35 +79,66 @@ ParallelDims resolve_mesh(const ParallelConfig& p, int world) {
             std::string(detail::key_of(a)) + " = " + to_string(degree[i]) + " must be -1 or at least 1");
   }
 
-  if (wild >= 0) {
-    long long others = 1;  // 64-bit: a deck may hold degrees whose product overflows an int
-    for (int i = 0; i < kNumAxes; ++i)
-      if (i != wild) others *= degree[i];
-    const auto key = std::string(detail::key_of(static_cast<Axis>(wild)));
-    require(world % others == 0, key + " = -1 cannot be resolved: the other degrees multiply to " + to_string(others) +
-                                     ", which does not divide the " + to_string(world) +
-                                     " ranks of the job; change the degrees or launch a multiple of " +
-                                     to_string(others) + " ranks");
-    degree[wild] = static_cast<int>(world / others);
-  }
-
-  // Product of the degrees, written in the deck's order so the user recognises it.
-  long long product = 1;
-  for (int d : degree) product *= d;
-  if (product != world) {
+  // The degrees, written in the deck's order so the user recognises them; `skip`: an axis left out.
+  const auto degrees_text = [&degree](int skip) {
     std::string expr;
     for (Axis a : {Axis::dp_replicate, Axis::dp_shard, Axis::tp, Axis::cp, Axis::pp}) {
+      if (static_cast<int>(a) == skip) continue;
       if (!expr.empty()) expr += " x ";
       expr += std::string(axis_name(a)) + "=" + to_string(degree[static_cast<int>(a)]);
     }
-    const auto ranks = [](long long n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
-    throw Error("parallel: " + expr + " = " + ranks(product) + ", but the job has " + to_string(world) +
-                "; change the degrees or launch " + ranks(product) + " (mpiexec -n " + to_string(product) + ")");
+    return expr;
+  };
+  const auto ranks = [](long long n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+  // 64-bit: a deck may hold degrees whose product overflows an int.
+  const auto product_without = [&degree](int skip) {
+    long long product = 1;
+    for (int i = 0; i < kNumAxes; ++i)
+      if (i != skip) product *= degree[i];
+    return product;
+  };
+
+  if (wild >= 0) {
+    const long long others = product_without(wild);
+    const auto key = std::string(detail::key_of(static_cast<Axis>(wild)));
+    const bool the_default = static_cast<Axis>(wild) == Axis::dp_shard;
+    require(world % others == 0,
+            key + " = -1" + (the_default ? " (the default)" : "") + " cannot be resolved: the other degrees (" +
+                degrees_text(wild) + ") multiply to " + to_string(others) + ", which does not divide the " +
+                to_string(world) + " ranks of the job; change the degrees or launch a multiple of " + ranks(others) +
+                " (mpiexec -n " + to_string(others) + ")");
+    degree[wild] = static_cast<int>(world / others);
+  }
+
+  const long long product = product_without(-1);
+  if (product != world) {
+    // Every degree was set: dp_shard = -1 would fill the world where the others divide it.
+    const int shard = static_cast<int>(Axis::dp_shard);
+    const long long others = product_without(shard);
+    const std::string fill = world % others == 0 ? ", or set parallel.dp_shard = -1 (--set parallel.dp_shard=-1) "
+                                                   "to fill the job with FSDP (dp_shard = " +
+                                                       to_string(world / others) + ")"
+                                                 : "";
+    throw Error("parallel: " + degrees_text(-1) + " = " + ranks(product) + ", but the job has " + to_string(world) +
+                "; change the degrees or launch " + ranks(product) + " (mpiexec -n " + to_string(product) + ")" + fill);
   }
   ParallelDims dims = ParallelDims::from_degrees(degree);
   dims.sequence_parallel = p.sequence_parallel;
   dims.virtual_stages = p.virtual_stages;
   return dims;
+}
+
+std::string describe_filled_degree(const ParallelConfig& p, const ParallelDims& dims) {
+  const std::array<int, kNumAxes> given = {p.pp, p.dp_replicate, p.dp_shard, p.cp, p.tp};
+  for (Axis a : kAxes) {
+    if (given[static_cast<int>(a)] != -1) continue;
+    const int n = dims.degree_of(a);
+    const bool the_default = a == Axis::dp_shard;
+    return std::string(detail::key_of(a)) + " = -1" + (the_default ? " (the default)" : "") +
+           " fills the world: " + axis_name(a) + " = " + std::to_string(n) + " of " + std::to_string(dims.size()) +
+           (dims.size() == 1 ? " rank" : " ranks") + (the_default ? "; set the degrees to choose another layout" : "");
+  }
+  return "";
 }
 
 std::string describe_mesh(const ParallelDims& shape, bool details) {

@@ -29,6 +29,10 @@ namespace ndmini {
 // one clear message naming the key and the fix.
 ParallelDims resolve_mesh(const ParallelConfig& p, int world);
 
+// "parallel.dp_shard = -1 (the default) fills the world: dp_shard = 4 of 4
+// ranks; ...": which degree the -1 of `p` resolved to in `dims`; "" without a -1.
+std::string describe_filled_degree(const ParallelConfig& p, const ParallelDims& dims);
+
 // Human-readable mesh: degrees, then (with details) each rank's coordinates
 // and the rank groups of each axis.
 std::string describe_mesh(const ParallelDims& dims, bool details);

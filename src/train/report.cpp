@@ -11,6 +11,7 @@
 #include "core/signals.hpp"
 #include "io/checkpoint.hpp"
 #include "kernels/gemm_library.hpp"
+#include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
 #include "run/budget.hpp"
 #include "run/memory_estimate.hpp"
@@ -147,6 +148,9 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
               NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
               ExecSpace::name(), layout.dims.str().c_str(), ctx.mesh().ranks_per_node(),
               static_cast<long long>(gpt_param_count(cfg.model)), gpt_flops_per_token(cfg.model));
+  if (const std::string filled = describe_filled_degree(cfg.parallel, layout.dims);
+      !filled.empty() && layout.dims.size() > 1)
+    std::printf("layout: %s\n", filled.c_str());
   std::printf("data: %s | steps %d | global batch %d x %d tokens | %d data-parallel ranks x %d micro-batches of %d\n",
               data.c_str(), t.steps, t.global_batch, cfg.model.seq_len, layout.dims.data_parallel(),
               layout.micro_batches, t.micro_batch);

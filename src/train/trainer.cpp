@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "comm/communicator.hpp"
 #include "comm/mpi/mpi_calls.hpp"
 #include "comm/progress.hpp"
+#include "config/effective.hpp"
 #include "core/error.hpp"
 #include "core/profiling.hpp"
 #include "core/signals.hpp"
@@ -31,6 +33,7 @@
 #include "train/metrics.hpp"
 #include "train/optimizer.hpp"
 #include "train/prediction.hpp"
+#include "train/preflight.hpp"
 #include "train/report.hpp"
 #include "train/step_check.hpp"
 
@@ -50,6 +53,46 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
   par.tied_embedding = ctx.tied_embedding();
   par.chunks = layout.plan.chunks_of(ctx.coord(Axis::pp));
   return par;
+}
+
+// The deck with every key, the degrees as the layout resolved them.
+std::string effective_config(const Config& cfg, const ParallelDims& dims) {
+  Config resolved = cfg;
+  resolved.parallel.pp = dims.pp;
+  resolved.parallel.dp_replicate = dims.dp_replicate;
+  resolved.parallel.dp_shard = dims.dp_shard;
+  resolved.parallel.cp = dims.cp;
+  resolved.parallel.tp = dims.tp;
+  return effective_toml(resolved);
+}
+
+// One line per setting of the run that differs from the checkpoint's run.
+// The ones that would change what was trained are refused before
+// (check_resume_compatible); the layout, the checkpoint and the fault
+// sections may differ freely (a checkpoint loads into any layout).
+std::vector<std::string> resume_changes(const Config& saved, const Config& cfg) {
+  std::vector<std::string> lines;
+  const auto before = key_values(saved), now = key_values(cfg);
+  for (std::size_t i = 0; i < now.size() && i < before.size(); ++i) {
+    const std::string& key = now[i].key;
+    if (before[i].value == now[i].value) continue;
+    if (key.rfind("parallel.", 0) == 0 || key.rfind("checkpoint.", 0) == 0 || key.rfind("fault.", 0) == 0 ||
+        key.rfind("perf.", 0) == 0)
+      continue;
+    lines.push_back("resume: " + key + " = " + now[i].value + " (the checkpoint's run had " + before[i].value + ")");
+  }
+  return lines;
+}
+
+// The committed checkpoints of `dir` newer than `step`, ascending; rank 0's view.
+std::vector<std::int64_t> newer_checkpoints(const std::string& dir, std::int64_t step) {
+  std::vector<std::int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (const auto s = io::step_of_dirname(entry.path().filename().string()); s && *s > step && entry.is_directory(ec))
+      steps.push_back(*s);
+  std::sort(steps.begin(), steps.end());
+  return steps;
 }
 
 // The training run on this rank, in the order of the algorithm: the
@@ -120,6 +163,7 @@ class Trainer {
   std::unique_ptr<MicroBatchFeed> feed_, val_feed_;
   std::unique_ptr<TrainingStage> stage_, val_stage_;
   std::optional<RunPrediction> prediction_;  // perf.cluster's prediction of this layout's step
+  std::string effective_config_;             // every key, -1s resolved: what a checkpoint stores as `config`
   TrainResult result_;
   std::vector<StepStats> steps_;
   std::int64_t next_step_ = 0;
@@ -143,6 +187,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
       tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
       watchdog_(comm, cfg.comm.timeout_s),
       progress_(comm, cfg.comm.progress_poll_us) {
+  effective_config_ = effective_config(cfg_, layout_.dims);
   setup();
   if (opts_.resume) resume();
   // Opened after a resume succeeded, so a failed resume leaves the old file alone.
@@ -219,16 +264,12 @@ void Trainer::setup() {
                   "\" has fewer than 2 ranks in this layout: dropping its sums would change nothing, so the fault "
                   "would never fire");
   });
-  agree_on_errors(comm_, [&] { prediction_ = predict_run(cfg_, layout_, ctx_->mesh().ranks_per_node()); });
-  saves_ = cfg_.checkpoint.every > 0 || cfg_.checkpoint.at_start;
-  if (saves_ || opts_.resume)
-    dir_lock_ = std::make_unique<io::CheckpointDirLock>(comm_, cfg_.checkpoint.dir,
-                                                        saves_ ? io::DirAccess::write : io::DirAccess::read,
-                                                        saves_ ? checkpoint_bytes(cfg_.model) : 0);
-
-  // Reading the data is rank-local: agree on the outcome, so one rank's
-  // missing file stops every rank with its message instead of a hang.
-  agree_on_errors(comm_, [&] { sources_ = make_data_sources(cfg_); });
+  // The cluster file, the checkpoint folder and the data: what `ndmini check` opens too.
+  RunInputs inputs = open_run_inputs(cfg_, layout_, ctx_->mesh().ranks_per_node(), opts_.resume, comm_);
+  prediction_ = std::move(inputs.prediction);
+  dir_lock_ = std::move(inputs.dir_lock);
+  sources_ = std::move(inputs.sources);
+  saves_ = inputs.saves;
   model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
                                           layout_.recompute, cfg_.train.precision);
   if (opts_.capture != nullptr) model_->record_unit_events(&opts_.capture->unit_events);
@@ -245,6 +286,24 @@ void Trainer::resume() {
   check_resume_compatible(cfg_, info, where);
   const std::string data_note = check_resume_data(info.data, sources_.train->provenance(), cfg_.data, where);
   if (speak_ && !data_note.empty()) std::printf("%s\n", data_note.c_str());
+  if (speak_) {
+    for (const std::string& line : resume_changes(parse_config(info.config, where + " (config attribute)"), cfg_))
+      std::printf("%s\n", line.c_str());
+    // A resume from an older step: the saves of this run replace the newer
+    // checkpoints of the same steps; the newer ones it does not save stay.
+    std::string replaced, kept;
+    for (const std::int64_t s : newer_checkpoints(cfg_.checkpoint.dir, info.step)) {
+      const bool saved_again = cfg_.checkpoint.every > 0 && s <= cfg_.train.steps && s % cfg_.checkpoint.every == 0;
+      (saved_again ? replaced : kept) += (saved_again ? replaced : kept).empty() ? "" : ", ";
+      (saved_again ? replaced : kept) += io::checkpoint_dirname(s);
+    }
+    if (!replaced.empty() || !kept.empty())
+      std::printf("checkpoint: %s holds checkpoints newer than step %lld: %s%s%s\n", cfg_.checkpoint.dir.c_str(),
+                  static_cast<long long>(info.step),
+                  replaced.empty() ? "" : ("this run's saves replace " + replaced).c_str(),
+                  !replaced.empty() && !kept.empty() ? "; " : "",
+                  kept.empty() ? "" : ("it leaves " + kept + " as they are (steps it does not save)").c_str());
+  }
   ckpt_->to_device(model_->store(), *opt_);
   next_step_ = info.step;
   result_.io_ms += ms_since(t0);
@@ -260,7 +319,7 @@ void Trainer::save(std::int64_t step) {
   io::CheckpointInfo info{step,
                           static_cast<std::int64_t>(step * tokens_per_step_),
                           cfg_.train.seed,
-                          cfg_.toml,
+                          effective_config_,
                           layout_.dims.str(),
                           sources_.train->provenance()};
   io::SaveOptions save_options;

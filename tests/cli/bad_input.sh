@@ -38,6 +38,12 @@ case "$1" in
     expect_error "no checkpoint" train tiny.toml --resume --set checkpoint.dir=empty_ckpt ;;
   layout_product)
     expect_error "parallel: dp_replicate=1 x dp_shard=1 x tp=2 x cp=1 x pp=1 = 2 ranks, but the job has 3" \
+      check tiny.toml --set parallel.tp=2 --set parallel.dp_shard=1 --world 3
+    # Every degree set, and the others divide the world: the refusal names the -1 that fills it.
+    expect_error "or set parallel.dp_shard = -1 (--set parallel.dp_shard=-1) to fill the job with FSDP (dp_shard = 2)" \
+      check tiny.toml --set parallel.tp=2 --set parallel.dp_shard=1 --world 4
+    # dp_shard's default -1 cannot fill 3 ranks with tp = 2.
+    expect_error "parallel.dp_shard = -1 (the default) cannot be resolved: the other degrees (dp_replicate=1 x tp=2 x cp=1 x pp=1) multiply to 2" \
       check tiny.toml --set parallel.tp=2 --world 3 ;;
   tp_heads)
     expect_error "model.heads = 4 is not divisible by parallel.tp = 8" check tiny.toml --set parallel.tp=8 --world 8 ;;
@@ -69,7 +75,8 @@ case "$1" in
     run 2 train tiny.toml --set parallel.tp=4 >out.txt 2>&1 || rc=$?
     cat out.txt
     [ "$rc" -ne 0 ] || fail "a layout for 4 ranks must be refused on 2"
-    grep -qF "= 4 ranks, but the job has 2" out.txt || fail "missing the layout message"
+    grep -qF "parallel.dp_shard = -1 (the default) cannot be resolved: the other degrees (dp_replicate=1 x tp=4 x cp=1 x pp=1) multiply to 4, which does not divide the 2 ranks" out.txt ||
+      fail "missing the layout message"
     ;;
   metrics_full_disk)
     # A metrics file that cannot be written (a full disk): every rank stops, not only rank 0.
