@@ -39,15 +39,22 @@ for run in "${runs[@]}"; do
 done
 
 # The summary line is the last one with "summary": true. MFU is measured
-# against the start-up 1024^3 SGEMM calibration unless the deck sets
-# perf.peak_gflops; MFU/GEMM is the achieved model FLOP/s per rank over the
-# calibrated GEMM rate (equal to MFU when the peak is the calibration).
+# against the start-up calibration (the 1024^3 product and the run's own
+# products, through the GEMM route the run chose, in its precision) unless
+# the deck sets perf.peak_gflops; MFU/GEMM is the achieved model FLOP/s per
+# rank over the calibrated GEMM rate (equal to MFU when the peak is the
+# calibration). A figure to distrust is flagged: MFU above 100% (the peak is
+# below what the run did: a peak from the deck, or a calibration slowed by a
+# busy core), or the banner's OpenBLAS warning (a kernel older than the CPU:
+# fp32 BLAS figures far below the machine's; export the OPENBLAS_CORETYPE it
+# names). Each deck's route (the banner's gemm line) is printed under the table.
 python3 - "$out" "${runs[@]}" <<'PY'
 import json, os, sys
 
 out, runs = sys.argv[1], sys.argv[2:]
-print("| deck | ranks | steps | median ms/step | tokens/s | model GFLOP/s/rank | MFU | GEMM GFLOP/s (calibrated) | MFU/GEMM |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| deck | ranks | steps | median ms/step | tokens/s | model GFLOP/s/rank | MFU | GEMM GFLOP/s (calibrated) | MFU/GEMM | flags |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+routes = []
 for run in runs:
     deck = run.split(":")[0]
     summary = None
@@ -65,6 +72,17 @@ for run in runs:
     calibrated = str(summary.get("peak_source", "")).startswith("measured")
     gemm = f"{summary['peak_flops'] / 1e9:.1f}" if calibrated else "n/a (peak from deck)"
     ratio = f"{model / (summary['peak_flops'] / 1e9):.3f}" if calibrated else "n/a"
+    log = open(os.path.join(out, deck + ".log")).read().splitlines()
+    flags = []
+    if summary["mfu"] > 1:
+        flags.append("MFU above 100%: the peak is below the run's rate")
+    if any(l.startswith("warning: OpenBLAS runs") for l in log):
+        flags.append("OpenBLAS runs a kernel older than the CPU (see the log's warning)")
+    routes += [f"- {deck}: {l}" for l in log if l.startswith("gemm:")][:1]
     print(f"| {deck} | {ranks} | {summary['steps']} | {summary['median_step_ms']:.1f} | "
-          f"{summary['tokens_per_s']:.0f} | {model:.1f} | {100 * summary['mfu']:.1f}% | {gemm} | {ratio} |")
+          f"{summary['tokens_per_s']:.0f} | {model:.1f} | {100 * summary['mfu']:.1f}% | {gemm} | {ratio} | "
+          f"{'; '.join(flags) or '-'} |")
+if routes:
+    print()
+    print("\n".join(routes))
 PY

@@ -192,7 +192,7 @@ TEST(Gemm, Bf16ProductsAreTheSameOnOneAndTwoThreads) {
     for (std::size_t i = 0; i < hb.extent(0); ++i) hb(i) = bf16(static_cast<float>(std::cos(0.11 * i)));
     Kokkos::deep_copy(a, ha);
     Kokkos::deep_copy(b, hb);
-    std::vector<std::vector<float> > outputs;
+    std::vector<std::vector<float>> outputs;
     for (int threads : {1, 2}) {
       kn::onednn::use_threads(threads);
       Kokkos::View<float*, MemSpace> c("c", sc * s.count);
@@ -217,18 +217,36 @@ TEST(Gemm, Bf16ShapesAreChecked) {
 }
 
 // fp32 through each host route against the double reference, with the same
-// bound: oneDNN's fp32 matmul is a drop-in for BLAS, whichever the shape picks.
+// bound: oneDNN's fp32 matmul is a drop-in for BLAS. Every library forced
+// (set_host_gemm_route, as the benchmarks do), and every library sent each
+// class of products by the route the calibration sets (set_gemm_library: the
+// Linear layers' single products, the heads' batched ones), so the class a
+// product belongs to reaches the library chosen for it.
 TEST(Gemm, Fp32RoutesMatchDoubleReference) {
-#ifndef NDMINI_HAVE_ONEDNN
-  GTEST_SKIP() << "built without oneDNN: BLAS is the only host route";
-#else
   if constexpr (kDeviceMemory) GTEST_SKIP() << "a CUDA build multiplies with cuBLAS";
+  struct Route {
+    std::string name;
+    kn::HostGemmRoute forced;
+    kn::GemmLibrary linear, heads;
+  };
+  std::vector<Route> routes = {{"forced blas", kn::HostGemmRoute::blas, kn::GemmLibrary::blas, kn::GemmLibrary::blas}};
+#ifdef NDMINI_HAVE_ONEDNN
+  routes.push_back({"forced onednn", kn::HostGemmRoute::onednn, kn::GemmLibrary::blas, kn::GemmLibrary::blas});
+#endif
+  for (kn::GemmLibrary linear : kn::gemm_libraries(false))
+    for (kn::GemmLibrary heads : kn::gemm_libraries(false))
+      routes.push_back({std::string("linear ") + kn::name_of(linear) + ", heads " + kn::name_of(heads),
+                        kn::HostGemmRoute::by_shape, linear, heads});
   int seed = 100;
-  for (kn::HostGemmRoute route : {kn::HostGemmRoute::blas, kn::HostGemmRoute::onednn, kn::HostGemmRoute::by_shape}) {
-    kn::set_host_gemm_route(route);
+  for (const Route& route : routes) {
+    kn::set_host_gemm_route(route.forced);
+    kn::set_gemm_library(kn::GemmClass::linear, route.linear);
+    kn::set_gemm_library(kn::GemmClass::heads, route.heads);
+    EXPECT_EQ(kn::gemm_library(kn::GemmClass::linear, false), route.linear) << route.name;
+    EXPECT_EQ(kn::gemm_library(kn::GemmClass::heads, false), route.heads) << route.name;
     for (const Case& c : kCases) {
-      SCOPED_TRACE("route " + std::to_string(static_cast<int>(route)) + " " + c.ta + c.tb + " m " +
-                   std::to_string(c.m) + " batch " + std::to_string(c.count));
+      SCOPED_TRACE("route " + route.name + " " + c.ta + c.tb + " m " + std::to_string(c.m) + " batch " +
+                   std::to_string(c.count));
       const Batch a(is_t(c.ta) ? c.k : c.m, is_t(c.ta) ? c.m : c.k, c.count, seed++, 1e30f);
       const Batch b(is_t(c.tb) ? c.n : c.k, is_t(c.tb) ? c.k : c.n, c.count, seed++, 1e30f);
       const Batch c0(c.m, c.n, c.count, seed++, 42.0f);
@@ -244,8 +262,36 @@ TEST(Gemm, Fp32RoutesMatchDoubleReference) {
     }
   }
   kn::set_host_gemm_route(kn::HostGemmRoute::by_shape);
-#endif
+  kn::set_gemm_library(kn::GemmClass::linear, kn::GemmLibrary::blas);
+  kn::set_gemm_library(kn::GemmClass::heads, kn::GemmLibrary::blas);
 }
+
+#ifdef NDMINI_HAVE_ONEDNN
+// The two libraries do not round alike: a route that sends a class to one
+// library really runs it there (else the test above could pass on BLAS alone).
+TEST(Gemm, EachClassRunsOnTheLibraryItIsSent) {
+  if constexpr (kDeviceMemory) GTEST_SKIP() << "a CUDA build multiplies with cuBLAS";
+  const int m = 64, n = 48, k = 777, count = 3;
+  const Batch a(m, k, count, 7, 1e30f), b(n, k, count, 8, 1e30f);
+  auto da = device_copy<float>(a.v), db = device_copy<float>(b.v);
+  const ConstSlice2D sa(da.data(), m, k), sb(db.data(), n, k);
+  std::vector<std::vector<float>> out[2];  // [class][library]
+  for (kn::GemmLibrary lib : {kn::GemmLibrary::blas, kn::GemmLibrary::onednn}) {
+    kn::set_gemm_library(kn::GemmClass::linear, lib);
+    kn::set_gemm_library(kn::GemmClass::heads, lib);
+    Kokkos::View<float*, MemSpace> c1("c1", m * n), cb("cb", m * n * count);
+    kn::gemm("N", "T", 1.0f, sa, sb, 0.0f, Slice2D(c1.data(), m, n));
+    kn::gemm_strided_batched("N", "T", 1.0f, sa, a.stride, sb, b.stride, 0.0f, Slice2D(cb.data(), m, n), m * n, count);
+    Kokkos::fence();
+    out[0].push_back(host_copy(c1));
+    out[1].push_back(host_copy(cb));
+  }
+  kn::set_gemm_library(kn::GemmClass::linear, kn::GemmLibrary::blas);
+  kn::set_gemm_library(kn::GemmClass::heads, kn::GemmLibrary::blas);
+  EXPECT_NE(out[0][0], out[0][1]) << "the linear class gave BLAS's bits on oneDNN";
+  EXPECT_NE(out[1][0], out[1][1]) << "the heads class gave BLAS's bits on oneDNN";
+}
+#endif
 
 TEST(GemmLibrary, WarnsWhenOpenBlasRunsAnOldKernel) {
   kn::CpuFeatures avx512_bf16{true, true, true, false}, avx512{true, true, false, false},

@@ -200,6 +200,7 @@ const std::vector<Key>& schema() {
       float_key("comm", "progress_poll_us", &Config::comm, &CommConfig::progress_poll_us),
       enum_key("comm", "reduce_dtype", &Config::comm, &CommConfig::reduce_dtype, kPrecisionNames),
       float_key("perf", "peak_gflops", &Config::perf, &PerfConfig::peak_gflops),
+      enum_key("perf", "gemm_route", &Config::perf, &PerfConfig::gemm_route, kGemmRouteNames),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
       string_key("perf", "cluster", &Config::perf, &PerfConfig::cluster),
       enum_key("fault", "kind", &Config::fault, &FaultConfig::kind, kFaultKindNames),
@@ -445,6 +446,12 @@ void validate(const Config& c, const std::string& origin) {
               "gradients in fp32); set train.precision = \"bf16\" or comm.reduce_dtype = \"fp32\"");
   check_range(c.perf.peak_gflops >= 0, origin, "perf.peak_gflops", s(c.perf.peak_gflops),
               "must be >= 0 (0: measure with a GEMM calibration)");
+#ifndef NDMINI_HAVE_ONEDNN
+  require(c.perf.gemm_route != GemmRoute::onednn,
+          origin +
+              ": perf.gemm_route = \"onednn\": this build has no oneDNN; set perf.gemm_route = \"auto\" or "
+              "\"blas\" (or rebuild with oneDNN)");
+#endif
   check_range(c.perf.memory_per_rank_gib >= 0, origin, "perf.memory_per_rank_gib", s(c.perf.memory_per_rank_gib),
               "must be >= 0 (0: the node's available memory divided by its ranks)");
   validate_fault(c, origin);

@@ -41,6 +41,11 @@ enum class Recompute { none, block };
 inline constexpr EnumName<Recompute> kRecomputeNames[] = {{Recompute::none, "none"}, {Recompute::block, "block"}};
 // Precision: core/bf16.hpp.
 inline constexpr EnumName<Precision> kPrecisionNames[] = {{Precision::fp32, "fp32"}, {Precision::bf16, "bf16"}};
+// The library of the host's fp32 matrix products (kernels/gemm_library.hpp):
+// auto, by timing at start-up; blas or onednn forced.
+enum class GemmRoute { automatic, blas, onednn };
+inline constexpr EnumName<GemmRoute> kGemmRouteNames[] = {
+    {GemmRoute::automatic, "auto"}, {GemmRoute::blas, "blas"}, {GemmRoute::onednn, "onednn"}};
 // Fault injection (fault/fault.hpp).
 enum class FaultKind { none, kill, nan, enospc, skip_collective };
 inline constexpr EnumName<FaultKind> kFaultKindNames[] = {{FaultKind::none, "none"},
@@ -60,6 +65,7 @@ inline constexpr EnumName<SavePhase> kSavePhaseNames[] = {{SavePhase::create, "c
 inline const char* name_of(ScheduleKind v) { return name_in(kScheduleNames, v); }
 inline const char* name_of(Recompute v) { return name_in(kRecomputeNames, v); }
 inline const char* name_of(Precision v) { return name_in(kPrecisionNames, v); }
+inline const char* name_of(GemmRoute v) { return name_in(kGemmRouteNames, v); }
 inline const char* name_of(FaultKind v) { return name_in(kFaultKindNames, v); }
 inline const char* name_of(SavePhase v) { return name_in(kSavePhaseNames, v); }
 
@@ -146,6 +152,10 @@ struct CommConfig {
 
 struct PerfConfig {
   double peak_gflops = 0.0;  // per rank; 0 means: calibrate with a short GEMM at start-up
+  // auto: the calibration times each library on the run's product shapes and
+  // sends each class of products to the fastest (with a peak given above,
+  // nothing is timed and BLAS runs fp32); blas or onednn: that library.
+  GemmRoute gemm_route = GemmRoute::automatic;
   // Memory one rank may use, in GiB; 0 means: the node's available memory
   // divided by the ranks on it. A deck whose estimate exceeds it is refused.
   double memory_per_rank_gib = 0.0;

@@ -112,6 +112,12 @@ const std::map<std::string, std::string>& meanings() {
        "tied embedding, sequence parallelism's replicated tensors) round to bf16 and sum in bf16, half the bytes; "
        "needs `train.precision = \"bf16\"` ([model.md](model.md#precision))"},
       {"perf.peak_gflops", "peak GFLOP/s per rank for MFU; 0: measure with a GEMM calibration at start-up"},
+      {"perf.gemm_route",
+       "the library of the host's fp32 matrix products: `\"auto\"` times BLAS and oneDNN at start-up on the "
+       "run's own shapes and sends the Linear layers' and the attention heads' products each to the fastest (the "
+       "banner's `gemm:` line says which, with the rates; with `perf.peak_gflops` set nothing is timed and BLAS "
+       "runs them); `\"blas\"` or `\"onednn\"` forces one (runs compared bit for bit pin it); bf16 runs through "
+       "oneDNN and a GPU build through cuBLAS either way"},
       {"perf.memory_per_rank_gib",
        "memory one rank may use, GiB; a deck whose estimate exceeds it is refused before anything is allocated; "
        "0: the node's available memory / its ranks"},

@@ -4,7 +4,7 @@
 // cuBLAS (NDMINI_HAVE_CUBLAS) calls cublasGemmEx / cublasGemmStridedBatchedEx
 // on Kokkos' CUDA stream with one handle per process; every other build
 // calls KokkosBlas::gemm (BLAS on the host), or oneDNN's matmul for the
-// shapes use_onednn_fp32 below picks (none today) in a build with oneDNN.
+// classes of products use_onednn_fp32 below sends there in a build with oneDNN.
 // bf16 products (gemm_bf16*) go to cuBLAS (CUDA_R_16BF, fp32 accumulation)
 // or oneDNN, or are emulated through the fp32 route.
 #include <string>
@@ -78,7 +78,7 @@ void release_handle_at_finalize() {
 
 // On Kokkos' stream, so products and kernels stay in issue order.
 void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
-             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count, GemmClass) {
   release_handle_at_finalize();
   const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
   cublas::gemm(ExecSpace().cuda_stream(), transa[0], transb[0], static_cast<int>(c.extent(0)),
@@ -91,18 +91,15 @@ onednn::Operand operand(const void* data, int ld, std::size_t stride) {
   return {data, ld, static_cast<long long>(stride)};
 }
 
-// fp32 through oneDNN instead of BLAS? Measured shape by shape on one core
-// (bench_gemm_routes, bench/README.md "fp32 route"): the two tie on most of
-// the model's products, oneDNN leads by 7-30% on the batched attention heads
-// (1-3% of a step), BLAS by up to 29% on the largest (the LM head). BLAS for
-// every shape for now: the small gain does not pay for changing every fp32
-// bit of a run. A pure function of the shape when it changes, so every rank
-// of a layout and every run of a shape takes the same route. (The banner's
-// words for the route are in gemm_library.cpp.)
-bool use_onednn_fp32(const char* transa, const char* transb, std::size_t m, std::size_t n, std::size_t k, int count) {
+// fp32 through oneDNN instead of BLAS? Per class of products (the Linear
+// layers' single products, the heads' batched ones), as the start-up
+// calibration chose by timing both on the run's shapes (run/calibration.cpp)
+// or the deck forced (perf.gemm_route); BLAS until then. One choice per
+// class for the whole run, the same on every rank (the calibration agrees
+// on it), so every rank of a layout takes the same route.
+bool use_onednn_fp32(GemmClass cls) {
   if (g_route != HostGemmRoute::by_shape) return g_route == HostGemmRoute::onednn;
-  (void)transa, (void)transb, (void)m, (void)n, (void)k, (void)count;
-  return false;
+  return gemm_library(cls, false) == GemmLibrary::onednn;
 }
 #endif
 
@@ -171,10 +168,10 @@ void product_in_panels(const char* transa, const char* transb, real alpha, Const
 #endif
 
 void product(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a, ConstSlice2D b,
-             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
+             std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count, GemmClass cls) {
 #ifdef NDMINI_HAVE_ONEDNN
   const std::size_t k = transposed(transa) ? a.extent(0) : a.extent(1);
-  if (use_onednn_fp32(transa, transb, c.extent(0), c.extent(1), k, count)) {
+  if (use_onednn_fp32(cls)) {
     use_rank_threads();
     onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)),
                  static_cast<int>(k), alpha, onednn::Type::f32, operand(a.data(), a.stride(0), stride_a),
@@ -183,6 +180,7 @@ void product(const char* transa, const char* transb, real alpha, ConstSlice2D a,
     return;
   }
 #endif
+  (void)cls;
 #ifdef NDMINI_HOST_PANELS
   product_in_panels(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
   return;
@@ -241,9 +239,11 @@ View1D widened(const bf16* x, std::size_t n) {
 
 template <class CView>
 void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, std::size_t stride_a,
-                  ConstBf16Slice2D b, std::size_t stride_b, real beta, CView c, std::size_t stride_c, int count) {
+                  ConstBf16Slice2D b, std::size_t stride_b, real beta, CView c, std::size_t stride_c, int count,
+                  GemmClass cls) {
   check_shapes(transa, transb, a, b, c);
   if (count <= 0) return;
+  (void)cls;  // one bf16 library per build; the class picks the fp32 route of the emulation
   constexpr bool bf16_out = std::is_same_v<typename CView::non_const_value_type, bf16>;
 #if defined(NDMINI_GEMM_CUBLAS)
   release_handle_at_finalize();
@@ -268,7 +268,7 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
     const std::size_t n = batch_span(c, stride_c, count);
     View1D wc = beta != 0 ? widened(c.data(), n) : uninitialized("ndmini::bf16_widened", n);
     product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, Slice2D(wc.data(), c.extent(0), c.extent(1)),
-            stride_c, count);
+            stride_c, count, cls);
     // Only the matrices' own elements: what lies between them belongs to someone else.
     bf16* cp = c.data();
     const real* wcp = wc.data();
@@ -279,7 +279,7 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
           cp[at] = bf16(wcp[at]);
         });
   } else {
-    product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, c, stride_c, count);
+    product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, c, stride_c, count, cls);
   }
 #endif
 }
@@ -290,32 +290,32 @@ void set_host_gemm_route(HostGemmRoute route) { g_route = route; }
 
 void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
                Slice2D c) {
-  bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1);
+  bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1, GemmClass::linear);
 }
 void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
                Bf16Slice2D c) {
-  bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1);
+  bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1, GemmClass::linear);
 }
 void gemm_bf16_strided_batched(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a,
                                std::size_t stride_a, ConstBf16Slice2D b, std::size_t stride_b, real beta, Slice2D c,
                                std::size_t stride_c, int count) {
-  bf16_product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+  bf16_product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count, GemmClass::heads);
 }
 void gemm_bf16_strided_batched(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a,
                                std::size_t stride_a, ConstBf16Slice2D b, std::size_t stride_b, real beta, Bf16Slice2D c,
                                std::size_t stride_c, int count) {
-  bf16_product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+  bf16_product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count, GemmClass::heads);
 }
 
 void gemm(const char* transa, const char* transb, real alpha, ConstSlice2D a, ConstSlice2D b, real beta, Slice2D c) {
   check_shapes(transa, transb, a, b, c);
-  product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1);
+  product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1, GemmClass::linear);
 }
 
 void gemm_strided_batched(const char* transa, const char* transb, real alpha, ConstSlice2D a, std::size_t stride_a,
                           ConstSlice2D b, std::size_t stride_b, real beta, Slice2D c, std::size_t stride_c, int count) {
   check_shapes(transa, transb, a, b, c);
-  if (count > 0) product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count);
+  if (count > 0) product(transa, transb, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count, GemmClass::heads);
 }
 
 namespace {

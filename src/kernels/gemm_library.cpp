@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "kernels/gemm_library.hpp"
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -114,18 +115,119 @@ std::string describe_gemm_libraries() {
 #endif
 #ifdef NDMINI_HAVE_ONEDNN
   use_rank_threads();
-  s += " | " + onednn::describe() + " | fp32 through BLAS, bf16 through oneDNN";
+  s += " | " + onednn::describe();
 #else
-  s += " | no oneDNN: fp32 products through BLAS, bf16 emulated";
+  s += " | no oneDNN: bf16 emulated through fp32 BLAS";
 #endif
 #endif
-  return s;
+  return s + " | " + describe_gemm_route();
+}
+
+namespace {
+
+GemmLibrary g_fp32_library[2] = {GemmLibrary::blas, GemmLibrary::blas};  // [class]
+GemmRouteReport g_report;
+bool g_reported = false;
+
+std::string rate_text(double flops) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", flops / 1e9);
+  return buf;
+}
+
+// "linear BLAS (BLAS 95.1, oneDNN 88.0 GFLOP/s)": the library that runs the
+// class and the rates that chose it; one library timed: "linear oneDNN 190.2 GFLOP/s".
+std::string class_text(const GemmRouteReport& r, bool bf16, GemmClass cls) {
+  const std::vector<GemmLibrary> libs = gemm_libraries(bf16);
+  std::string s = std::string(name_of(cls)) + " " + name_of(r.library[bf16][static_cast<int>(cls)]);
+  const double* rate = r.rate[bf16][static_cast<int>(cls)];
+  std::string rates;
+  for (GemmLibrary l : libs) {
+    if (rate[static_cast<int>(l)] <= 0) continue;
+    if (!rates.empty()) rates += ", ";
+    rates += (libs.size() > 1 ? std::string(name_of(l)) + " " : "") + rate_text(rate[static_cast<int>(l)]);
+  }
+  if (rates.empty()) return s;
+  return libs.size() > 1 ? s + " (" + rates + " GFLOP/s)" : s + " " + rates + " GFLOP/s";
+}
+
+}  // namespace
+
+const char* name_of(GemmLibrary library) {
+  return library == GemmLibrary::blas ? "BLAS" : library == GemmLibrary::onednn ? "oneDNN" : "cuBLAS";
+}
+const char* name_of(GemmClass cls) { return cls == GemmClass::linear ? "linear" : "heads"; }
+
+std::vector<GemmLibrary> gemm_libraries(bool bf16) {
+  if constexpr (kDeviceMemory) return {GemmLibrary::cublas};
+#ifdef NDMINI_HAVE_ONEDNN
+  if (bf16) return {GemmLibrary::onednn};
+  return {GemmLibrary::blas, GemmLibrary::onednn};
+#else
+  (void)bf16;
+  return {GemmLibrary::blas};
+#endif
+}
+
+void set_gemm_library(GemmClass cls, GemmLibrary library) {
+  const std::vector<GemmLibrary> libs = gemm_libraries(false);
+  bool available = false;
+  for (GemmLibrary l : libs) available |= l == library;
+  g_fp32_library[static_cast<int>(cls)] = available ? library : libs.front();
+}
+
+GemmLibrary gemm_library(GemmClass cls, bool bf16) {
+  return bf16 ? gemm_libraries(true).front() : g_fp32_library[static_cast<int>(cls)];
+}
+
+void set_gemm_route_report(const GemmRouteReport& report) {
+  g_report = report;
+  g_reported = true;
+}
+
+std::string describe_gemm_route() {
+  if (!g_reported) {
+    if constexpr (kDeviceMemory) return "fp32 and bf16 through cuBLAS";
+    return std::string("fp32 through ") + name_of(gemm_library(GemmClass::linear, false)) + ", bf16 through " +
+           name_of(gemm_library(GemmClass::linear, true)) +
+           " (the default route; a run without perf.peak_gflops "
+           "times the libraries, perf.gemm_route forces one)";
+  }
+  std::string s;
+  for (bool bf16 : {false, true}) {
+    const double* linear = g_report.rate[bf16][0];
+    const double* heads = g_report.rate[bf16][1];
+    bool timed = false;
+    for (int l = 0; l < 3; ++l) timed |= linear[l] > 0 || heads[l] > 0;
+    if (bf16 && !timed && !g_report.run_bf16) continue;  // an fp32 run does not time bf16
+    if (!s.empty()) s += " | ";
+    s += std::string(bf16 ? "bf16: " : "fp32: ") + class_text(g_report, bf16, GemmClass::linear) + ", " +
+         class_text(g_report, bf16, GemmClass::heads);
+  }
+  return s + " (" + g_report.how + ")";
+}
+
+std::string bf16_slower_note(const GemmRouteReport& r) {
+  if (!r.run_bf16) return "";
+  // The class of most of a step's FLOPs decides: the Linear layers.
+  const int linear = static_cast<int>(GemmClass::linear);
+  const double bf16 = r.rate[1][linear][static_cast<int>(r.library[1][linear])];
+  const double fp32 = r.rate[0][linear][static_cast<int>(r.library[0][linear])];
+  if (bf16 <= 0 || fp32 <= 0 || bf16 >= fp32) return "";
+  return "bf16 products run at " + rate_text(bf16) + " GFLOP/s here, below fp32's " + rate_text(fp32) +
+         " GFLOP/s (the Linear layers' products, as the calibration timed them): bf16 still halves the memory "
+         "of activations and the bytes on the wire, but not the step time; train.precision = \"fp32\" may be "
+         "faster on this machine";
 }
 
 std::string gemm_machine_lines() {
   std::string s = describe_gemm_libraries() + "\n";
   const std::string warning = blas_kernel_warning(openblas_core(), cpu_features());
   if (!warning.empty()) s += "warning: " + warning + "\n";
+  if (g_reported) {
+    const std::string note = bf16_slower_note(g_report);
+    if (!note.empty()) s += "note: " + note + "\n";
+  }
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <KokkosKernels_config.h>
 
 #include <string>
+#include <vector>
 
 #include "core/types.hpp"
 
@@ -31,8 +32,8 @@ struct CpuFeatures {
 CpuFeatures cpu_features();
 
 // One line, e.g. "gemm: OpenBLAS 0.3.21 kernel Cooperlake, 1 thread | oneDNN
-// 2.6.3, ISA avx512_core_bf16 | fp32 through BLAS, bf16 through oneDNN" (cuBLAS in a CUDA
-// build); with panels, "OpenBLAS 0.3.21 kernel Cooperlake, 1 thread, fp32 in
+// 2.6.3, ISA avx512_core_bf16 | " and the route, describe_gemm_route() (cuBLAS
+// in a CUDA build); with panels, "OpenBLAS 0.3.21 kernel Cooperlake, 1 thread, fp32 in
 // panels on 2 OpenMP threads | ...". The BLAS part names the library only when it
 // is OpenBLAS (others expose no kernel name).
 std::string describe_gemm_libraries();
@@ -60,8 +61,52 @@ void use_rank_threads();
 // build): then that thread's CPU time is the product's time, whatever else
 // shares the core.
 bool host_products_on_one_thread(bool bf16);
+// ---- the route: which library runs which class of products ----------------
+// The libraries a product can run on, and the two classes of the model's
+// products a route is chosen for: the Linear layers' single products
+// (gemm(), gemm_bf16()) and the attention heads' batched ones
+// (gemm_strided_batched(), gemm_bf16_strided_batched()).
+enum class GemmLibrary { blas, onednn, cublas };
+enum class GemmClass { linear, heads };
+inline constexpr GemmClass kGemmClasses[] = {GemmClass::linear, GemmClass::heads};
+const char* name_of(GemmLibrary library);  // "BLAS", "oneDNN", "cuBLAS"
+const char* name_of(GemmClass cls);        // "linear", "heads"
+
+// The libraries this build can run products of a precision on, the default
+// first (the one a run takes when nothing is timed): a CUDA build cuBLAS;
+// on the host fp32 BLAS, then oneDNN where the build has it; bf16 oneDNN
+// (or, without it, BLAS on operands widened to fp32).
+std::vector<GemmLibrary> gemm_libraries(bool bf16);
+
+// Sends the host's fp32 products of `cls` to `library` (one of
+// gemm_libraries(false)) until set again; bf16 has one library per build.
+// set_host_gemm_route (kernels.hpp), when not by_shape, overrides it.
+void set_gemm_library(GemmClass cls, GemmLibrary library);
+GemmLibrary gemm_library(GemmClass cls, bool bf16);
+
+// What chose the route, for the banner: the rate of every library timed, per
+// precision and class (GFLOP/s; 0: not timed), and how the route was set.
+struct GemmRouteReport {
+  std::string how;                    // "chosen by timing ...", "perf.gemm_route = blas", ...
+  double rate[2][2][3] = {};          // [bf16][class][library]: the class's products together
+  double best_product[2][2][3] = {};  // the fastest single product of the same timing
+  GemmLibrary library[2][2] = {{GemmLibrary::blas, GemmLibrary::blas},
+                               {GemmLibrary::blas, GemmLibrary::blas}};  // chosen, [bf16][class]
+  bool run_bf16 = false;  // the run's products are bf16 (the note below is for such runs)
+};
+void set_gemm_route_report(const GemmRouteReport& report);
+// "fp32: linear BLAS (BLAS 95.1, oneDNN 88.0 GFLOP/s), heads oneDNN (...) |
+// bf16: ..., chosen by timing ..." (how it was set); before any route was
+// reported, the default route.
+std::string describe_gemm_route();
+// The note when bf16 does not pay: in a bf16 run whose calibrated bf16 rate
+// (on the route it takes) is below the fp32 rate of the fp32 route chosen;
+// "" otherwise. Pure function of the report, so it is testable for any CPU.
+std::string bf16_slower_note(const GemmRouteReport& report);
+
 // What a run's banner and `ndmini check` print: describe_gemm_libraries(),
-// then the warning if there is one ("warning: ..."), each line ending in '\n'.
+// then the warning if there is one ("warning: ...") and the bf16 note
+// ("note: ..."), each line ending in '\n'.
 std::string gemm_machine_lines();
 
 }  // namespace ndmini::kernels

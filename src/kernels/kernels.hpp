@@ -57,9 +57,10 @@ void gemm_bf16_strided_batched(const char* transa, const char* transb, real alph
                                std::size_t stride_c, int count);
 
 // Which library runs the host's fp32 products (a CUDA build always uses
-// cuBLAS). by_shape, the default, picks per product from measurements of this
-// CPU kind (bench/README.md, "fp32 route"); the others force one library, for
-// benchmarks and tests. onednn needs a build with oneDNN (else: blas).
+// cuBLAS). by_shape, the default, takes the route per class of products that
+// the start-up calibration chose (gemm_library.hpp, set_gemm_library); the
+// others force one library, for benchmarks and tests. onednn needs a build
+// with oneDNN (else: blas).
 enum class HostGemmRoute { by_shape, blas, onednn };
 void set_host_gemm_route(HostGemmRoute route);
 

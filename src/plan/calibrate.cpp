@@ -467,8 +467,9 @@ Calibration calibrate_cluster(MPI_Comm world, const CalibrationLimits& limits,
   spec.name = std::string("this machine, measured by ndmini plan --calibrate (") + ExecSpace::name() + ", " +
               std::to_string(size) + " ranks)";
   // Every rank measures at once, as the ranks of a run compute at once; the fastest rank speaks (as for MFU).
-  double rates[2] = {calibrate_gemm_flops(Precision::fp32), calibrate_gemm_flops(Precision::bf16)};
-  mpi_all_reduce(MPI_IN_PLACE, rates, 2, MPI_DOUBLE, MPI_MAX, world, "the compute calibration");
+  // peak_flops() first times the libraries and takes the route a run takes (perf.gemm_route = "auto").
+  const double rates[2] = {peak_flops(PerfConfig{}, world, Precision::fp32).flops_per_rank,
+                           peak_flops(PerfConfig{}, world, Precision::bf16).flops_per_rank};
   spec.peak_tflops_fp32 = rates[0] / 1e12;
   spec.peak_tflops_bf16 = rates[1] / 1e12;
   spec.memory_gib = memory_per_rank(Config{}, per_node, nullptr) / (1024.0 * 1024.0 * 1024.0);

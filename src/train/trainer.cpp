@@ -201,7 +201,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
 // The figures the report needs from the start, and the banner.
 void Trainer::announce() {
   const auto& t = cfg_.train;
-  result_.peak = peak_flops(cfg_.perf, comm_, t.precision);
+  result_.peak = peak_flops(cfg_.perf, comm_, t.precision, product_shapes(cfg_));
   result_.state_bytes =
       static_cast<std::int64_t>(model_->store().persistent_bytes() + 2 * opt_->exp_avg.extent(0) * sizeof(real));
   result_.mem_bytes = estimate_memory(cfg_, layout_).total();

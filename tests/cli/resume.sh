@@ -6,7 +6,7 @@
 # Arguments: deck settings KEY=VALUE for every run (e.g. train.precision=bf16).
 source "$(dirname "$0")/lib.sh"
 N=6
-extra=()
+extra=(--set perf.gemm_route=blas)  # one route for every run: "auto" chooses by timing
 for setting in "$@"; do extra+=(--set "$setting"); done
 
 run 1 train tiny.toml "${extra[@]}" --set train.steps=$((2 * N)) --set train.log_every=1 \
