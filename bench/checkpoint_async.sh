@@ -16,7 +16,9 @@
 #
 # Environment: ROUNDS (3), STEPS (5), DIR (the checkpoints' file system;
 # default $TMPDIR or /tmp), NDMINI_EXE (default build/miniapp/ndmini),
-# PEAK_GFLOPS (100: skips the start-up calibration; MFU is not the point).
+# PEAK_GFLOPS (100: skips the start-up calibration; MFU is not the point),
+# SETTINGS (more KEY=VALUE deck settings for every run, e.g. a shorter step:
+# "model.seq_len=64 train.global_batch=1 train.micro_batch=1").
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,12 +44,13 @@ print("%.1f" % statistics.median(r["step_ms"] + r.get("io_ms", 0) for r in rows[
 EOF
 }
 
-echo "# checkpoint cost per step: $(basename "$deck"), $steps steps (first left out), 1 rank, checkpoints in $dir"
+echo "# checkpoint cost per step: $(basename "$deck") ${SETTINGS:-}, $steps steps (first left out), 1 rank, checkpoints in $dir"
 declare -A results
 for ((round = 1; round <= rounds; round++)); do
   for mode in none sync async; do
     settings=(--set train.steps="$steps" --set perf.peak_gflops="${PEAK_GFLOPS:-100}" --set checkpoint.keep=1
       --set checkpoint.dir="$work/ck_$mode")
+    for setting in ${SETTINGS:-}; do settings+=(--set "$setting"); done
     case $mode in
       sync) settings+=(--set checkpoint.every=1) ;;
       async) settings+=(--set checkpoint.every=1 --set checkpoint.async=true) ;;
