@@ -747,6 +747,73 @@ TEST_F(Checkpoint, FailureInAnyPhaseOnAnyRankIsUndone) {
   EXPECT_EQ(load_and_count(1, 10), 0u);
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+// checkpoint.async: the state written by a background thread, committed by
+// finish(), is byte for byte the checkpoint a sync save of it writes (both
+// files of the folder), loads back, and until finish() `latest` is unchanged.
+// While the thread writes, this thread keeps calling MPI (as training does).
+TEST_F(Checkpoint, AsyncSaveIsByteIdenticalToSync) {
+  const std::string sync_root = dir_ + "/sync";
+  for (Split split : {Split::kFirstDim, Split::kLastDim}) {
+    const int salt = split == Split::kFirstDim ? 10 : 40;
+    const std::int64_t step = salt;
+    auto blocks = make_model(split, salt, true);
+    ndmini::io::save_checkpoint(MPI_COMM_WORLD, sync_root, info_for(step), slabs(blocks), 3);
+    save(1, 5);
+    const auto before = ndmini::io::latest_step(MPI_COMM_WORLD, root_);
+    auto async_slabs = slabs(blocks);
+    ndmini::io::AsyncSave pending(MPI_COMM_WORLD, root_, info_for(step), async_slabs, 3);
+    EXPECT_EQ(pending.step(), step);
+    for (int i = 0; i < 20 && !pending.written_everywhere(); ++i) MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(ndmini::io::latest_step(MPI_COMM_WORLD, root_), before);  // not committed before finish()
+    EXPECT_GE(pending.finish(), 0.0);
+    EXPECT_EQ(ndmini::io::latest_step(MPI_COMM_WORLD, root_), std::optional<std::int64_t>(step));
+    if (rank() == 0) {
+      for (const char* name : {"checkpoint.h5", "manifest.txt"}) {
+        const std::string dirname = "/" + ndmini::io::checkpoint_dirname(step) + "/" + name;
+        const std::string a = file_bytes(sync_root + dirname), b = file_bytes(root_ + dirname);
+        EXPECT_FALSE(a.empty()) << name;
+        EXPECT_TRUE(a == b) << name << " differs between the sync and the async save";
+      }
+    }
+    EXPECT_EQ(load_and_count(step, salt, Split::kMiddleDim), 0u);
+  }
+}
+
+// An async save's failure in its background phases (write, close) or in
+// those finish() runs, on any rank, reaches every rank from finish() as a
+// sync save's would, and is undone the same way.
+TEST_F(Checkpoint, AsyncSaveFailureIsReportedAndUndone) {
+  using ndmini::SavePhase;
+  save(2, 20);
+  for (SavePhase phase : {SavePhase::write, SavePhase::close, SavePhase::rename, SavePhase::latest}) {
+    for (int victim = 0; victim < nranks(); ++victim) {
+      const std::string tag = std::string(ndmini::name_of(phase)) + " rank " + std::to_string(victim);
+      ndmini::io::SaveOptions options;
+      options.hook = [&](SavePhase p, std::int64_t, const std::string& file) {
+        if (p == phase && rank() == victim) throw ndmini::Error("'" + file + "': No space left on device (test)");
+      };
+      auto blocks = make_model(Split::kFirstDim, 99, true);
+      auto async_slabs = slabs(blocks);
+      ndmini::io::AsyncSave pending(MPI_COMM_WORLD, root_, info_for(3), async_slabs, 3, options);
+      const std::string msg = error_of([&] { pending.finish(); });
+      EXPECT_TRUE(contains(
+          msg, "failed in phase '" + std::string(ndmini::name_of(phase)) + "' on rank " + std::to_string(victim)))
+          << tag << ": " << msg;
+      EXPECT_TRUE(contains(msg, "'latest' still names step 2")) << tag << ": " << msg;
+      EXPECT_EQ(ndmini::io::latest_step(MPI_COMM_WORLD, root_), std::optional<std::int64_t>(2)) << tag;
+      if (rank() == 0) EXPECT_FALSE(fs::exists(root_ + "/.step_00000003.tmp")) << tag;
+    }
+  }
+  EXPECT_EQ(load_and_count(2, 20), 0u);
+}
+
 // The save reports its time split, the same on every rank.
 TEST_F(Checkpoint, SaveTimesAreReported) {
   ndmini::io::SaveTimes times;

@@ -196,6 +196,7 @@ const std::vector<Key>& schema() {
       int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
       bool_key("checkpoint", "at_start", &Config::checkpoint, &CheckpointConfig::at_start),
       bool_key("checkpoint", "on_signal", &Config::checkpoint, &CheckpointConfig::on_signal),
+      bool_key("checkpoint", "async", &Config::checkpoint, &CheckpointConfig::async),
       float_key("comm", "timeout_s", &Config::comm, &CommConfig::timeout_s),
       float_key("comm", "progress_poll_us", &Config::comm, &CommConfig::progress_poll_us),
       enum_key("comm", "reduce_dtype", &Config::comm, &CommConfig::reduce_dtype, kPrecisionNames),

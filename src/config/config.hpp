@@ -132,6 +132,9 @@ struct CheckpointConfig {
   // SIGTERM, SIGINT or SIGUSR1 (core/signals.hpp): where the run saves
   // checkpoints, save the state at the step boundary it stops at.
   bool on_signal = true;
+  // Copy the state to host memory at a due step and write it from a
+  // background thread while training goes on (io::AsyncSave).
+  bool async = false;
 };
 
 struct CommConfig {

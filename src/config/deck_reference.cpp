@@ -99,6 +99,10 @@ const std::map<std::string, std::string>& meanings() {
       {"checkpoint.on_signal",
        "on SIGTERM, SIGINT or SIGUSR1, a run that saves checkpoints (`every` > 0 or `at_start`) saves the state "
        "it stops at ([cluster.md](cluster.md#pre-emption-and-requeue))"},
+      {"checkpoint.async",
+       "copy the state to host memory at a due step and write it from a background thread while training goes on; "
+       "the next save, a stop signal's save and the final save wait for it "
+       "([checkpoints.md](checkpoints.md#asynchronous-saves))"},
       {"comm.timeout_s",
        "a collective waited for longer than this is a hang: the job reports and exits with status 12; 0: no "
        "deadline, else 0.1 to 604800 (one week)"},

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -106,7 +107,7 @@ struct SaveTimes {
   double metadata = 0;  // digests into the HDF5 file, its sync, the manifest
   double commit = 0;    // rename, `latest`, folder syncs
   double prune = 0;     // removing checkpoints beyond `keep`
-  double total = 0;
+  double total = 0;     // an AsyncSave's: from its construction to the end of finish()
 };
 
 struct SaveOptions {
@@ -126,6 +127,42 @@ struct SaveOptions {
 // left as they were.
 void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
                      const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options = {});
+
+// The same save with its data written by a background thread
+// (checkpoint.async), while the caller goes on training. The constructor
+// (collective, the calling thread) checks the arguments, agrees on the
+// tensors and lays out the file (phase create), then starts the thread,
+// which writes this rank's blocks with pwrite, starts their writeback,
+// computes their digests and syncs them (phases write and close, rank-local).
+// That thread never calls MPI: the ranks' MPI library need not be
+// MPI_THREAD_MULTIPLE, and the ledger and the watchdog see every collective
+// on the main thread. finish() (collective, the thread that constructed it)
+// waits for the thread, agrees on its outcome, sums the digests and does the
+// rest of the protocol (rank 0: metadata, manifest, rename, `latest`, prune),
+// so the checkpoint is byte for byte the one save_checkpoint writes. Until
+// finish() returns, `latest` names the previous checkpoint. The slabs'
+// memory must stay allocated and unchanged until the thread is done.
+// Errors: as save_checkpoint, from the constructor or finish(), on every rank.
+// Destroyed unfinished (the run failed elsewhere), it waits for the thread
+// and commits nothing; the temporary folder is debris (CheckpointDirLock).
+class AsyncSave {
+ public:
+  AsyncSave(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
+            const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options = {});
+  ~AsyncSave();
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+  std::int64_t step() const;
+  // Collective (one all-reduce): has every rank's thread finished writing?
+  bool written_everywhere();
+  // Collective: commits (see above). Returns the seconds this rank waited
+  // for its thread. Call once.
+  double finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // Step named by the `latest` marker, or nullopt when root_dir holds none.
 // Collective over comm (rank 0 reads, everyone gets the answer).

@@ -366,7 +366,14 @@ FileBuilder::FileBuilder(const CheckpointInfo& info, std::vector<TensorEntry>& t
   if (fd_ < 0) throw Error("cannot create a temporary file for the checkpoint's metadata in " + tried);
   const std::string what = "building the checkpoint's HDF5 metadata";
   Handle fapl = file_access();
-  Handle f(checked(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), what), H5Fclose);
+  // No modification times in the object headers (HDF5 stores them by
+  // default): a checkpoint is then a function of its contents alone, so
+  // saves of the same state (sync or async, at any hour) are byte-identical.
+  Handle fcpl(checked(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate"), H5Pclose);
+  checked(H5Pset_obj_track_times(fcpl.get(), false), "H5Pset_obj_track_times");
+  Handle gcpl(checked(H5Pcreate(H5P_GROUP_CREATE), "H5Pcreate"), H5Pclose);
+  checked(H5Pset_obj_track_times(gcpl.get(), false), "H5Pset_obj_track_times");
+  Handle f(checked(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), what), H5Fclose);
   // Open now (by HDF5 and by fd_), so its name can go: a process killed
   // mid-save leaves nothing behind in /dev/shm.
   ::unlink(path_.c_str());
@@ -381,14 +388,24 @@ FileBuilder::FileBuilder(const CheckpointInfo& info, std::vector<TensorEntry>& t
   // filled: the ranks' blocks cover every element.
   checked(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
   checked(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
-  Handle lcpl(checked(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate"), H5Pclose);
-  checked(H5Pset_create_intermediate_group(lcpl.get(), 1), "H5Pset_create_intermediate_group");
+  checked(H5Pset_obj_track_times(dcpl.get(), false), "H5Pset_obj_track_times");
+  // The groups on the way to each tensor, made here (intermediate groups
+  // that H5Dcreate2 made would take HDF5's default, times tracked).
+  std::set<std::string> groups;
+  for (const TensorEntry& t : tensors)
+    for (std::size_t at = t.path.find('/', 1); at != std::string::npos; at = t.path.find('/', at + 1)) {
+      const std::string group = t.path.substr(0, at);
+      if (!groups.insert(group).second) continue;
+      Handle g(checked(H5Gcreate2(f.get(), group.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT),
+                       what + ": creating group '" + group + "'"),
+               H5Gclose);
+    }
   for (TensorEntry& t : tensors) {
     const std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
     Handle space(checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "H5Screate_simple"),
                  H5Sclose);
     Handle dset(
-        checked(H5Dcreate2(f.get(), t.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+        checked(H5Dcreate2(f.get(), t.path.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                 what + ": creating tensor '" + t.path + "'"),
         H5Dclose);
     const std::uint64_t zero = 0;

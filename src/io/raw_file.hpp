@@ -36,9 +36,20 @@ std::string mpi_error_text(int code);
 // once where MPI-IO calls would be serialised by the library's lock. Every
 // call is independent, so its errors are this rank's alone, and the phase
 // agreement carries them to the others.
+//
+// A background writer (checkpoint.async) passes posix = true: its thread may
+// not call MPI while the main thread trains (MPI_THREAD_MULTIPLE is not
+// assumed), so it writes with pwrite on the descriptor and syncs with fsync.
+// The bytes on disk are the same.
 class RawFile {
  public:
-  RawFile(const std::string& path, bool write) : path_(path) {
+  RawFile(const std::string& path, bool write, bool posix = false) : path_(path) {
+    if (write && posix) {
+      fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);  // rank 0 created it; a FIFO cannot block
+      if (fd_ < 0) throw Error("cannot open '" + path + "' (" + std::strerror(errno) + ")");
+      posix_writer_ = true;
+      return;
+    }
     if (write) {
       const int rc = MPI_File_open(MPI_COMM_SELF, path.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &fh_);
       if (rc != MPI_SUCCESS) {
@@ -58,6 +69,20 @@ class RawFile {
 
   void write(std::uint64_t offset, const void* data, std::uint64_t bytes) {
     const auto* p = static_cast<const char*>(data);
+    if (posix_writer_) {
+      while (bytes > 0) {
+        const ssize_t n =
+            ::pwrite(fd_, p, static_cast<std::size_t>(std::min(bytes, kMaxIoBytes)), static_cast<off_t>(offset));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+          throw Error("writing '" + path_ + "' failed at byte " + std::to_string(offset) + " (" +
+                      (n < 0 ? std::string(std::strerror(errno)) : std::string("no byte written")) + ")");
+        p += n;
+        offset += static_cast<std::uint64_t>(n);
+        bytes -= static_cast<std::uint64_t>(n);
+      }
+      return;
+    }
     while (bytes > 0) {
       const int n = static_cast<int>(std::min(bytes, kMaxIoBytes));
       MPI_Status status;
@@ -112,6 +137,17 @@ class RawFile {
 
   // Syncs (when it wrote) and closes the MPI-IO handle, reporting failure.
   void close(bool sync) {
+    if (posix_writer_) {
+      const int fd = fd_;
+      fd_ = -1;
+      if (sync && ::fsync(fd) != 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        throw Error("cannot sync '" + path_ + "' (" + why + ")");
+      }
+      if (::close(fd) != 0) throw Error("cannot close '" + path_ + "' (" + std::strerror(errno) + ")");
+      return;
+    }
     if (fh_ == MPI_FILE_NULL) return;  // opened for reading
     if (sync) {
       const int rc = MPI_File_sync(fh_);
@@ -126,6 +162,7 @@ class RawFile {
   std::string path_;
   MPI_File fh_ = MPI_FILE_NULL;
   int fd_ = -1;
+  bool posix_writer_ = false;  // writes through fd_ (pwrite, fsync) rather than MPI-IO
 };
 
 // Runs f(0) ... f(n - 1) on `threads` threads (this one among them), each

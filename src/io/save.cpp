@@ -17,10 +17,12 @@
 // then rank 0 prunes. On failure rank 0 removes what the save created and
 // puts back what it moved, so `latest` and the older checkpoints are as before.
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <filesystem>
 #include <memory>
 #include <system_error>
+#include <thread>
 
 #include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
@@ -108,8 +110,8 @@ struct Save {
 
   MPI_Comm comm;
   int rank;
-  const CheckpointInfo& info;
-  const SaveOptions& options;
+  const CheckpointInfo info;  // copies: an async save outlives its caller's
+  const SaveOptions options;
   fs::path root;
   fs::path tmp;      // the folder being written, renamed to step_N on commit
   std::string file;  // the HDF5 file in tmp
@@ -170,44 +172,62 @@ void create_file(Save& s) {
   for (std::size_t i = 0; i < s.entries.size(); ++i) s.entries[i].offset = offsets[i];
 }
 
+// This rank's blocks into the page cache, each tensor's writeback started
+// and its digest computed meanwhile. Rank-local; `posix`: through pwrite, no
+// MPI call (an async save's background thread).
+void write_blocks(Save& s, bool posix) {
+  s.digests.assign(s.order.size(), 0);
+  const bool writes = std::any_of(s.order.begin(), s.order.end(), [](const Tensor& t) { return !t.runs.empty(); });
+  if (!writes) return;
+  s.raw = std::make_unique<RawFile>(s.file, true, posix);
+  for (std::size_t i = 0; i < s.order.size(); ++i) {
+    const Tensor& t = s.order[i];
+    for (const Run& r : t.runs) s.raw->write(s.entries[i].offset + 4 * r.start, r.data, 4 * r.length);
+    const auto span = byte_span(t, s.entries[i].offset);
+    s.raw->start_writeback(span.first, span.second - span.first);
+    const auto t0 = Clock::now();
+    for (const TensorSlab* b : t.owned) s.digests[i] += block_digest(*b);
+    s.times.digest += seconds_since(t0);
+  }
+}
+
+// This rank's data durable: the handle synced and closed.
+void flush_blocks(Save& s) {
+  const auto t0 = Clock::now();
+  if (s.raw) s.raw->close(true);
+  s.raw.reset();
+  s.times.flush = seconds_since(t0);
+}
+
+// The per-tensor digests summed over the ranks into the index.
+void sum_digests(Save& s) {
+  const auto sums = summed_digests(s.comm, s.digests);
+  for (std::size_t i = 0; i < s.entries.size(); ++i) s.entries[i].digest = sums[i];
+}
+
 // write: the data into the page cache and its writeback started, the digests
 // computed meanwhile; then summed over the ranks into the index.
 void write_slabs(Save& s) {
-  s.digests.assign(s.order.size(), 0);
-  double digest_seconds = 0;
-  run_phase(s, SavePhase::write, &s.times.write, [&] {
-    const bool writes = std::any_of(s.order.begin(), s.order.end(), [](const Tensor& t) { return !t.runs.empty(); });
-    if (!writes) return;
-    s.raw = std::make_unique<RawFile>(s.file, true);
-    for (std::size_t i = 0; i < s.order.size(); ++i) {
-      const Tensor& t = s.order[i];
-      for (const Run& r : t.runs) s.raw->write(s.entries[i].offset + 4 * r.start, r.data, 4 * r.length);
-      const auto span = byte_span(t, s.entries[i].offset);
-      s.raw->start_writeback(span.first, span.second - span.first);
-      const auto t0 = Clock::now();
-      for (const TensorSlab* b : t.owned) s.digests[i] += block_digest(*b);
-      digest_seconds += seconds_since(t0);
-    }
-  });
-  s.times.digest = digest_seconds;
-  const auto sums = summed_digests(s.comm, s.digests);
-  for (std::size_t i = 0; i < s.entries.size(); ++i) s.entries[i].digest = sums[i];
+  run_phase(s, SavePhase::write, &s.times.write, [&] { write_blocks(s, false); });
+  sum_digests(s);
+}
+
+// rank 0: the digests into the HDF5 metadata, copied into the file, and the manifest.
+void write_metadata(Save& s) {
+  if (s.rank != 0) return;
+  const auto t1 = Clock::now();
+  s.builder->finish(s.entries, s.file);
+  s.builder.reset();
+  format::write_manifest(s.tmp.string(), s.entries);
+  s.times.metadata = seconds_since(t1);
 }
 
 // close: every rank's data durable; rank 0 completes the metadata (the
 // digests) and writes the manifest.
 void close_file(Save& s) {
   run_phase(s, SavePhase::close, nullptr, [&] {
-    const auto t0 = Clock::now();
-    if (s.raw) s.raw->close(true);
-    s.raw.reset();
-    s.times.flush = seconds_since(t0);
-    if (s.rank != 0) return;
-    const auto t1 = Clock::now();
-    s.builder->finish(s.entries, s.file);
-    s.builder.reset();
-    format::write_manifest(s.tmp.string(), s.entries);
-    s.times.metadata = seconds_since(t1);
+    flush_blocks(s);
+    write_metadata(s);
   });
 }
 
@@ -305,31 +325,122 @@ SaveTimes slowest_times(MPI_Comm comm, SaveTimes times) {
   return times;
 }
 
+// What every save does first: the arguments checked, the tensor order agreed,
+// what `latest` names now noted (rank 0: to put back, and to name, if the
+// save fails), and the file laid out (create).
+void prepare(Save& s, const std::vector<TensorSlab>& tensors, int keep) {
+  check_arguments(s.comm, s.root.string(), s.info, keep);
+  s.order = agreed_order(s.comm, tensors, info_hash(s.info, keep), false);
+  if (s.rank == 0) s.rollback.previous = read_latest_quietly(s.root);
+  try {
+    create_file(s);
+  } catch (const Error& e) {
+    roll_back(s, e);
+  }
+}
+
+// rename and latest: the commit.
+void commit(Save& s) {
+  const auto t_commit = Clock::now();
+  rename_folder(s);
+  write_latest(s);
+  s.times.commit = seconds_since(t_commit);
+}
+
+// After the commit (or its rollback): old checkpoints pruned, the times.
+void conclude(Save& s, int keep, Clock::time_point t_start) {
+  prune_folder(s, keep);
+  s.times.total = seconds_since(t_start);
+  if (s.options.times) *s.options.times = slowest_times(s.comm, s.times);
+}
+
 }  // namespace
 
 void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
                      const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options) {
   const auto t_start = Clock::now();
-  check_arguments(comm, root_dir, info, keep);
   Save s(comm, root_dir, info, options);
-  s.order = agreed_order(comm, tensors, info_hash(info, keep), false);
-  // What `latest` names now (rank 0): to put back, and to name, if the save fails.
-  if (s.rank == 0) s.rollback.previous = read_latest_quietly(s.root);
-
+  prepare(s, tensors, keep);
   try {
-    create_file(s);
     write_slabs(s);
     close_file(s);
-    const auto t_commit = Clock::now();
-    rename_folder(s);
-    write_latest(s);
-    s.times.commit = seconds_since(t_commit);
+    commit(s);
   } catch (const Error& e) {
     roll_back(s, e);
   }
-  prune_folder(s, keep);
-  s.times.total = seconds_since(t_start);
-  if (options.times) *options.times = slowest_times(comm, s.times);
+  conclude(s, keep, t_start);
+}
+
+// ---------------------------------------------------------------- async
+
+struct AsyncSave::State {
+  State(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info, const SaveOptions& options, int keep_)
+      : save(comm, root_dir, info, options), keep(keep_) {}
+  Save save;
+  int keep;
+  Clock::time_point start = Clock::now();
+  std::thread writer;
+  std::atomic<bool> written{false};  // the writer is done (successfully or not)
+  std::string error;                 // the writer's failure, read after it is joined
+  bool finished = false;
+};
+
+AsyncSave::AsyncSave(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
+                     const std::vector<TensorSlab>& tensors, int keep, const SaveOptions& options)
+    : s_(std::make_unique<State>(comm, root_dir, info, options, keep)) {
+  prepare(s_->save, tensors, keep);
+  State* st = s_.get();
+  // The background thread: rank-local work only (pwrite, sync_file_range,
+  // fsync, the digests), never MPI; its outcome is agreed in finish().
+  st->writer = std::thread([st] {
+    Save& s = st->save;
+    SavePhase phase = SavePhase::write;
+    try {
+      const auto t0 = Clock::now();
+      if (s.options.hook) s.options.hook(phase, s.info.step, s.file);
+      write_blocks(s, true);
+      s.times.write = seconds_since(t0);
+      phase = SavePhase::close;
+      flush_blocks(s);
+    } catch (const std::exception& e) {
+      st->error = std::string("phase '") + name_of(phase) + "' on rank " + std::to_string(s.rank) + ": " + e.what();
+    }
+    st->written.store(true);
+  });
+}
+
+AsyncSave::~AsyncSave() {
+  // Not finished (an error elsewhere ends the run): the data may still be
+  // being written; wait for it, commit nothing. The temporary folder is
+  // debris the next writer of the folder removes.
+  if (s_ && s_->writer.joinable()) s_->writer.join();
+}
+
+std::int64_t AsyncSave::step() const { return s_->save.info.step; }
+
+bool AsyncSave::written_everywhere() {
+  int written = s_->written.load() ? 1 : 0;
+  mpi_all_reduce(MPI_IN_PLACE, &written, 1, MPI_INT, MPI_MIN, s_->save.comm, "the async save's progress");
+  return written == 1;
+}
+
+double AsyncSave::finish() {
+  require(!s_->finished, "AsyncSave::finish called twice");
+  s_->finished = true;
+  Save& s = s_->save;
+  const auto t0 = Clock::now();
+  s_->writer.join();
+  const double waited = seconds_since(t0);
+  try {
+    agree(s.comm, s_->error);
+    sum_digests(s);
+    run_phase(s, SavePhase::close, nullptr, [&] { write_metadata(s); });
+    commit(s);
+  } catch (const Error& e) {
+    roll_back(s, e);
+  }
+  conclude(s, s_->keep, s_->start);
+  return waited;
 }
 
 }  // namespace ndmini::io

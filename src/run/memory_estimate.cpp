@@ -123,6 +123,7 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
   e.param_bytes = e.grad_bytes = saturated_bytes(params * sizeof(real));
   e.optimizer_bytes = saturated_bytes(2 * params * sizeof(real));
   e.state_bytes = saturated_bytes(4 * params * sizeof(real));
+  e.async_checkpoint_bytes = saturated_bytes(3 * params * sizeof(real));
   e.activation_bytes_per_micro_batch = saturated_bytes(m.layers * N * C * kRoughFloatsPerRow * sizeof(real));
   e.in_flight = in_flight;
   e.scratch_bytes = saturated_bytes(N * (C + V / tp) * 4 * sizeof(real));
@@ -209,6 +210,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   e.grad_bytes = saturated_bytes(1.0 * shard * sizeof(real));
   e.optimizer_bytes = saturated_bytes(2.0 * shard * sizeof(real));
   e.state_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes;
+  e.async_checkpoint_bytes = saturated_bytes(3.0 * shard * sizeof(real));  // CheckpointState's staged copies
   const BlockSizes block =
       GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp, precision);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of

@@ -27,7 +27,15 @@ struct MemoryEstimate {
   std::int64_t activation_bytes_per_micro_batch = 0;
   std::int64_t in_flight = 0;
   std::int64_t scratch_bytes = 0;
-  std::int64_t total() const { return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes; }
+  // checkpoint.async's host copy of the parameters and both AdamW moments
+  // (train/checkpoint_state.hpp: three shards of fp32), counted in total()
+  // when the run saves asynchronously (async_checkpoint, set by the caller).
+  std::int64_t async_checkpoint_bytes = 0;
+  bool async_checkpoint = false;
+  std::int64_t total() const {
+    return state_bytes + in_flight * activation_bytes_per_micro_batch + scratch_bytes +
+           (async_checkpoint ? async_checkpoint_bytes : 0);
+  }
   // The same bytes by category (ndmini plan's table). state_bytes is
   // parameters + gradients + optimizer state. comm_buffer_bytes is the part
   // of scratch_bytes that communication holds (FSDP's gathered units, full

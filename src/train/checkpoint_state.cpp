@@ -26,20 +26,32 @@ std::vector<std::uint64_t> to_u64(const std::vector<std::int64_t>& v) { return {
 
 }  // namespace
 
-CheckpointState::CheckpointState(const ModelConfig& m, const ParamStore& store, const AdamW& opt)
-    : params_(Kokkos::create_mirror_view(store.shard_params())),
-      exp_avg_(Kokkos::create_mirror_view(opt.exp_avg)),
-      exp_avg_sq_(Kokkos::create_mirror_view(opt.exp_avg_sq)) {
+CheckpointState::CheckpointState(const ModelConfig& m, const ParamStore& store, const AdamW& opt, bool staged)
+    : staged_(staged) {
+  if (staged) {
+    const auto staging = [](const char* label, std::size_t n) {
+      return StagingView(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+    };
+    staged_params_ = staging("ndmini::checkpoint staging params", store.shard_params().extent(0));
+    staged_exp_avg_ = staging("ndmini::checkpoint staging exp_avg", opt.exp_avg.extent(0));
+    staged_exp_avg_sq_ = staging("ndmini::checkpoint staging exp_avg_sq", opt.exp_avg_sq.extent(0));
+  } else {
+    params_ = Kokkos::create_mirror_view(store.shard_params());
+    exp_avg_ = Kokkos::create_mirror_view(opt.exp_avg);
+    exp_avg_sq_ = Kokkos::create_mirror_view(opt.exp_avg_sq);
+  }
+  real* const params = staged ? staged_params_.data() : params_.data();
+  real* const exp_avg = staged ? staged_exp_avg_.data() : exp_avg_.data();
+  real* const exp_avg_sq = staged ? staged_exp_avg_sq_.data() : exp_avg_sq_.data();
   std::set<std::string> named;
   for_each_block(store, [&](const ParamStore::Piece& piece, const GlobalBlock& block) {
     const ParamInfo& p = store.layout().params[piece.param];
     const auto shape = to_u64(p.global_shape);
     const std::size_t at = piece.shard_offset + (block.local_begin - piece.local_begin);
     const bool replica = store.is_replica(piece);
-    slabs_.push_back({"model/" + p.name, shape, block.offset, block.count, params_.data() + at, replica});
-    slabs_.push_back({"optimizer/exp_avg/" + p.name, shape, block.offset, block.count, exp_avg_.data() + at, replica});
-    slabs_.push_back(
-        {"optimizer/exp_avg_sq/" + p.name, shape, block.offset, block.count, exp_avg_sq_.data() + at, replica});
+    slabs_.push_back({"model/" + p.name, shape, block.offset, block.count, params + at, replica});
+    slabs_.push_back({"optimizer/exp_avg/" + p.name, shape, block.offset, block.count, exp_avg + at, replica});
+    slabs_.push_back({"optimizer/exp_avg_sq/" + p.name, shape, block.offset, block.count, exp_avg_sq + at, replica});
     named.insert(p.name);
   });
   // Every rank names every tensor of the model, with an empty block where it
@@ -50,21 +62,37 @@ CheckpointState::CheckpointState(const ModelConfig& m, const ParamStore& store, 
     const auto shape = to_u64(t.shape);
     const std::vector<std::uint64_t> zero(shape.size(), 0);
     for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"})
-      slabs_.push_back({prefix + t.name, shape, zero, zero, params_.data(), false});
+      slabs_.push_back({prefix + t.name, shape, zero, zero, params, false});
   }
 }
 
 void CheckpointState::from_device(const ParamStore& store, const AdamW& opt) {
+  if (staged_) {
+    Kokkos::deep_copy(staged_params_, store.shard_params());
+    Kokkos::deep_copy(staged_exp_avg_, opt.exp_avg);
+    Kokkos::deep_copy(staged_exp_avg_sq_, opt.exp_avg_sq);
+    return;
+  }
   Kokkos::deep_copy(params_, store.shard_params());
   Kokkos::deep_copy(exp_avg_, opt.exp_avg);
   Kokkos::deep_copy(exp_avg_sq_, opt.exp_avg_sq);
 }
 
 void CheckpointState::to_device(ParamStore& store, const AdamW& opt) {
-  Kokkos::deep_copy(store.shard_params(), params_);
+  if (staged_) {
+    Kokkos::deep_copy(store.shard_params(), staged_params_);
+    Kokkos::deep_copy(opt.exp_avg, staged_exp_avg_);
+    Kokkos::deep_copy(opt.exp_avg_sq, staged_exp_avg_sq_);
+  } else {
+    Kokkos::deep_copy(store.shard_params(), params_);
+    Kokkos::deep_copy(opt.exp_avg, exp_avg_);
+    Kokkos::deep_copy(opt.exp_avg_sq, exp_avg_sq_);
+  }
   store.params_changed();
-  Kokkos::deep_copy(opt.exp_avg, exp_avg_);
-  Kokkos::deep_copy(opt.exp_avg_sq, exp_avg_sq_);
+}
+
+std::size_t CheckpointState::staged_bytes() const {
+  return (staged_params_.extent(0) + staged_exp_avg_.extent(0) + staged_exp_avg_sq_.extent(0)) * sizeof(real);
 }
 
 std::map<std::string, std::vector<float>> gather_global(const ModelConfig& m, const ParamStore& store,

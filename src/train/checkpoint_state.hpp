@@ -16,15 +16,34 @@
 
 namespace ndmini {
 
+// Where an async save's copy of the state lives: page-locked host memory on a
+// GPU build (the copy from the device runs at full link speed), plain host
+// memory otherwise.
+#ifdef KOKKOS_ENABLE_CUDA
+using CheckpointStagingSpace = Kokkos::CudaHostPinnedSpace;
+#else
+using CheckpointStagingSpace = HostSpace;
+#endif
+
 class CheckpointState {
  public:
-  CheckpointState(const ModelConfig& m, const ParamStore& store, const AdamW& opt);
+  // `staged`: the host copies are buffers of their own (checkpoint.async),
+  // so training may change the state while a background thread writes the
+  // copy; else they are Kokkos host mirrors, which on a host build are the
+  // state itself (nothing copied).
+  CheckpointState(const ModelConfig& m, const ParamStore& store, const AdamW& opt, bool staged = false);
   const std::vector<io::TensorSlab>& slabs() const { return slabs_; }
   void from_device(const ParamStore& store, const AdamW& opt);
   void to_device(ParamStore& store, const AdamW& opt);
+  // Bytes of the staged copies (0 when not staged): the memory checkpoint.async
+  // costs, three fp32 shards (MemoryEstimate::async_checkpoint_bytes).
+  std::size_t staged_bytes() const;
 
  private:
-  View1D::HostMirror params_, exp_avg_, exp_avg_sq_;
+  using StagingView = Kokkos::View<real*, Kokkos::LayoutRight, CheckpointStagingSpace>;
+  View1D::HostMirror params_, exp_avg_, exp_avg_sq_;  // not staged
+  StagingView staged_params_, staged_exp_avg_, staged_exp_avg_sq_;
+  bool staged_ = false;
   std::vector<io::TensorSlab> slabs_;
 };
 

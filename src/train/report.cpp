@@ -251,7 +251,14 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
                   r.peak_activation_bytes[stage] / kMiB);
     }
   }
-  std::printf("    I/O              %.1f ms in total (checkpoints)\n", r.io_ms);
+  std::printf("    I/O              %.1f ms in total (checkpoints)", r.io_ms);
+  if (r.async_saves > 0) {
+    const double hidden = std::max(0.0, r.async_written_ms - r.async_waited_ms);
+    std::printf(
+        "; %d async save(s) written in %.1f ms in the background, %.1f ms (%.0f%%) of it hidden behind training",
+        r.async_saves, r.async_written_ms, hidden, r.async_written_ms > 0 ? 100 * hidden / r.async_written_ms : 100.0);
+  }
+  std::printf("\n");
   if (!r.val_losses.empty())
     std::printf("  validation         loss %.6f at step %lld (the last; %.1f ms evaluating in all, not in time/step)\n",
                 r.val_losses.back().second, static_cast<long long>(r.val_losses.back().first), r.eval_ms);
@@ -265,8 +272,12 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
               r.peak.source.c_str());
   std::printf(
       "  memory/rank        %.1f MiB model state, %.1f MiB activations in flight at most, "
-      "%.1f MiB estimated in all, %.1f MiB peak RSS (rank 0)\n",
+      "%s%.1f MiB estimated in all, %.1f MiB peak RSS (rank 0)\n",
       r.state_bytes / kMiB, *std::max_element(r.peak_activation_bytes.begin(), r.peak_activation_bytes.end()) / kMiB,
+      r.staged_bytes > 0 ? (std::to_string(static_cast<long long>(r.staged_bytes / kMiB + 0.5)) +
+                            " MiB host copy for async checkpoints, ")
+                               .c_str()
+                         : "",
       r.mem_bytes / kMiB, peak_rss_bytes() / kMiB);
   std::fflush(stdout);
 }
@@ -297,6 +308,10 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"peak_flops", r.peak.flops_per_rank},
                       {"peak_source", r.peak.source},
                       {"io_ms", r.io_ms},
+                      {"async_saves", r.async_saves},
+                      {"async_written_ms", r.async_written_ms},
+                      {"async_waited_ms", r.async_waited_ms},
+                      {"staged_bytes", r.staged_bytes},
                       {"bubble_ms_per_stage", bubble},
                       {"recompute_ms", median_of(r.timed, [](const StepStats& st) { return st.recompute_ms; })},
                       {"ideal_bubble", r.ideal_bubble},

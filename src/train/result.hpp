@@ -34,8 +34,13 @@ struct TrainResult {
   std::vector<StepStats> timed;  // steps after the warm-up step
   double median_step_ms = 0, tokens_per_s = 0, mfu = 0;
   PeakFlops peak;
-  double io_ms = 0;    // checkpoint saves and loads, rank 0's time
-  double eval_ms = 0;  // all validation losses, rank 0's time
+  double io_ms = 0;  // checkpoint saves and loads, rank 0's time (for async saves, what training waited)
+  // checkpoint.async: saves committed, their background writes (the slowest
+  // rank's write and sync), and how long rank 0 waited for its thread.
+  int async_saves = 0;
+  double async_written_ms = 0, async_waited_ms = 0;
+  std::int64_t staged_bytes = 0;  // the async save's host copy of the state
+  double eval_ms = 0;             // all validation losses, rank 0's time
   double ideal_bubble = 0;
   std::int64_t state_bytes = 0, mem_bytes = 0;      // this rank's model state; the estimate of the busiest stage
   std::vector<std::int64_t> peak_activation_bytes;  // per pipeline stage, the most its ranks held in flight

@@ -131,6 +131,8 @@ class Trainer {
   void agree_on_stop(std::int64_t step);
   void summarise();
   void save(std::int64_t step);
+  void commit_async_save_if_written();
+  void finish_async_save();
   std::optional<double> validate_if_due(std::int64_t step, double* eval_ms);
   double mfu(double tokens_per_s) const;
   void log_step(std::int64_t step, double loss, std::optional<double> val_loss, double eval_ms, double lr,
@@ -158,6 +160,11 @@ class Trainer {
   std::unique_ptr<StageRuntime> model_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<CheckpointState> ckpt_;
+  // checkpoint.async: the save being written in the background (at most one:
+  // the next waits for it), and its phase times. After ckpt_, so destroyed
+  // first: its thread reads ckpt_'s copies.
+  io::SaveTimes async_times_;
+  std::unique_ptr<io::AsyncSave> async_save_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<PipelineRunner> runner_;
   std::unique_ptr<MicroBatchFeed> feed_, val_feed_;
@@ -205,6 +212,7 @@ void Trainer::announce() {
   result_.state_bytes =
       static_cast<std::int64_t>(model_->store().persistent_bytes() + 2 * opt_->exp_avg.extent(0) * sizeof(real));
   result_.mem_bytes = estimate_memory(cfg_, layout_).total();
+  result_.staged_bytes = static_cast<std::int64_t>(ckpt_->staged_bytes());
   result_.ideal_bubble = layout_.schedule.ideal_bubble();
   const std::string validation = sources_.validation ? "every " + std::to_string(t.eval_every) +
                                                            " steps and at the last, " + std::to_string(t.eval_batches) +
@@ -275,7 +283,7 @@ void Trainer::setup() {
   if (opts_.capture != nullptr) model_->record_unit_events(&opts_.capture->unit_events);
   model_->init(cfg_.train.seed);
   opt_ = std::make_unique<AdamW>(model_->store());
-  ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_);
+  ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_, saves_ && cfg_.checkpoint.async);
 }
 
 void Trainer::resume() {
@@ -314,6 +322,7 @@ void Trainer::resume() {
 
 void Trainer::save(std::int64_t step) {
   const ProfileRegion region("ndmini::checkpoint save");
+  finish_async_save();  // one host copy: the previous save is written first
   const auto t0 = Clock::now();
   ckpt_->from_device(model_->store(), *opt_);
   io::CheckpointInfo info{step,
@@ -324,11 +333,55 @@ void Trainer::save(std::int64_t step) {
                           sources_.train->provenance()};
   io::SaveOptions save_options;
   save_options.hook = faults_.save_hook();
+  if (cfg_.checkpoint.async) {
+    save_options.times = &async_times_;
+    async_save_ = std::make_unique<io::AsyncSave>(comm_, cfg_.checkpoint.dir, info, ckpt_->slabs(),
+                                                  cfg_.checkpoint.keep, save_options);
+    result_.io_ms += ms_since(t0);
+    if (speak_)
+      std::printf(
+          "checkpoint: step %lld copied to host memory and its write started (%.0f ms); written in the "
+          "background\n",
+          static_cast<long long>(step), ms_since(t0));
+    return;
+  }
   io::save_checkpoint(comm_, cfg_.checkpoint.dir, info, ckpt_->slabs(), cfg_.checkpoint.keep, save_options);
   result_.io_ms += ms_since(t0);
   if (speak_)
     std::printf("checkpoint: saved step %lld to %s/%s (%.0f ms)\n", static_cast<long long>(step),
                 cfg_.checkpoint.dir.c_str(), io::checkpoint_dirname(step).c_str(), ms_since(t0));
+}
+
+// At a step boundary: commits the async save once every rank has written
+// its part (one all-reduce while a save is in flight).
+void Trainer::commit_async_save_if_written() {
+  if (!async_save_) return;
+  const auto t0 = Clock::now();
+  const bool written = async_save_->written_everywhere();
+  result_.io_ms += ms_since(t0);
+  if (written) finish_async_save();
+}
+
+// Waits for the async save's thread, then commits it on every rank (the
+// agreement, digests, metadata, rename, `latest`); its error, if any, is
+// thrown here on every rank as a sync save's would be.
+void Trainer::finish_async_save() {
+  if (!async_save_) return;
+  const ProfileRegion region("ndmini::checkpoint commit");
+  const auto t0 = Clock::now();
+  const std::unique_ptr<io::AsyncSave> s = std::move(async_save_);
+  const double waited_ms = 1e3 * s->finish();
+  result_.io_ms += ms_since(t0);
+  const double written_ms = 1e3 * (async_times_.write + async_times_.flush);
+  ++result_.async_saves;
+  result_.async_written_ms += written_ms;
+  result_.async_waited_ms += waited_ms;
+  if (speak_)
+    std::printf(
+        "checkpoint: saved step %lld to %s/%s (async: %.0f ms written in the background, %.0f ms of it "
+        "waited for)\n",
+        static_cast<long long>(s->step()), cfg_.checkpoint.dir.c_str(), io::checkpoint_dirname(s->step()).c_str(),
+        written_ms, std::min(waited_ms, written_ms));
 }
 
 Trainer::LossSum Trainer::evaluate(TrainingStage& stage, std::int64_t first_step, int batches, bool poison) {
@@ -386,6 +439,7 @@ void Trainer::step() {
   if (opts_.capture != nullptr && step == result_.first_step)
     opts_.capture->first_step_grads = gather_global(cfg_.model, model_->store(), model_->store().shard_grads(), comm_);
   const double lr = update(step, grad_norm);
+  commit_async_save_if_written();
 
   const double io_ms = result_.io_ms - io_ms_before;
   const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
@@ -481,6 +535,7 @@ TrainResult Trainer::finish() {
     require_finite_state(comm_, pending_save_, check.global, check.local, cfg_);
     save(pending_save_);
   }
+  finish_async_save();  // the last save committed before the report
   if (opts_.capture != nullptr) {
     const ParamStore& store = model_->store();
     opts_.capture->final_params = gather_global(cfg_.model, store, store.shard_params(), comm_);
