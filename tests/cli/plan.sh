@@ -308,8 +308,9 @@ PY
     grep -qF "note: perf.memory_per_rank_gib = 2 of the deck limits memory per device" out.txt || fail "no note"
     expect_exit2 "fits the deck's perf.memory_per_rank_gib = 0.0001" tiny.toml --cluster "$A100" --world 2 --search \
       --set perf.memory_per_rank_gib=0.0001
+    # Every degree set (dp_shard = -1, the default, would fill the world): they make 1 device, not 2.
     expect_exit2 "make 1 device; set them with --set parallel.<axis>=N to make 2, or add --search" tiny.toml \
-      --cluster "$A100" --world 2
+      --cluster "$A100" --world 2 --set parallel.dp_shard=1
     ! grep -qF "launch" out.txt || fail "plan gives train's advice" ;;
   launches)
     # device.launch_overhead_us: each launch costs it, in the step; 0 is a value; -1 is refused.
