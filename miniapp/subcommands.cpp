@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "build_info.hpp"
 #include "comm/mpi/mpi_calls.hpp"
 #include "config/config.hpp"
 #include "exit_status.hpp"
@@ -70,7 +71,10 @@ int run_train(Runtime& runtime, const Options& o) {
   bool signalled = false;  // the status is the one a stop signal gives (core/signals.hpp)
   const int status = collective_status_of(runtime.rank(), [&] {
     const Config cfg = load_deck(o);
-    const int s = train(cfg, o.train, MPI_COMM_WORLD).exit_status;  // non-zero: a stop signal
+    TrainOptions options = o.train;
+    options.deck_path = o.deck;
+    options.git_sha = git_sha();
+    const int s = train(cfg, options, MPI_COMM_WORLD).exit_status;  // non-zero: a stop signal
     signalled = s != 0;
     return s;
   });
