@@ -34,13 +34,13 @@ expect_note() {
   echo "ok: one note with '$want'"
 }
 
-subcommands="expected train, check, ckpt or plan"
+subcommands="expected train, check, config, keys, ckpt or plan"
 case "$1" in
   unknown_subcommand)
     expect_exit 2 "unknown subcommand 'frobnicate' for ndmini: $subcommands; 'ndmini --help' describes them" \
       frobnicate
     expect_exit 2 "unknown subcommand 'frob' for ndmini ckpt: expected info or verify" ckpt frob
-    expect_exit 2 "ndmini needs a subcommand: train, check, ckpt or plan"
+    expect_exit 2 "ndmini needs a subcommand: train, check, config, keys, ckpt or plan"
     expect_exit 2 "ndmini ckpt needs a subcommand: info or verify" ckpt ;;
   world_range)
     for n in 0 -3 2000000 x; do
