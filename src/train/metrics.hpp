@@ -18,7 +18,6 @@ struct StepRecord {
   // The mean loss of the steps since the last logged one, this one included
   // (the line shows it; the record keeps the step's own `loss`).
   double window_loss = 0;
-  int window_steps = 1;
   double elapsed_s = 0;     // wall time since this run's first step began
   double eta_s = 0;         // elapsed per step so far, times the steps left
   double unix_time = 0;     // wall-clock time at the end of the step (seconds since the epoch)

@@ -551,8 +551,8 @@ void Trainer::log_step(std::int64_t step, double loss, std::optional<double> val
   r.loss = loss;
   // The losses of this run since the last logged step (a resume starts a window).
   const auto first = result_.losses.begin() + static_cast<std::ptrdiff_t>(window_first_);
-  r.window_steps = static_cast<int>(result_.losses.end() - first);
-  r.window_loss = std::accumulate(first, result_.losses.end(), 0.0) / r.window_steps;
+  const auto window_steps = static_cast<double>(result_.losses.end() - first);
+  r.window_loss = std::accumulate(first, result_.losses.end(), 0.0) / window_steps;
   window_first_ = result_.losses.size();
   r.elapsed_s = ms_since(run_start_) / 1e3;
   const double steps_done = static_cast<double>(step + 1 - result_.first_step);
