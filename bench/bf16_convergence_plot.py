@@ -29,6 +29,8 @@ def read_metrics(path):
                 if rec.get("summary"):
                     summary = rec
                     continue
+                if "step" not in rec:
+                    continue  # the header record (version, deck, config) measures nothing
                 steps.append(rec["step"])
                 losses.append(rec["loss"])
                 if rec.get("val_loss") is not None:

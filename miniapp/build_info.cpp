@@ -25,6 +25,8 @@ std::string json_string(const std::string& s) {
 
 }  // namespace
 
+std::string git_sha() { return NDMINI_GIT_SHA; }
+
 std::string version_text() { return std::string("ndmini ") + NDMINI_VERSION + " (" + NDMINI_GIT_SHA + ")"; }
 
 std::string build_info() {

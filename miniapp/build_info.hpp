@@ -5,6 +5,9 @@
 
 namespace ndmini::driver {
 
+// The commit the binary was built from (cmake/git_sha.cmake).
+std::string git_sha();
+
 // "ndmini 0.1.0 (GIT_SHA)".
 std::string version_text();
 

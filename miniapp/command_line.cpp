@@ -85,7 +85,7 @@ std::string cli_error_text(CLI::App& app, const CLI::ParseError& e) {
 // What CLI11 fills in besides Options: the raw values turned into Options
 // after the parse, and the subcommands, to tell which one ran.
 struct Parsed {
-  CLI::App *check = nullptr, *ckpt = nullptr, *ckpt_info = nullptr, *plan = nullptr;
+  CLI::App *check = nullptr, *config = nullptr, *keys = nullptr, *ckpt = nullptr, *ckpt_info = nullptr, *plan = nullptr;
   CLI::Option* resume = nullptr;
   std::string resume_step;  // empty: the step named by 'latest'
   int plan_top = 10;
@@ -120,6 +120,18 @@ void add_check(CLI::App& app, Options& o, Parsed& p) {
   p.check->add_option("--world", o.check_world, "Validate the layout for N ranks without launching them")
       ->option_text("N (default: the ranks launched)")
       ->check(whole_number_in(1, kMaxWorld, "must be a whole number between 1 and " + std::to_string(kMaxWorld)));
+}
+
+void add_config(CLI::App& app, Options& o, Parsed& p) {
+  p.config = app.add_subcommand(
+      "config", "Print every deck key with its value and where it came from (default, deck, --set); runs nothing");
+  p.config->add_option("deck", o.deck, "Input deck (TOML)")->required();
+  p.config->add_option("--set", o.overrides, "Override a deck key: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  p.config->add_option("--world", o.check_world, "Resolve the -1 degrees for N ranks (default: the ranks launched)")
+      ->option_text("N")
+      ->check(whole_number_in(1, kMaxWorld, "must be a whole number between 1 and " + std::to_string(kMaxWorld)));
+  p.keys = app.add_subcommand("keys", "List every deck key: type, default and meaning (as docs/deck.md)");
 }
 
 void add_ckpt(CLI::App& app, Options& o, Parsed& p) {
@@ -184,6 +196,10 @@ void complete(const Parsed& p, Options& o) {
     o.subcommand = p.plan_calibrate ? Subcommand::kPlanCalibrate : Subcommand::kPlan;
   else if (*p.ckpt)
     o.subcommand = *p.ckpt_info ? Subcommand::kCkptInfo : Subcommand::kCkptVerify;
+  else if (*p.config)
+    o.subcommand = Subcommand::kConfig;
+  else if (*p.keys)
+    o.subcommand = Subcommand::kKeys;
   else
     o.subcommand = *p.check ? Subcommand::kCheck : Subcommand::kTrain;
   o.plan.top = static_cast<std::size_t>(p.plan_top);
@@ -209,12 +225,14 @@ std::optional<int> parse_command_line(int argc, char** argv, int rank, int world
   Parsed parsed;
   add_train(app, o, parsed);
   add_check(app, o, parsed);
+  add_config(app, o, parsed);
   add_ckpt(app, o, parsed);
   add_plan(app, o, parsed);
   // Set last, so the subcommands' help does not repeat it.
   app.footer(
       "--kokkos-* options (the thread count, the device, tools) are passed to Kokkos; --kokkos-help lists them.\n"
-      "'ndmini SUBCOMMAND --help' shows a subcommand's options; docs/deck.md lists the deck's keys.");
+      "'ndmini SUBCOMMAND --help' shows a subcommand's options; docs/deck.md (or 'ndmini keys') lists the deck's "
+      "keys.");
 
   // Kokkos has read its --kokkos-* arguments.
   std::vector<const char*> args;

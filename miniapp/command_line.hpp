@@ -11,13 +11,13 @@
 
 namespace ndmini::driver {
 
-enum class Subcommand { kTrain, kCheck, kCkptInfo, kCkptVerify, kPlan, kPlanCalibrate };
+enum class Subcommand { kTrain, kCheck, kConfig, kKeys, kCkptInfo, kCkptVerify, kPlan, kPlanCalibrate };
 
 // What the command line asks for. Each subcommand reads its own fields.
 struct Options {
   Subcommand subcommand = Subcommand::kTrain;
-  std::string deck;                    // train, check
-  std::vector<std::string> overrides;  // train, check: --set
+  std::string deck;                    // train, check, config
+  std::vector<std::string> overrides;  // train, check, config: --set
   TrainOptions train;
   int check_world = 1;  // check --world; default: the ranks launched
   std::string ckpt_path;

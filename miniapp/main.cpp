@@ -37,6 +37,12 @@ int main(int argc, char** argv) {
     case Subcommand::kCheck:
       stop_at_once(stop_signals);
       return run_check(runtime, options);
+    case Subcommand::kConfig:
+      stop_at_once(stop_signals);
+      return run_config(runtime, options);
+    case Subcommand::kKeys:
+      stop_at_once(stop_signals);
+      return run_keys(runtime);
     case Subcommand::kCkptInfo:
     case Subcommand::kCkptVerify:
       stop_at_once(stop_signals);

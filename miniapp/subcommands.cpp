@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <thread>
 
+#include "build_info.hpp"
 #include "comm/mpi/mpi_calls.hpp"
 #include "config/config.hpp"
+#include "config/deck_reference.hpp"
+#include "config/effective.hpp"
 #include "exit_status.hpp"
 #include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
@@ -70,7 +73,10 @@ int run_train(Runtime& runtime, const Options& o) {
   bool signalled = false;  // the status is the one a stop signal gives (core/signals.hpp)
   const int status = collective_status_of(runtime.rank(), [&] {
     const Config cfg = load_deck(o);
-    const int s = train(cfg, o.train, MPI_COMM_WORLD).exit_status;  // non-zero: a stop signal
+    TrainOptions options = o.train;
+    options.deck_path = o.deck;
+    options.git_sha = git_sha();
+    const int s = train(cfg, options, MPI_COMM_WORLD).exit_status;  // non-zero: a stop signal
     signalled = s != 0;
     return s;
   });
@@ -98,6 +104,37 @@ int run_check(const Runtime& runtime, const Options& o) {
     }
     return exit_status(Ending::kDone);
   });
+}
+
+int run_config(const Runtime& runtime, const Options& o) {
+  return collective_status_of(runtime.rank(), [&] {
+    const Config cfg = load_deck(o);
+    // The degrees as train would fill them for this world (a bad product is train's error).
+    const RunLayout layout = resolve_layout(cfg, o.check_world);
+    Config resolved = cfg;
+    resolved.parallel.pp = layout.dims.pp;
+    resolved.parallel.dp_replicate = layout.dims.dp_replicate;
+    resolved.parallel.dp_shard = layout.dims.dp_shard;
+    resolved.parallel.cp = layout.dims.cp;
+    resolved.parallel.tp = layout.dims.tp;
+    if (runtime.rank() == 0) {
+      std::printf("# ndmini config %s: every key, its value and where it came from (default, deck, --set);\n",
+                  o.deck.c_str());
+      std::printf("# the -1 degrees resolved for %d rank(s). A deck: ndmini train reads it back to these values.\n",
+                  o.check_world);
+      std::printf("%s", effective_toml_with_origins(cfg, resolved).c_str());
+    }
+    return exit_status(Ending::kDone);
+  });
+}
+
+int run_keys(const Runtime& runtime) {
+  return status_of(
+      [&] {
+        if (runtime.rank() == 0) std::printf("%s", deck_keys_text().c_str());
+        return exit_status(Ending::kDone);
+      },
+      runtime.rank() == 0, Ending::kError);
 }
 
 int run_ckpt(const Runtime& runtime, const Options& o) {

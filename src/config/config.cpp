@@ -264,6 +264,20 @@ bool type_matches(const Key& key, const toml::node& n) {
   return t == key.type || (key.type == "float" && t == "integer");
 }
 
+// An unknown section or key named by `where` (a --set), with the nearest valid one.
+void require_known_key(const std::string& section, const std::string& name, const std::string& where) {
+  std::vector<std::string> sections, dotted;
+  for (const auto& k : schema()) {
+    if (std::find(sections.begin(), sections.end(), k.section) == sections.end()) sections.push_back(k.section);
+    dotted.push_back(k.dotted());
+  }
+  if (std::find(sections.begin(), sections.end(), section) == sections.end())
+    throw Error(where + ": unknown section [" + section + "]; did you mean [" + nearest(section, sections) + "]?");
+  const std::string full = section + "." + name;
+  if (std::find(dotted.begin(), dotted.end(), full) == dotted.end())
+    throw Error(where + ": unknown key " + full + "; did you mean " + nearest(full, dotted) + "?");
+}
+
 // "--set section.key=value": the value is parsed as TOML, and taken as a bare
 // string when it is not valid TOML (so --set data.source=text works).
 void apply_override(toml::table& deck, const std::string& assignment) {
@@ -274,6 +288,7 @@ void apply_override(toml::table& deck, const std::string& assignment) {
   const std::string section = assignment.substr(0, dot);
   const std::string name = assignment.substr(dot + 1, eq - dot - 1);
   const std::string value = assignment.substr(eq + 1);
+  require_known_key(section, name, "--set " + assignment);
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
@@ -504,10 +519,16 @@ Config parse_config(const std::string& text, const std::string& origin, const st
        << ": not valid TOML: " << e.description();
     throw Error(os.str());
   }
-  for (const auto& o : overrides) apply_override(deck, o);
+  // The deck's own keys first, so a typo is reported where it was made.
   check_known_keys(deck, origin);
-
   Config cfg;
+  for (const auto& key : schema())
+    if (deck.at_path(key.dotted()).node() != nullptr) cfg.key_origin[key.dotted()] = "deck";
+  for (const auto& o : overrides) {
+    apply_override(deck, o);
+    cfg.key_origin[o.substr(0, o.find('='))] = "--set";
+  }
+
   for (const auto& key : schema()) {
     const toml::node* node = deck.at_path(key.dotted()).node();
     if (node == nullptr) {
@@ -566,6 +587,24 @@ std::string effective_toml(const Config& cfg) {
       section = k.section;
     }
     text += k.name + " = " + k.show(cfg) + "\n";
+  }
+  return text;
+}
+
+std::string effective_toml_with_origins(const Config& cfg, const Config& resolved) {
+  std::size_t width = 0;
+  for (const auto& k : schema()) width = std::max(width, k.name.size() + 3 + k.show(resolved).size());
+  std::string text, section;
+  for (const auto& k : schema()) {
+    if (k.section != section) {
+      text += (section.empty() ? "[" : "\n[") + k.section + "]\n";
+      section = k.section;
+    }
+    const std::string line = k.name + " = " + k.show(resolved);
+    const auto origin = cfg.key_origin.find(k.dotted());
+    std::string from = origin == cfg.key_origin.end() ? "default" : origin->second;
+    if (k.show(cfg) != k.show(resolved)) from += " (" + k.show(cfg) + ", resolved)";
+    text += line + std::string(width - line.size() + 2, ' ') + "# " + from + "\n";
   }
   return text;
 }

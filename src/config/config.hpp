@@ -4,6 +4,7 @@
 // the model's; unknown keys are refused with the nearest valid key suggested.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -188,6 +189,9 @@ struct Config {
   CommConfig comm;
   PerfConfig perf;
   FaultConfig fault;
+  // Where each key set came from: "section.key" -> "deck" or "--set" (a key
+  // not in it has its default). `ndmini config` prints it.
+  std::map<std::string, std::string> key_origin;
   std::string toml;  // the resolved deck (overrides applied), as TOML text; floats in their shortest
                      // form that reads back as the same double
 };

@@ -153,9 +153,8 @@ std::string cell(const std::string& default_value) {
   return "`" + default_value + "`";
 }
 
-}  // namespace
-
-std::string deck_reference_markdown() {
+// The schema's keys, each shown to have a meaning and each meaning a key.
+std::vector<DeckKey> described_keys() {
   const std::vector<DeckKey> keys = deck_keys();
   const auto& text = meanings();
   // Both ways, so the page can neither miss a key nor keep a removed one.
@@ -165,6 +164,43 @@ std::string deck_reference_markdown() {
   for (const auto& [dotted, meaning] : text)
     require(std::any_of(keys.begin(), keys.end(), [&](const DeckKey& k) { return k.section + "." + k.name == dotted; }),
             "src/config/deck_reference.cpp describes " + dotted + ", which is no deck key; remove it");
+  return keys;
+}
+
+const std::string& section_intro(const std::string& section) {
+  const auto intro = section_intros().find(section);
+  require(intro != section_intros().end(),
+          "deck section [" + section + "] has no introduction in src/config/deck_reference.cpp; add one");
+  return intro->second;
+}
+
+}  // namespace
+
+std::string deck_keys_text() {
+  const std::vector<DeckKey> keys = described_keys();
+  std::size_t key_width = 0, type_width = 0, default_width = 0;
+  for (const auto& k : keys) {
+    key_width = std::max(key_width, k.section.size() + 1 + k.name.size());
+    type_width = std::max(type_width, k.type.size());
+    default_width = std::max(default_width, cell(k.default_value).size());
+  }
+  const auto pad = [](const std::string& s, std::size_t width) { return s + std::string(width - s.size() + 2, ' '); };
+  std::ostringstream out;
+  std::string section;
+  for (const auto& k : keys) {
+    if (k.section != section) {
+      section = k.section;
+      out << (out.tellp() > 0 ? "\n[" : "[") << section << "] " << section_intro(section) << "\n";
+    }
+    out << "  " << pad(k.section + "." + k.name, key_width) << pad(k.type, type_width)
+        << pad(cell(k.default_value), default_width) << meanings().at(k.section + "." + k.name) << "\n";
+  }
+  return out.str();
+}
+
+std::string deck_reference_markdown() {
+  const std::vector<DeckKey> keys = described_keys();
+  const auto& text = meanings();
 
   std::ostringstream out;
   out << "<!-- SPDX-License-Identifier: BSD-3-Clause -->\n"
@@ -175,16 +211,15 @@ std::string deck_reference_markdown() {
          "A deck is a TOML file of the sections below. Every key is optional except the model's; an unknown key\n"
          "is refused with the nearest valid one (`ndmini: error: tiny.toml: unknown key train.setps; did you mean\n"
          "train.steps?`). `--set section.key=value` overrides any key from the command line (the value is read\n"
-         "as TOML, or as a bare string: `--set data.source=text`). `ndmini check DECK` prints the resolved deck.\n"
+         "as TOML, or as a bare string: `--set data.source=text`). `ndmini check DECK` prints the resolved deck;\n"
+         "`ndmini config DECK` prints every key with its value and where it came from (default, deck, `--set`),\n"
+         "and `ndmini keys` lists these tables from the binary.\n"
          "The decks that come with ndmini are listed in [running.md](running.md#decks-in-inputs).\n";
   std::string section;
   for (const auto& k : keys) {
     if (k.section != section) {
       section = k.section;
-      const auto intro = section_intros().find(section);
-      require(intro != section_intros().end(),
-              "deck section [" + section + "] has no introduction in src/config/deck_reference.cpp; add one");
-      out << "\n## [" << section << "]\n\n" << intro->second << "\n\n";
+      out << "\n## [" << section << "]\n\n" << section_intro(section) << "\n\n";
       out << "| key | type | default | meaning |\n|---|---|---|---|\n";
     }
     out << "| `" << k.section << "." << k.name << "` | " << k.type << " | " << cell(k.default_value) << " | "

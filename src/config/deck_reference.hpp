@@ -10,4 +10,8 @@ namespace ndmini {
 // no meaning written, or a meaning names a key the schema does not have.
 std::string deck_reference_markdown();
 
+// `ndmini keys`: the same sections, keys, types, defaults and meanings as
+// plain text, one key a line.
+std::string deck_keys_text();
+
 }  // namespace ndmini

@@ -21,4 +21,10 @@ std::vector<KeyValue> key_values(const Config& cfg);
 // Every key as a TOML deck that parse_config reads back to the same values.
 std::string effective_toml(const Config& cfg);
 
+// `ndmini config`: effective_toml of `resolved` (the deck with its -1 degrees
+// filled), each key followed by where its value came from: `# default`,
+// `# deck`, `# --set` (from cfg.key_origin), and `(-1, resolved)` where the
+// layout filled it.
+std::string effective_toml_with_origins(const Config& cfg, const Config& resolved);
+
 }  // namespace ndmini

@@ -15,13 +15,31 @@
 
 namespace ndmini {
 
+namespace {
+
+// "42.1 s", "12m05s", "3h07m": short, and it grows with the run.
+std::string duration(double seconds) {
+  char buf[32];
+  const long long s = static_cast<long long>(seconds + 0.5);
+  if (seconds < 100)
+    std::snprintf(buf, sizeof buf, "%.1f s", seconds);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  return buf;
+}
+
+}  // namespace
+
 std::string progress_line(const StepRecord& r) {
-  char buf[256];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
-                "step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %9.1f ms | %9.0f tok/s | MFU %5.1f%% | "
-                "comm %.1f ms | mem %.1f MiB",
-                static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.step_ms, r.tokens_per_s, 100 * r.mfu,
-                r.exposed_comm_ms, r.mem_bytes / 1048576.0);
+                "step %6lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %9.1f ms | %9.0f tok/s | MFU %5.1f%% | "
+                "comm %.1f ms | mem %.1f MiB | elapsed %s | ETA %s",
+                static_cast<long long>(r.step), static_cast<long long>(r.steps), r.window_loss, r.lr, r.grad_norm,
+                r.step_ms, r.tokens_per_s, 100 * r.mfu, r.exposed_comm_ms, r.mem_bytes / 1048576.0,
+                duration(r.elapsed_s).c_str(), duration(r.eta_s).c_str());
   std::string line = buf;
   // Last, so the fields before it keep their places on every line.
   if (r.val_loss) {
@@ -80,13 +98,18 @@ void MetricsWriter::step(const StepRecord& r) {
                       {"bubble_ms", r.bubble_ms},
                       {"bubble_ms_per_stage", r.bubble_ms_per_stage},
                       {"io_ms", r.io_ms},
-                      {"mem_bytes", r.mem_bytes}};
+                      {"mem_bytes", r.mem_bytes},
+                      {"time", r.unix_time},
+                      {"elapsed_s", r.elapsed_s},
+                      {"tokens", r.tokens}};
   if (r.val_loss) {
     j["val_loss"] = *r.val_loss;
     j["eval_ms"] = r.eval_ms;
   }
   write_line(j.dump() + "\n");
 }
+
+void MetricsWriter::header(const std::string& json_object) { write_line(json_object + "\n"); }
 
 void MetricsWriter::summary(const std::string& json_object) { write_line(json_object + "\n"); }
 

@@ -14,6 +14,14 @@ namespace ndmini {
 
 struct StepRecord {
   std::int64_t step = 0;
+  std::int64_t steps = 0;  // train.steps: the line reads "step N/M"
+  // The mean loss of the steps since the last logged one, this one included
+  // (the line shows it; the record keeps the step's own `loss`).
+  double window_loss = 0;
+  double elapsed_s = 0;     // wall time since this run's first step began
+  double eta_s = 0;         // elapsed per step so far, times the steps left
+  double unix_time = 0;     // wall-clock time at the end of the step (seconds since the epoch)
+  std::int64_t tokens = 0;  // tokens consumed, steps 0..step (a resumed run counts the earlier ones too)
   double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
   double exposed_comm_ms = 0;
   // The pipeline bubble: per stage, the time it waited for its neighbours
@@ -41,6 +49,8 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // The first record, `"record": "header"`: what ran, where and when.
+  void header(const std::string& json_object);
   void step(const StepRecord& r);
   // The final summary object: key figures of the whole run, as JSON text.
   void summary(const std::string& json_object);

@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "train/trainer.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 
 #include "comm/communicator.hpp"
@@ -56,14 +62,50 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
 }
 
 // The deck with every key, the degrees as the layout resolved them.
-std::string effective_config(const Config& cfg, const ParallelDims& dims) {
+Config resolved_config(const Config& cfg, const ParallelDims& dims) {
   Config resolved = cfg;
   resolved.parallel.pp = dims.pp;
   resolved.parallel.dp_replicate = dims.dp_replicate;
   resolved.parallel.dp_shard = dims.dp_shard;
   resolved.parallel.cp = dims.cp;
   resolved.parallel.tp = dims.tp;
-  return effective_toml(resolved);
+  return resolved;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+// "2026-12-04T04:09:51Z"
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The metrics file's first record: what ran (version, commit, deck, every key
+// with the degrees resolved), on how many ranks, where and when.
+std::string metrics_header(const Config& resolved, const TrainOptions& opts, int world, std::int64_t first_step) {
+  nlohmann::ordered_json config = nlohmann::ordered_json::object();
+  for (const KeyValue& kv : key_values(resolved)) {
+    // A TOML scalar or array of scalars is JSON text too; anything else stays the TOML text.
+    nlohmann::json value = nlohmann::json::parse(kv.value, nullptr, false);
+    config[kv.key] = value.is_discarded() ? nlohmann::ordered_json(kv.value) : nlohmann::ordered_json(value);
+  }
+  const nlohmann::ordered_json header = {
+      {"record", "header"}, {"version", NDMINI_VERSION}, {"git_sha", opts.git_sha}, {"deck", opts.deck_path},
+      {"ranks", world},     {"first_step", first_step},  {"host", host_name()},     {"start_time", utc_now()},
+      {"config", config}};
+  return header.dump();
 }
 
 // One line per setting of the run that differs from the checkpoint's run.
@@ -177,6 +219,8 @@ class Trainer {
   // A due save waits until the state it holds is shown sane (train/step_check.hpp).
   std::int64_t pending_save_ = -1;  // the step of the state to save; -1: none
   int stop_signal_ = 0;             // agreed at a step boundary with steps left
+  Clock::time_point run_start_{};   // when this run's first step began: the progress line's elapsed time
+  std::size_t window_first_ = 0;    // result_.losses' first step not yet in a progress line's mean
 };
 
 int world_size(MPI_Comm comm) {
@@ -194,11 +238,13 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
       tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
       watchdog_(comm, cfg.comm.timeout_s),
       progress_(comm, cfg.comm.progress_poll_us) {
-  effective_config_ = effective_config(cfg_, layout_.dims);
+  effective_config_ = effective_toml(resolved_config(cfg_, layout_.dims));
   setup();
   if (opts_.resume) resume();
   // Opened after a resume succeeded, so a failed resume leaves the old file alone.
   agree_on_errors(comm_, [&] { metrics_ = std::make_unique<MetricsWriter>(rank_ == 0 ? opts_.metrics_path : ""); });
+  if (rank_ == 0 && !opts_.metrics_path.empty())
+    metrics_->header(metrics_header(resolved_config(cfg_, layout_.dims), opts_, world_, next_step_));
   announce();
   build_pipeline();
   result_.first_step = next_step_;
@@ -428,6 +474,7 @@ void Trainer::step() {
     if (Communicator* group = ctx_->group(cfg_.fault.group).comm) group->drop_sums_for_fault_injection();
   mpi_barrier(comm_, "the step's start");  // steps start together, so per-step times compare across ranks
   const auto t0 = Clock::now();
+  if (step == result_.first_step) run_start_ = t0;
   const double io_ms_before = result_.io_ms;
   const ProfileRegion region([&] { return "ndmini::step " + std::to_string(step); });
 
@@ -500,7 +547,18 @@ void Trainer::log_step(std::int64_t step, double loss, std::optional<double> val
                        double grad_norm, const StepStats& stats, double io_ms) {
   StepRecord r;
   r.step = step;
+  r.steps = cfg_.train.steps;
   r.loss = loss;
+  // The losses of this run since the last logged step (a resume starts a window).
+  const auto first = result_.losses.begin() + static_cast<std::ptrdiff_t>(window_first_);
+  const auto window_steps = static_cast<double>(result_.losses.end() - first);
+  r.window_loss = std::accumulate(first, result_.losses.end(), 0.0) / window_steps;
+  window_first_ = result_.losses.size();
+  r.elapsed_s = ms_since(run_start_) / 1e3;
+  const double steps_done = static_cast<double>(step + 1 - result_.first_step);
+  r.eta_s = r.elapsed_s / steps_done * static_cast<double>(cfg_.train.steps - step - 1);
+  r.unix_time = unix_seconds();
+  r.tokens = (step + 1) * static_cast<std::int64_t>(cfg_.train.global_batch) * cfg_.model.seq_len;
   r.val_loss = val_loss;
   r.eval_ms = eval_ms;
   r.lr = lr;

@@ -27,6 +27,8 @@ struct TrainOptions {
   TrainCapture* capture = nullptr;          // tests: fill with global gradients and parameters
   bool quiet = false;                       // no banner, progress lines or PERFORMANCE block
   bool show_mesh = false;                   // --show-mesh: the banner prints the rank-to-coordinate map
+  std::string deck_path;                    // for the metrics header: the deck as given
+  std::string git_sha;                      // for the metrics header: the commit the binary was built from
 };
 
 // Trains on the ranks of `comm` as the deck says. Throws Error on bad input,

@@ -8,6 +8,12 @@ case "$1" in
   unknown_key)
     sed -i 's/^steps = 40/setps = 40/' tiny.toml
     expect_error "unknown key train.setps; did you mean train.steps?" train tiny.toml ;;
+  set_typo)
+    # A typo given with --set is reported against --set, not against the deck file.
+    expect_error "ndmini: error: --set train.setps=40: unknown key train.setps; did you mean train.steps?" \
+      train tiny.toml --set train.setps=40
+    expect_error "ndmini: error: --set trian.steps=4: unknown section [trian]; did you mean [train]?" \
+      config tiny.toml --set trian.steps=4 ;;
   unknown_section)
     printf '\n[trian]\nsteps = 3\n' >>tiny.toml
     expect_error "unknown section [trian]; did you mean [train]?" train tiny.toml ;;

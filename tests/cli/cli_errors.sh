@@ -34,13 +34,13 @@ expect_note() {
   echo "ok: one note with '$want'"
 }
 
-subcommands="expected train, check, ckpt or plan"
+subcommands="expected train, check, config, keys, ckpt or plan"
 case "$1" in
   unknown_subcommand)
     expect_exit 2 "unknown subcommand 'frobnicate' for ndmini: $subcommands; 'ndmini --help' describes them" \
       frobnicate
     expect_exit 2 "unknown subcommand 'frob' for ndmini ckpt: expected info or verify" ckpt frob
-    expect_exit 2 "ndmini needs a subcommand: train, check, ckpt or plan"
+    expect_exit 2 "ndmini needs a subcommand: train, check, config, keys, ckpt or plan"
     expect_exit 2 "ndmini ckpt needs a subcommand: info or verify" ckpt ;;
   world_range)
     for n in 0 -3 2000000 x; do
@@ -98,7 +98,7 @@ case "$1" in
     # A run says it too, and trains.
     expect_note "parallel.sequence_parallel = true has no effect" \
       train tiny.toml --set parallel.sequence_parallel=true --set train.steps=4 --set train.log_every=1 "${QUICK[@]}"
-    grep -Eq '^step +3 \|' out.txt || fail "the run with a note did not train its 4 steps"
+    grep -Eq '^step +3/' out.txt || fail "the run with a note did not train its 4 steps"
     # None where every setting acts.
     run 1 check tiny.toml >out.txt 2>&1 || fail "check of the tiny deck failed"
     if grep -q '^note:' out.txt; then fail "a note for the tiny deck"; fi ;;
