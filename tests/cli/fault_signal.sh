@@ -225,6 +225,14 @@ for ((trial = 1; trial <= trials; trial++)); do
     rc=0
     wait $job || rc=$?
     [ "$mode" = twice ] && ended_in=$(seconds_since "$t1")
+    # Too late as well: a first signal after the last step (a short run on a
+    # quiet machine) finds the run complete; it says so and exits 128 + N
+    # with nothing left to save, so this draw tests nothing.
+    if grep -qF "received after the last step: the run is complete ($STEPS of $STEPS steps done)" "$dir.0.txt"; then
+      echo "trial $trial: SIG$sig at $delay s came after the last step (the run complete); drawing again"
+      span=$delay
+      continue
+    fi
     # Too late: a (first) signal after the run's last agreement, with every
     # step done and saved, finds the job completing; it exits 0 (nothing was lost).
     if [ $rc -eq 0 ] && grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" && ! grep -q "second signal" "$dir.0.txt"; then
