@@ -475,9 +475,10 @@ std::vector<double> rope_reference(const std::vector<double>& x, int C, const st
 TEST(Kernels, RopeForwardMatchesReference) {
   // Rows with a cp rank's load-balanced positions (T = 16 over cp = 2: rank 0
   // holds chunks 0 and 3, positions 0-3 and 12-15), a later chunk's and a
-  // long context's; 3 heads of 6 rotated, 5 further columns left alone.
+  // long context's; 3 heads of 6 rotated, 11 further columns (more than a
+  // head: v's, say) left alone.
   const std::vector<int> positions = {0, 1, 2, 3, 12, 13, 14, 15, 4099, 65537};
-  const int N = static_cast<int>(positions.size()), hs = 6, rotated = 3 * hs, C = rotated + 5;
+  const int N = static_cast<int>(positions.size()), hs = 6, rotated = 3 * hs, C = rotated + hs + 5;
   View2D x("x", N, C);
   fill_uniform(x, 161, -2, 2);
   const auto hx = host(x);
