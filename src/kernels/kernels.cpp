@@ -106,8 +106,8 @@ namespace {
 // Out is fp32 or bf16 (each value rounded once); the statistics are fp32.
 // An empty bias adds nothing (model.bias = false).
 template <class Out>
-void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                            ConstSlice1D bias, real eps) {
+void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                            real eps) {
   using T = typename Out::non_const_value_type;
   const int C = x.extent(1);
   const bool has_bias = bias.extent(0) > 0;
@@ -135,8 +135,8 @@ void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x,
 
 }  // namespace
 
-void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias, real eps) {
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                       real eps) {
   layernorm_forward_into(out, mean, rstd, x, weight, bias, eps);
 }
 void layernorm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,

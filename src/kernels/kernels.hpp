@@ -109,7 +109,8 @@ void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D
 // out = x * rstd * weight per row, rstd = 1 / sqrt(mean(x^2) + eps); no mean
 // is subtracted and there is no bias. rstd [N] is kept for the backward.
 void rmsnorm_forward(Slice2D out, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, real eps);
-void rmsnorm_forward(Bf16Slice2D out, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, real eps);  // out rounded to bf16
+// Mixed precision: out rounded to bf16 (rstd fp32).
+void rmsnorm_forward(Bf16Slice2D out, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, real eps);
 // dx += ..., dweight += ... (both ACCUMULATE, as layernorm_backward).
 void rmsnorm_backward(Slice2D dx, Slice1D dweight, ConstSlice2D dout, ConstSlice2D x, ConstSlice1D weight,
                       ConstSlice1D rstd);
