@@ -2,6 +2,8 @@
 // Every kernel's backward against central finite differences of its forward,
 // on odd shapes (so no power-of-two or divisibility luck hides an indexing
 // bug), plus forward references in double and the optimizer/RNG helpers.
+// Llama's kernels (RMSNorm, SwiGLU, RoPE) are checked the same way; RoPE, being
+// linear, against an independent rotation and through <Rx, y> = <x, R^T y>.
 // (Attention has its own suite: test_attention.cpp.)
 //
 // Objective and bounds: numeric_check.hpp. Dropping any term of a backward
@@ -9,10 +11,13 @@
 // bounds (worst measured values are noted next to each bound).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdio>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/rng.hpp"
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
@@ -217,6 +222,329 @@ TEST(Kernels, GeluForwardAndBackward) {
   Kokkos::deep_copy(g, R);
   kn::gelu_backward(g, x, g);
   expect_close("gelu dx in place", an, host(g));
+}
+
+// ---- layer norm: eps and no bias (model.norm_eps, model.bias = false) -----------------------
+
+namespace {
+
+using Bf16View2D = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>;
+
+std::vector<double> host_bf16(const Bf16View2D& v) {
+  auto h = Kokkos::create_mirror_view(v);
+  Kokkos::deep_copy(h, v);
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(h.data()[i]);
+  return out;
+}
+
+// A bf16 copy of x (rounded to nearest even) and the fp32 values it holds.
+Bf16View2D bf16_copy(const View2D& x, View2D& widened) {
+  Bf16View2D out("bf16", x.extent(0), x.extent(1));
+  auto hx = Kokkos::create_mirror_view(x);
+  Kokkos::deep_copy(hx, x);
+  auto ho = Kokkos::create_mirror_view(out);
+  widened = View2D("widened", x.extent(0), x.extent(1));
+  auto hw = Kokkos::create_mirror_view(widened);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ho.data()[i] = bf16(hx.data()[i]);
+    hw.data()[i] = static_cast<float>(ho.data()[i]);
+  }
+  Kokkos::deep_copy(out, ho);
+  Kokkos::deep_copy(widened, hw);
+  return out;
+}
+
+// A bf16 output is the fp32 value rounded once: within half a bf16 ulp,
+// 2^-8 of its magnitude (bf16 keeps 8 significant bits), plus the fp32
+// arithmetic's own error (1e-6 of the values' rms: a few fp32 ulps, where a
+// difference of products cancels).
+void expect_within_bf16_rounding(const char* what, const std::vector<double>& ref, const std::vector<double>& got) {
+  ASSERT_EQ(ref.size(), got.size());
+  const double rms = std::sqrt(dot(ref, ref) / static_cast<double>(ref.size()));
+  double worst = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double bound = std::ldexp(std::abs(ref[i]), -8) + 1e-6 * rms;
+    worst = std::max(worst, std::abs(got[i] - ref[i]) / bound);
+    EXPECT_LE(std::abs(got[i] - ref[i]), bound) << what << " element " << i;
+  }
+  std::printf("  [bf16] %-26s worst error %.2f of the rounding bound\n", what, worst);
+}
+
+}  // namespace
+
+TEST(Kernels, LayerNormWithEpsAndWithoutBias) {
+  const int N = 7, C = 13;
+  const real eps = 0.05f;  // large enough that the 1e-5 default would miss the bound by far
+  View2D x("x", N, C), out("out", N, C), R("R", N, C);
+  View1D w("w", C), no_bias("no_bias", 0), mean("mean", N), rstd("rstd", N);
+  fill_uniform(x, 121, -0.5, 0.8);  // small variance: eps matters
+  fill_uniform(w, 122, 0.5, 1.5);
+  fill_uniform(R, 124, -1, 1);
+  kn::layernorm_forward(out, mean, rstd, x, w, no_bias, eps);
+  const auto hx = host(x), hw = host(w);
+  std::vector<double> ref(N * C), ref_rstd(N);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += hx[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (hx[n * C + c] - m) * (hx[n * C + c] - m);
+    const double s = 1 / std::sqrt(v / C + double(eps));
+    for (int c = 0; c < C; ++c) ref[n * C + c] = (hx[n * C + c] - m) * s * hw[c];
+    ref_rstd[n] = s;
+  }
+  expect_close("layernorm eps, no bias: out", ref, host(out));
+  expect_close("layernorm eps, no bias: rstd", ref_rstd, host(rstd));
+
+  // The bf16 overload: the same values, rounded once.
+  Bf16View2D out16("out16", N, C);
+  kn::layernorm_forward(out16, mean, rstd, x, w, no_bias, eps);
+  expect_within_bf16_rounding("layernorm no bias bf16", ref, host_bf16(out16));
+
+  // Backward without bias: dx and dweight accumulate, the empty dbias is left alone.
+  const auto hR = host(R);
+  auto L = [&] {
+    kn::layernorm_forward(out, mean, rstd, x, w, no_bias, eps);
+    return dot(host(out), hR);
+  };
+  L();
+  View2D dx("dx", N, C);
+  View1D dw("dw", C), no_dbias("no_dbias", 0);
+  fill_uniform(dx, 125, -1, 1);
+  fill_uniform(dw, 126, -1, 1);
+  const auto dx0 = host(dx), dw0 = host(dw);
+  kn::layernorm_backward(dx, dw, no_dbias, R, x, w, mean, rstd);
+  expect_grad("layernorm eps dx (accum.)", central_diff(x, indices(x.size(), 1000), L), minus(host(dx), dx0));
+  expect_grad("layernorm eps dweight (accum.)", central_diff(w, indices(w.size()), L), minus(host(dw), dw0));
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+
+TEST(Kernels, RmsNormForwardMatchesReference) {
+  const int N = 7, C = 13;
+  const real eps = 1e-5f;
+  View2D x("x", N, C), out("out", N, C);
+  View1D w("w", C), rstd("rstd", N);
+  fill_uniform(x, 131, -1.5, 2.5);  // non-zero mean: RMSNorm must not subtract it
+  fill_uniform(w, 132, 0.5, 1.5);
+  kn::rmsnorm_forward(out, rstd, x, w, eps);
+  const auto hx = host(x), hw = host(w);
+  std::vector<double> ref(N * C), ref_rstd(N);
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += hx[n * C + c] * hx[n * C + c];
+    const double s = 1 / std::sqrt(ss / C + double(eps));
+    for (int c = 0; c < C; ++c) ref[n * C + c] = hx[n * C + c] * s * hw[c];
+    ref_rstd[n] = s;
+  }
+  expect_close("rmsnorm_forward out", ref, host(out));
+  expect_close("rmsnorm_forward rstd", ref_rstd, host(rstd));
+
+  // eps enters: a large one changes rstd as the formula says.
+  kn::rmsnorm_forward(out, rstd, x, w, real(0.5));
+  std::vector<double> ref_rstd_big(N);
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += hx[n * C + c] * hx[n * C + c];
+    ref_rstd_big[n] = 1 / std::sqrt(ss / C + 0.5);
+  }
+  expect_close("rmsnorm_forward rstd, eps 0.5", ref_rstd_big, host(rstd));
+
+  Bf16View2D out16("out16", N, C);
+  kn::rmsnorm_forward(out16, rstd, x, w, eps);
+  expect_within_bf16_rounding("rmsnorm_forward bf16", ref, host_bf16(out16));
+  expect_close("rmsnorm_forward rstd (bf16 out)", ref_rstd, host(rstd));
+}
+
+TEST(Kernels, RmsNormBackwardMatchesFiniteDifferences) {
+  const int N = 7, C = 13;
+  const real eps = 1e-5f;
+  View2D x("x", N, C), out("out", N, C), R("R", N, C);
+  View1D w("w", C), rstd("rstd", N);
+  fill_uniform(x, 141, -1.5, 2.5);
+  fill_uniform(w, 142, 0.5, 1.5);
+  fill_uniform(R, 144, -1, 1);
+  const auto hR = host(R);
+  auto L = [&] {
+    kn::rmsnorm_forward(out, rstd, x, w, eps);
+    return dot(host(out), hR);
+  };
+  L();
+  // dx and dweight ACCUMULATE, as layernorm_backward: start them non-zero.
+  View2D dx("dx", N, C);
+  View1D dw("dw", C);
+  fill_uniform(dx, 145, -1, 1);
+  fill_uniform(dw, 146, -1, 1);
+  const auto dx0 = host(dx), dw0 = host(dw);
+  kn::rmsnorm_backward(dx, dw, R, x, w, rstd);
+  const auto an_dx = minus(host(dx), dx0);
+  expect_grad("rmsnorm dx (accumulated)", central_diff(x, indices(x.size(), 1000), L), an_dx);
+  expect_grad("rmsnorm dweight (accum.)", central_diff(w, indices(w.size()), L), minus(host(dw), dw0));
+  Kokkos::deep_copy(dx, real(0));
+  kn::rmsnorm_backward(dx, dw, R, x, w, rstd);
+  expect_close("rmsnorm dx from zero", an_dx, host(dx));
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------------
+
+TEST(Kernels, SwiGluForwardAndBackward) {
+  const int N = 7, F = 13;
+  View2D gate("gate", N, F), up("up", N, F), out("out", N, F), R("R", N, F);
+  fill_uniform(gate, 151, -6, 6);  // both tails of the sigmoid
+  fill_uniform(up, 152, -2, 2);
+  fill_uniform(R, 153, -1, 1);
+  const auto hg = host(gate), hu = host(up), hR = host(R);
+  kn::swiglu_forward(out, gate, up);
+  std::vector<double> ref(N * F);
+  for (int i = 0; i < N * F; ++i) ref[i] = hg[i] / (1 + std::exp(-hg[i])) * hu[i];
+  expect_close("swiglu_forward", ref, host(out));
+
+  Bf16View2D out16("out16", N, F);
+  kn::swiglu_forward(out16, gate, up);
+  expect_within_bf16_rounding("swiglu_forward bf16", ref, host_bf16(out16));
+
+  auto L = [&] {
+    kn::swiglu_forward(out, gate, up);
+    return dot(host(out), hR);
+  };
+  // Both gradients are OVERWRITTEN: start them with garbage.
+  View2D dgate("dgate", N, F), dup("dup", N, F);
+  fill_uniform(dgate, 154, -1, 1);
+  fill_uniform(dup, 155, -1, 1);
+  kn::swiglu_backward(dgate, dup, gate, up, R);
+  const auto an_dgate = host(dgate), an_dup = host(dup);
+  expect_grad("swiglu dgate", central_diff(gate, indices(gate.size(), 1000), L, 1e-3), an_dgate);
+  expect_grad("swiglu dup", central_diff(up, indices(up.size(), 1000), L, 1e-3), an_dup);
+
+  // In place, dgate over dout and dup over up: the same values.
+  View2D g("g", N, F), u("u", N, F);
+  Kokkos::deep_copy(g, R);
+  Kokkos::deep_copy(u, up);
+  kn::swiglu_backward(g, u, gate, u, g);
+  expect_close("swiglu in place dgate", an_dgate, host(g));
+  expect_close("swiglu in place dup", an_dup, host(u));
+
+  // bf16 gate and up: widening is exact, so the gradients equal the fp32
+  // kernel's at the rounded inputs (to fp32 rounding).
+  View2D gate_w, up_w;
+  const auto gate16 = bf16_copy(gate, gate_w), up16 = bf16_copy(up, up_w);
+  kn::swiglu_backward(dgate, dup, gate_w, up_w, R);
+  const auto ref_dgate = host(dgate), ref_dup = host(dup);
+  fill_uniform(dgate, 156, -1, 1);
+  fill_uniform(dup, 157, -1, 1);
+  kn::swiglu_backward(dgate, dup, gate16, up16, R);
+  expect_close("swiglu dgate (bf16 inputs)", ref_dgate, host(dgate), 1e-6);
+  expect_close("swiglu dup (bf16 inputs)", ref_dup, host(dup), 1e-6);
+  // And the rounding of the inputs is visible (the test sees which inputs it used).
+  EXPECT_GT(rel_err(an_dgate, ref_dgate), 1e-4) << "bf16 rounding of gate should move dgate";
+}
+
+// ---- RoPE ------------------------------------------------------------------------------------------
+
+namespace {
+
+// Hugging Face's Llama rotation of a [N, C] row-major matrix, written
+// independently of the kernel: each pair (x[i], x[i + hs/2]) of a head as the
+// complex number x1 + i x2 multiplied by e^{ia}. The angle is either HF's
+// fp32 computation (inv_freq = 1 / theta^(float(2i) / hs), a = float(pos) *
+// inv_freq, as LlamaRotaryEmbedding) or exact double math.
+std::vector<double> rope_reference(const std::vector<double>& x, int C, const std::vector<int>& pos, int rotated,
+                                   int hs, float theta, bool hf_fp32_angle, bool inverse = false) {
+  std::vector<double> y = x;
+  const int half = hs / 2;
+  for (std::size_t r = 0; r < pos.size(); ++r)
+    for (int h = 0; h < rotated / hs; ++h)
+      for (int i = 0; i < half; ++i) {
+        double a;
+        if (hf_fp32_angle) {
+          const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hs));
+          a = static_cast<double>(static_cast<float>(pos[r]) * inv_freq);
+        } else {
+          a = pos[r] * std::pow(static_cast<double>(theta), -2.0 * i / hs);
+        }
+        const std::size_t j1 = r * C + h * hs + i, j2 = j1 + half;
+        const std::complex<double> z = std::complex<double>(x[j1], x[j2]) * std::polar(1.0, inverse ? -a : a);
+        y[j1] = z.real();
+        y[j2] = z.imag();
+      }
+  return y;
+}
+
+}  // namespace
+
+TEST(Kernels, RopeForwardMatchesReference) {
+  // Rows with a cp rank's load-balanced positions (T = 16 over cp = 2: rank 0
+  // holds chunks 0 and 3, positions 0-3 and 12-15), a later chunk's and a
+  // long context's; 3 heads of 6 rotated, 11 further columns (more than a
+  // head: v's, say) left alone.
+  const std::vector<int> positions = {0, 1, 2, 3, 12, 13, 14, 15, 4099, 65537};
+  const int N = static_cast<int>(positions.size()), hs = 6, rotated = 3 * hs, C = rotated + hs + 5;
+  View2D x("x", N, C);
+  fill_uniform(x, 161, -2, 2);
+  const auto hx = host(x);
+  const TokenView pos = tokens_from(positions);
+  for (const float theta : {10000.0f, 500000.0f}) {
+    upload(x, hx);
+    kn::rope_forward(x, pos, rotated, hs, theta);
+    const auto got = host(x);
+    expect_close(theta == 10000.0f ? "rope_forward theta 1e4" : "rope_forward theta 5e5",
+                 rope_reference(hx, C, positions, rotated, hs, theta, true), got);
+    for (int r = 0; r < N; ++r)
+      for (int c = rotated; c < C; ++c) ASSERT_EQ(got[r * C + c], hx[r * C + c]) << "column past rotated_columns";
+  }
+
+  // Exact double angles for small positions: the fp32 angle is HF's choice,
+  // the formula is the same (the angle's fp32 rounding stays below the bound).
+  const std::vector<int> small = {0, 1, 2, 3, 12, 13, 14, 15, 30, 41};
+  upload(x, hx);
+  kn::rope_forward(x, tokens_from(small), rotated, hs, 10000.0f);
+  expect_close("rope_forward, double angles", rope_reference(hx, C, small, rotated, hs, 10000.0f, false), host(x));
+
+  // A larger head (the usual 64/128 in miniature: 4 frequencies) over all columns.
+  const int hs8 = 8, C8 = 2 * hs8;
+  View2D x8("x8", N, C8);
+  fill_uniform(x8, 162, -2, 2);
+  const auto hx8 = host(x8);
+  kn::rope_forward(x8, pos, C8, hs8, 10000.0f);
+  expect_close("rope_forward head 8", rope_reference(hx8, C8, positions, C8, hs8, 10000.0f, true), host(x8));
+
+  // bf16: the rotation of the bf16 values in fp32, rounded once.
+  View2D xw;
+  upload(x, hx);
+  const auto x16 = bf16_copy(x, xw);
+  kn::rope_forward(x16, pos, rotated, hs, 500000.0f);
+  expect_within_bf16_rounding("rope_forward bf16", rope_reference(host(xw), C, positions, rotated, hs, 500000.0f, true),
+                              host_bf16(x16));
+
+  // Shapes it cannot rotate are refused.
+  EXPECT_THROW(kn::rope_forward(x, pos, rotated, 5, 10000.0f), InternalError);  // odd head
+  EXPECT_THROW(kn::rope_forward(x, pos, rotated + 1, hs, 10000.0f), InternalError);
+  EXPECT_THROW(kn::rope_forward(x, pos, C + hs, hs, 10000.0f), InternalError);
+  EXPECT_THROW(kn::rope_forward(x, tokens_from({0, 1}), rotated, hs, 10000.0f), InternalError);
+}
+
+TEST(Kernels, RopeBackwardIsTheTranspose) {
+  const std::vector<int> positions = {0, 1, 2, 3, 12, 13, 14, 15, 4099};
+  const int N = static_cast<int>(positions.size()), hs = 6, rotated = 2 * hs, C = rotated + 3;
+  const TokenView pos = tokens_from(positions);
+  View2D x("x", N, C), y("y", N, C);
+  fill_uniform(x, 171, -1, 1);
+  fill_uniform(y, 172, -1, 1);
+  const auto hx = host(x), hy = host(y);
+  kn::rope_forward(x, pos, rotated, hs, 10000.0f);
+  kn::rope_backward(y, pos, rotated, hs, 10000.0f);
+  // <R x, y> = <x, R^T y> to fp32 rounding: a few ulps of ||x|| ||y||
+  // (a rotation keeps norms); the forward in place of the backward misses by O(1).
+  const double lhs = dot(host(x), hy), rhs = dot(hx, host(y));
+  const double bound = 1e-6 * std::sqrt(dot(hx, hx) * dot(hy, hy));
+  std::printf("  [rope] <Rx,y> %.9f  <x,R^T y> %.9f  bound %.1e\n", lhs, rhs, bound);
+  EXPECT_NEAR(lhs, rhs, bound);
+  // R^T is R's inverse (a rotation): backward after forward gives x back.
+  kn::rope_backward(x, pos, rotated, hs, 10000.0f);
+  expect_close("rope_backward(rope_forward(x))", hx, host(x), 1e-6);
+  // And it matches the reference's inverse rotation element by element.
+  expect_close("rope_backward vs reference", rope_reference(hy, C, positions, rotated, hs, 10000.0f, true, true),
+               host(y));
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------

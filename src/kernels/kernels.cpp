@@ -10,7 +10,6 @@ namespace ndmini::kernels {
 namespace {
 
 using Range = Kokkos::RangePolicy<ExecSpace>;
-constexpr real kLayerNormEps = 1e-5f;
 
 // The sum over i < n of term(i), which may also write per-i results. On the
 // host each term lands in its own slot and the slots are added in index
@@ -105,11 +104,13 @@ void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias) {
 namespace {
 
 // Out is fp32 or bf16 (each value rounded once); the statistics are fp32.
+// An empty bias adds nothing (model.bias = false).
 template <class Out>
-void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                            ConstSlice1D bias) {
+void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                            real eps) {
   using T = typename Out::non_const_value_type;
   const int C = x.extent(1);
+  const bool has_bias = bias.extent(0) > 0;
   Kokkos::parallel_for(
       "ndmini::layernorm_fwd", Range(0, x.extent(0)), KOKKOS_LAMBDA(const int row) {
         const real* xr = &x(row, 0);
@@ -121,8 +122,12 @@ void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x,
         real v = 0;
         NDMINI_SIMD_REDUCTION(+ : v)
         for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
-        const real s = 1 / compat::sqrt(v / C + kLayerNormEps);
-        for (int c = 0; c < C; ++c) yr[c] = T((xr[c] - m) * s * weight(c) + bias(c));
+        const real s = 1 / compat::sqrt(v / C + eps);
+        if (has_bias) {
+          for (int c = 0; c < C; ++c) yr[c] = T((xr[c] - m) * s * weight(c) + bias(c));
+        } else {
+          for (int c = 0; c < C; ++c) yr[c] = T((xr[c] - m) * s * weight(c));
+        }
         mean(row) = m;
         rstd(row) = s;
       });
@@ -130,13 +135,13 @@ void layernorm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x,
 
 }  // namespace
 
-void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias) {
-  layernorm_forward_into(out, mean, rstd, x, weight, bias);
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                       real eps) {
+  layernorm_forward_into(out, mean, rstd, x, weight, bias, eps);
 }
 void layernorm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias) {
-  layernorm_forward_into(out, mean, rstd, x, weight, bias);
+                       ConstSlice1D bias, real eps) {
+  layernorm_forward_into(out, mean, rstd, x, weight, bias, eps);
 }
 
 void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,
@@ -161,6 +166,8 @@ void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D
         for (int c = 0; c < C; ++c) dxr[c] += (gr[c] * weight(c) - g_mean - (xr[c] - m) * s * gn_mean) * s;
       });
   // Parameter gradients sum over rows: one thread per channel, no atomics.
+  // An empty dbias (a layer norm without bias) is left alone.
+  const bool has_bias = dbias.extent(0) > 0;
   Kokkos::parallel_for(
       "ndmini::layernorm_bwd_params", Range(0, C), KOKKOS_LAMBDA(const int c) {
         real dw = 0, db = 0;
@@ -169,7 +176,7 @@ void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D
           db += dout(row, c);
         }
         dweight(c) += dw;
-        dbias(c) += db;
+        if (has_bias) dbias(c) += db;
       });
 }
 

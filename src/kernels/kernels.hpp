@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// GPT-2 forward and backward kernels on Kokkos Views in ExecSpace's memory.
+// GPT-2 and Llama forward and backward kernels on Kokkos Views in ExecSpace's memory.
 //
 // Conventions: activations are row-major [rows, channels] with rows = B*T
 // (sequence-major within a micro-batch). Weights follow PyTorch Linear:
@@ -91,14 +91,58 @@ void add_residual_bias(Slice2D y, ConstSlice2D residual, ConstSlice1D bias);
 // dbias += column sums of dy.
 void bias_backward(Slice1D dbias, ConstSlice2D dy);
 
-// ---- layer norm (eps 1e-5) ------------------------------------------------
-void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias);
+// ---- layer norm ------------------------------------------------------------
+// out = (x - mean) * rstd * weight + bias per row, rstd = 1 / sqrt(var + eps);
+// eps is the deck's model.norm_eps (GPT-2's 1e-5 by default). An empty bias
+// (extent 0) means a layer norm without bias (model.bias = false).
+void layernorm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                       real eps = real(1e-5));
 // Mixed precision: out rounded to bf16 (statistics fp32).
 void layernorm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias);
-// dx += ..., dweight += ..., dbias += ...
+                       ConstSlice1D bias, real eps = real(1e-5));
+// dx += ..., dweight += ..., dbias += ... (an empty dbias is left alone).
+// eps is not needed: rstd carries it.
 void layernorm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x,
                         ConstSlice1D weight, ConstSlice1D mean, ConstSlice1D rstd);
+
+// ---- RMSNorm (Llama), llama_kernels.cpp ---------------------------------------
+// out = x * rstd * weight per row, rstd = 1 / sqrt(mean(x^2) + eps); no mean
+// is subtracted and there is no bias. rstd [N] is kept for the backward.
+void rmsnorm_forward(Slice2D out, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, real eps);
+// Mixed precision: out rounded to bf16 (rstd fp32).
+void rmsnorm_forward(Bf16Slice2D out, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, real eps);
+// dx += ..., dweight += ... (both ACCUMULATE, as layernorm_backward).
+void rmsnorm_backward(Slice2D dx, Slice1D dweight, ConstSlice2D dout, ConstSlice2D x, ConstSlice1D weight,
+                      ConstSlice1D rstd);
+
+// ---- SwiGLU (Llama's MLP), llama_kernels.cpp -----------------------------------
+// out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); gate, up, out [N, F].
+void swiglu_forward(Slice2D out, ConstSlice2D gate, ConstSlice2D up);
+void swiglu_forward(Bf16Slice2D out, ConstSlice2D gate, ConstSlice2D up);  // out rounded to bf16
+// dgate = dout * up * silu'(gate), dup = dout * silu(gate), both OVERWRITTEN
+// (as gelu_backward's dx). Each element reads its inputs before writing, so
+// dgate or dup may alias gate, up or dout (never each other).
+void swiglu_backward(Slice2D dgate, Slice2D dup, ConstSlice2D gate, ConstSlice2D up, ConstSlice2D dout);
+void swiglu_backward(Slice2D dgate, Slice2D dup, ConstBf16Slice2D gate, ConstBf16Slice2D up,
+                     ConstSlice2D dout);  // gate, up kept in bf16
+
+// ---- rotary positions (RoPE), llama_kernels.cpp ---------------------------------
+// Hugging Face transformers' Llama rotation (rotate_half): in every row r of
+// x, the first `rotated_columns` columns are consecutive heads of head_size
+// columns; in each head, for i < head_size/2 with x1 = x[i],
+// x2 = x[i + head_size/2] and angle a = positions(r) * theta^(-2i/head_size):
+//   x[i] = x1 cos a - x2 sin a,  x[i + head_size/2] = x2 cos a + x1 sin a.
+// Columns past rotated_columns are untouched. In place. positions: one
+// global position per row (context parallelism hands its chunks' true
+// positions). The angle is computed as HF does, in fp32:
+// inv_freq = 1 / theta^(float(2i) / head_size), a = float(pos) * inv_freq.
+// head_size must be even and divide rotated_columns <= x.extent(1)
+// (InternalError otherwise).
+void rope_forward(Slice2D x, ConstTokenView positions, int rotated_columns, int head_size, real theta);
+// Rotated in fp32, rounded to bf16.
+void rope_forward(Bf16Slice2D x, ConstTokenView positions, int rotated_columns, int head_size, real theta);
+// The backward is the transpose (the inverse rotation), in place on dx.
+void rope_backward(Slice2D dx, ConstTokenView positions, int rotated_columns, int head_size, real theta);
 
 // ---- GELU, tanh approximation ---------------------------------------------
 void gelu_forward(Slice2D out, ConstSlice2D x);
