@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Block attention (kernels/attention.hpp) against a naive double-precision
 // attention, and the one-rank ContextParallelAttention against central
-// finite differences.
+// finite differences; grouped-query attention against multi-head attention
+// on its kv heads repeated, and against finite differences.
 //
 // The reference computes, per query row, the softmax over every visible key
 // of every K/V block at once (no blocks, no online merge, no tiles) and its

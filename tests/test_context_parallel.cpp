@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Ring attention over every rank (cp = 2 or 4 under mpiexec -n 2 / 4)
 // against plain one-rank attention on the whole sequence, forward and
-// backward, causal and not.
+// backward, causal and not, multi-head and grouped-query (the ring's bytes
+// from the cp Communicator's counters against the kv heads' formula).
 //
 // Every rank builds the same global inputs, runs the one-rank attention on
 // the whole sequence (itself checked against a double reference and finite
