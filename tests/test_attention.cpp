@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Block attention (kernels/attention.hpp) against a naive double-precision
 // attention, and the one-rank ContextParallelAttention against central
-// finite differences.
+// finite differences; grouped-query attention against multi-head attention
+// on its kv heads repeated, and against finite differences.
 //
 // The reference computes, per query row, the softmax over every visible key
 // of every K/V block at once (no blocks, no online merge, no tiles) and its
@@ -402,10 +403,10 @@ struct OneRank {
   bool bf16;
   OneRank(const kn::AttentionShape& shape, bool causal, bool mixed = false)
       : s(shape), attn(nullptr, shape, shape.seq_len, causal, mixed), bf16(mixed) {
-    const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len, C = s.channels;
-    qkv = View2D("qkv", N, 3 * C);
+    const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len, C = s.channels, W = s.qkv_width();
+    qkv = View2D("qkv", N, W);
     out = View2D("out", N, C);
-    dqkv = View2D("dqkv", N, 3 * C);
+    dqkv = View2D("dqkv", N, W);
     R = View2D("R", N, C);
     if (bf16)
       qkvh_bf16 = Bf16View1D("qkvh_bf16", ContextParallelAttention::qkvh_size(s));
@@ -449,6 +450,54 @@ std::vector<double> reference_tokens(const std::vector<double>& qkv, const kn::A
       }
   return out;
 }
+
+// Grouped-query attention as multi-head attention: the MHA shape of `s`, and
+// its qkv [B*T, 3C] with kv head g's k and v repeated for each of its r query
+// heads g r .. g r + r - 1.
+kn::AttentionShape as_mha(kn::AttentionShape s) {
+  s.kv_heads = 0;
+  return s;
+}
+std::vector<double> repeat_kv(const std::vector<double>& qkv, const kn::AttentionShape& s) {
+  const int C = s.channels, hs = s.head_size(), r = s.group(), W = s.qkv_width(), KVC = s.kv_channels();
+  const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len;
+  std::vector<double> mha(N * 3 * C);
+  for (std::size_t n = 0; n < N; ++n)
+    for (int h = 0; h < s.heads; ++h)
+      for (int d = 0; d < hs; ++d) {
+        const int kvc = (h / r) * hs + d;  // column of kv head h / r within k (and v)
+        mha[n * 3 * C + h * hs + d] = qkv[n * W + h * hs + d];
+        mha[n * 3 * C + C + h * hs + d] = qkv[n * W + C + kvc];
+        mha[n * 3 * C + 2 * C + h * hs + d] = qkv[n * W + C + KVC + kvc];
+      }
+  return mha;
+}
+// The gradient of the MHA form folded back: dq as is, dk and dv of kv head g
+// the sum over its r copies.
+std::vector<double> fold_kv(const std::vector<double>& dmha, const kn::AttentionShape& s) {
+  const int C = s.channels, hs = s.head_size(), r = s.group(), W = s.qkv_width(), KVC = s.kv_channels();
+  const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len;
+  std::vector<double> g(N * W, 0);
+  for (std::size_t n = 0; n < N; ++n)
+    for (int h = 0; h < s.heads; ++h)
+      for (int d = 0; d < hs; ++d) {
+        const int kvc = (h / r) * hs + d;
+        g[n * W + h * hs + d] = dmha[n * 3 * C + h * hs + d];
+        g[n * W + C + kvc] += dmha[n * 3 * C + C + h * hs + d];
+        g[n * W + C + KVC + kvc] += dmha[n * 3 * C + 2 * C + h * hs + d];
+      }
+  return g;
+}
+
+std::string describe(const kn::AttentionShape& s) {
+  return "B " + std::to_string(s.batch) + " T " + std::to_string(s.seq_len) + " C " + std::to_string(s.channels) +
+         " H " + std::to_string(s.heads) + " KV " + std::to_string(s.kv());
+}
+
+// Grouped-query shapes: r = 2 with B = 2 (batch and group offsets), r = 3
+// with T crossing the host's 32-row and the device's 128-row tiles, and
+// multi-query (KV = 1) with two kv heads' worth of groups folded together.
+const kn::AttentionShape kGqaShapes[] = {{2, 37, 12, 4, 2}, {1, 150, 12, 6, 2}, {2, 5, 15, 3, 1}};
 
 }  // namespace
 
@@ -560,6 +609,138 @@ TEST(ContextParallelAttention, OneRankBackwardMatchesFiniteDifferences) {
           expect_grad(names[which], f, g);
         }
       }
+}
+
+// ---- grouped-query attention ------------------------------------------------------
+
+// GQA forward and backward against MHA on the kv heads repeated r times,
+// its dk and dv summed over the copies; max_out and max_grad bound the
+// norm-relative errors.
+namespace {
+void check_gqa_against_mha(bool bf16, double max_out, double max_grad) {
+  for (const auto form : kForms)
+    for (const kn::AttentionShape shape : kGqaShapes)
+      for (bool causal : {true, false}) {
+        const FormScope scope(form);
+        SCOPED_TRACE(describe(shape) + (causal ? " causal" : " full") + (bf16 ? " bf16" : "") + ", " +
+                     form_name(form));
+        OneRank gqa(shape, causal, bf16), mha(as_mha(shape), causal, bf16);
+        ASSERT_EQ(gqa.qkv.extent(1), static_cast<std::size_t>(shape.channels + 2 * shape.kv() * shape.head_size()));
+        fill_uniform(gqa.qkv, 61, -1.5, 1.5);
+        fill_uniform(gqa.R, 62, -1, 1);
+        upload(mha.qkv, repeat_kv(host(gqa.qkv), shape));
+        Kokkos::deep_copy(mha.R, gqa.R);
+        gqa.forward();
+        mha.forward();
+        Kokkos::deep_copy(gqa.dqkv, real(7.5));  // overwritten, not accumulated
+        gqa.backward();
+        mha.backward();
+        const double e_out = rel_err(host(mha.out), host(gqa.out));
+        const double e_grad = rel_err(fold_kv(host(mha.dqkv), shape), host(gqa.dqkv));
+        std::printf("  [gqa] %s%s%s, %s: out rel err %.2e, dqkv %.2e\n", describe(shape).c_str(),
+                    causal ? " causal" : " full", bf16 ? " bf16" : "", form_name(form), e_out, e_grad);
+        EXPECT_LT(e_out, max_out);
+        EXPECT_LT(e_grad, max_grad);
+      }
+}
+}  // namespace
+
+// GQA runs the same per-head products as MHA on the repeated kv heads; only
+// the sum of a kv head's r shares differs in order (in double here, in
+// float there), so the bounds are float rounding: 1e-6 (out), 1e-5 (dqkv).
+TEST(GroupedQueryAttention, EqualsMultiHeadWithKvHeadsRepeated) { check_gqa_against_mha(false, 1e-6, 1e-5); }
+
+// Under bf16 both round q, k, v (the same values) and P, dS per tile of the
+// same shapes: the same bounds hold.
+TEST(GroupedQueryAttention, Bf16EqualsMultiHeadWithKvHeadsRepeated) { check_gqa_against_mha(true, 1e-6, 1e-5); }
+
+TEST(GroupedQueryAttention, OneRankBackwardMatchesFiniteDifferences) {
+  for (const auto form : kForms)
+    for (const kn::AttentionShape shape :
+         {kn::AttentionShape{2, 5, 12, 4, 2}, kn::AttentionShape{1, 7, 12, 6, 2}, kn::AttentionShape{1, 40, 6, 3, 1}})
+      for (bool causal : {true, false}) {
+        const FormScope scope(form);
+        OneRank a(shape, causal);
+        SCOPED_TRACE(describe(shape) + (causal ? " causal" : " full") + ", " + form_name(form));
+        fill_uniform(a.qkv, 63, -1.5, 1.5);
+        fill_uniform(a.R, 64, -1, 1);
+        const auto hR = host(a.R);
+        auto L = [&] {
+          a.forward();
+          return dot(host(a.out), hR);
+        };
+        L();
+        a.backward();
+        const auto an = host(a.dqkv);
+        const std::size_t C = shape.channels, KVC = shape.kv_channels(), W = shape.qkv_width();
+        const auto idx = indices(a.qkv.size(), 1200);
+        const auto fd = central_diff(a.qkv, idx, L);
+        // Separately for the q, k and v columns (k and v KV heads wide).
+        const char* names[3] = {"gqa attention dq", "gqa attention dk", "gqa attention dv"};
+        for (std::size_t which = 0; which < 3; ++which) {
+          std::vector<double> f, g;
+          for (std::size_t n = 0; n < idx.size(); ++n) {
+            const std::size_t col = idx[n] % W;
+            if ((col < C ? 0 : col < C + KVC ? 1 : 2) == which) {
+              f.push_back(fd[n]);
+              g.push_back(an[idx[n]]);
+            }
+          }
+          ASSERT_FALSE(f.empty());
+          expect_grad(names[which], f, g);
+        }
+      }
+}
+
+// kv_heads = heads spelled out is today's attention, bit for bit.
+namespace {
+void check_spelled_out_kv_heads(bool bf16) {
+  for (const auto form : kForms) {
+    const FormScope scope(form);
+    const kn::AttentionShape mha{2, 37, 15, 3}, spelled{2, 37, 15, 3, 3};
+    OneRank a(mha, true, bf16), b(spelled, true, bf16);
+    fill_uniform(a.qkv, 65, -1.5, 1.5);
+    fill_uniform(a.R, 66, -1, 1);
+    Kokkos::deep_copy(b.qkv, a.qkv);
+    Kokkos::deep_copy(b.R, a.R);
+    a.forward();
+    b.forward();
+    a.backward();
+    b.backward();
+    EXPECT_EQ(host(a.out), host(b.out)) << form_name(form);
+    EXPECT_EQ(host(a.dqkv), host(b.dqkv)) << form_name(form);
+  }
+}
+}  // namespace
+TEST(GroupedQueryAttention, KvHeadsEqualToHeadsIsMultiHeadBitwise) { check_spelled_out_kv_heads(false); }
+TEST(GroupedQueryAttention, Bf16KvHeadsEqualToHeadsIsMultiHeadBitwise) { check_spelled_out_kv_heads(true); }
+
+TEST(GroupedQueryAttention, ShapeAccessors) {
+  const kn::AttentionShape s{2, 5, 12, 6, 2};  // hs 2, r 3
+  EXPECT_EQ(s.kv(), 2);
+  EXPECT_EQ(s.group(), 3);
+  EXPECT_EQ(s.kv_channels(), 4);
+  EXPECT_EQ(s.qkv_width(), 12 + 2 * 4);
+  EXPECT_EQ(s.part_size(), 2u * 5 * 12);
+  EXPECT_EQ(s.kv_part_size(), 2u * 5 * 4);
+  EXPECT_EQ(s.rows_size(), 2u * 6 * 5);
+  EXPECT_EQ(s.kv_rows_size(), 2u * 2 * 5);
+  EXPECT_EQ(s.k_offset(), s.part_size());
+  EXPECT_EQ(s.v_offset(), s.part_size() + s.kv_part_size());
+  EXPECT_EQ(s.qkvh_size(), s.part_size() + 2 * s.kv_part_size());
+  EXPECT_EQ(ContextParallelAttention::qkvh_size(s), s.qkvh_size());
+  const kn::AttentionShape m{2, 5, 12, 6};  // kv_heads 0: multi-head
+  EXPECT_EQ(m.kv(), 6);
+  EXPECT_EQ(m.qkv_width(), 36);
+  EXPECT_EQ(m.qkvh_size(), 3 * m.part_size());
+}
+
+TEST(GroupedQueryAttention, RefusesKvHeadsNotDividingHeadsAndWrongQkvWidth) {
+  EXPECT_THROW(ContextParallelAttention(nullptr, kn::AttentionShape{1, 6, 12, 6, 4}, 6), Error);
+  EXPECT_THROW(ContextParallelAttention(nullptr, kn::AttentionShape{1, 6, 12, 6, -1}, 6), Error);
+  OneRank a({1, 6, 12, 6, 2}, true);
+  View2D mha_wide("mha_wide", 6, 36);  // 3C columns: an MHA qkv, not this GQA's C + 2 KV hs
+  EXPECT_THROW(a.attn.forward(a.out, mha_wide, {a.qkvh, a.lse, {}}), Error);
 }
 
 TEST(ContextParallelAttention, RefusesWrongBuffers) {

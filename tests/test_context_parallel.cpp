@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Ring attention over every rank (cp = 2 or 4 under mpiexec -n 2 / 4)
 // against plain one-rank attention on the whole sequence, forward and
-// backward, causal and not.
+// backward, causal and not, multi-head and grouped-query (the ring's bytes
+// from the cp Communicator's counters against the kv heads' formula).
 //
 // Every rank builds the same global inputs, runs the one-rank attention on
 // the whole sequence (itself checked against a double reference and finite
@@ -49,11 +50,11 @@ struct Attention {
   Bf16View1D qkvh_bf16;
   Attention(Communicator* comm, const kn::AttentionShape& local, int seq_len, bool causal, bool bf16 = false)
       : s(local), attn(comm, local, seq_len, causal, bf16) {
-    const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len, C = s.channels;
-    qkv = View2D("qkv", N, 3 * C);
+    const std::size_t N = static_cast<std::size_t>(s.batch) * s.seq_len, C = s.channels, W = s.qkv_width();
+    qkv = View2D("qkv", N, W);
     out = View2D("out", N, C);
     dout = View2D("dout", N, C);
-    dqkv = View2D("dqkv", N, 3 * C);
+    dqkv = View2D("dqkv", N, W);
     if (bf16)
       qkvh_bf16 = Bf16View1D("qkvh_bf16", ContextParallelAttention::qkvh_size(s));
     else
@@ -136,7 +137,9 @@ struct Case {
   }
   std::string name() const {
     return "B " + std::to_string(global.batch) + " T " + std::to_string(global.seq_len) + " C " +
-           std::to_string(global.channels) + " H " + std::to_string(global.heads) + (causal ? " causal" : " full") +
+           std::to_string(global.channels) + " H " + std::to_string(global.heads) +
+           (global.kv() != global.heads ? " KV " + std::to_string(global.kv()) : std::string()) +
+           (causal ? " causal" : " full") +
            (bf16 ? " bf16" : "");
   }
 };
@@ -146,11 +149,15 @@ struct Case {
 TEST_F(RingAttention, MatchesOneRankAttention) {
   const int cp = comm_->size();
   // c = 3: tiny chunks; c = 37: chunks that cross the kernel's 32-row tiles.
-  // bf16: one rank under bf16 is the reference.
+  // bf16: one rank under bf16 is the reference. kv_heads 0: multi-head;
+  // then grouped-query attention (r = 2, with B = 2) and multi-query (r = 4).
   for (bool bf16 : {false, true})
-    for (const auto& [batch, c, channels, heads] : {std::tuple{2, 3, 12, 3}, std::tuple{1, 37, 10, 2}})
+    for (const auto& [batch, c, channels, heads, kv_heads] :
+         {std::tuple{2, 3, 12, 3, 0}, std::tuple{1, 37, 10, 2, 0}, std::tuple{2, 3, 12, 4, 2},
+          std::tuple{1, 37, 16, 4, 1}})
       for (bool causal : {true, false}) {
-        const kn::AttentionShape global{batch, 2 * cp * c, channels, heads};
+        const kn::AttentionShape global{batch, 2 * cp * c, channels, heads, kv_heads};
+        const int W = global.qkv_width();
         const Case ref(global, causal, bf16);
         const double tol = bf16 ? kRingTolBf16 : kRingTol;
         SCOPED_TRACE(ref.name());
@@ -158,7 +165,7 @@ TEST_F(RingAttention, MatchesOneRankAttention) {
         kn::AttentionShape local = global;
         local.seq_len = layout.local_len();
         Attention ring(comm_.get(), local, global.seq_len, causal, bf16);
-        upload(ring.qkv, local_rows(ref.qkv, 3 * channels, batch, global.seq_len, layout));
+        upload(ring.qkv, local_rows(ref.qkv, W, batch, global.seq_len, layout));
         upload(ring.dout, local_rows(ref.dout, channels, batch, global.seq_len, layout));
         comm_->reset_stats();
         ring.forward();
@@ -169,7 +176,7 @@ TEST_F(RingAttention, MatchesOneRankAttention) {
         const CommStats bwd = comm_->stats();
 
         const Errors eo = compare(local_rows(ref.out, channels, batch, global.seq_len, layout), host(ring.out));
-        const Errors eg = compare(local_rows(ref.dqkv, 3 * channels, batch, global.seq_len, layout), host(ring.dqkv));
+        const Errors eg = compare(local_rows(ref.dqkv, W, batch, global.seq_len, layout), host(ring.dqkv));
         if (rank0())
           std::printf(
               "  [ring cp=%d] %-30s out rel err %.3e (worst rank %.3e), dqkv %.3e (worst rank %.3e); bound %.0e\n", cp,
@@ -181,7 +188,14 @@ TEST_F(RingAttention, MatchesOneRankAttention) {
         // of K and V (or of dK and dV): forward cp-1 K/V hops; backward one
         // call per step (cp-1 K/V hops, cp-1 dK/dV hops) and the final hop of
         // the dK/dV sums home. Under bf16 both travel in bf16 (half the bytes).
-        const std::int64_t kv_bytes = static_cast<std::int64_t>(2 * local.part_size() * (bf16 ? 2 : sizeof(real)));
+        // A message holds k and v of the KV kv heads only: B x KV x T/cp x hs
+        // values each, MHA's message (H heads) over r = H / KV.
+        const std::int64_t value_bytes = bf16 ? 2 : sizeof(real);
+        const std::int64_t kv_bytes = 2 * static_cast<std::int64_t>(batch) * global.kv() * layout.local_len() *
+                                      global.head_size() * value_bytes;
+        const std::int64_t mha_kv_bytes =
+            2 * static_cast<std::int64_t>(batch) * layout.local_len() * channels * value_bytes;
+        EXPECT_EQ(kv_bytes * global.group(), mha_kv_bytes);
         const std::int64_t dkv_bytes = kv_bytes;
         EXPECT_EQ(fwd.calls, cp - 1);
         EXPECT_EQ(fwd.bytes, (cp - 1) * 2 * kv_bytes);

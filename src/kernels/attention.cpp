@@ -165,21 +165,51 @@ void check_block(const AttentionBlock& blk, Slice1D scratch, int nq, int nk, boo
                 std::to_string(need) + " (attention_block_scratch_size)");
 }
 
-// Moves rows between token-major [B*T, n*C] and head-major [n, B, H, T, hs].
-void regroup_heads(real* token_major, real* head_major, int n, const AttentionShape& s, bool to_heads) {
-  const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
-  const std::size_t rows = static_cast<std::size_t>(n) * B * H * T;
+// Where the head rows of the parts of qkvh sit token-major. Head-major row r
+// counts over q ([B, H, T] rows), then k, then v ([B, KV, T] rows each), so
+// its floats are at r * hs; token-major, it is row (b, t) of a matrix
+// `width` floats wide, from column (q: 0, k: C, v: C + KV hs) + head * hs.
+struct HeadRowMap {
+  int T, H, KV, hs, C, width;
+  std::size_t q_rows, kv_rows;
+  HeadRowMap(const AttentionShape& s, int token_width)
+      : T(s.seq_len),
+        H(s.heads),
+        KV(s.kv()),
+        hs(s.head_size()),
+        C(s.channels),
+        width(token_width),
+        q_rows(s.rows_size()),
+        kv_rows(s.kv_rows_size()) {}
+  KOKKOS_INLINE_FUNCTION std::size_t token_offset(std::size_t r) const {
+    int heads = H, col0 = 0;
+    if (r >= q_rows) {
+      r -= q_rows;
+      heads = KV;
+      col0 = C;
+      if (r >= kv_rows) {
+        r -= kv_rows;
+        col0 += KV * hs;
+      }
+    }
+    const int t = r % T;
+    const int h = (r / T) % heads;
+    const std::size_t b = r / (static_cast<std::size_t>(T) * heads);
+    return (b * T + t) * width + col0 + static_cast<std::size_t>(h) * hs;
+  }
+};
+
+// Moves rows between token-major [B*T, width] and head-major: O alone
+// (with_kv false, width C) or q, k and v (width (H + 2 KV) hs).
+void regroup_heads(real* token_major, real* head_major, bool with_kv, const AttentionShape& s, bool to_heads) {
+  const HeadRowMap map(s, with_kv ? s.qkv_width() : s.channels);
+  const int hs = map.hs;
+  const std::size_t rows = map.q_rows + (with_kv ? 2 * map.kv_rows : 0);
   if (device_form()) {
     // One float per thread: a head row's hs floats are neighbours on both sides.
     Kokkos::parallel_for(
         "ndmini::attention_regroup", Range(0, rows * hs), KOKKOS_LAMBDA(const std::size_t e) {
-          const std::size_t r = e / hs;
-          const int d = e % hs;
-          const int t = r % T;
-          const int h = (r / T) % H;
-          const int b = (r / (static_cast<std::size_t>(T) * H)) % B;
-          const int which = r / (static_cast<std::size_t>(T) * H * B);
-          real* tm = token_major + (static_cast<std::size_t>(b) * T + t) * (n * C) + which * C + h * hs + d;
+          real* tm = token_major + map.token_offset(e / hs) + e % hs;
           if (to_heads)
             head_major[e] = *tm;
           else
@@ -189,11 +219,7 @@ void regroup_heads(real* token_major, real* head_major, int n, const AttentionSh
   }
   Kokkos::parallel_for(
       "ndmini::attention_regroup", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
-        const int t = r % T;
-        const int h = (r / T) % H;
-        const int b = (r / (static_cast<std::size_t>(T) * H)) % B;
-        const int which = r / (static_cast<std::size_t>(T) * H * B);
-        real* tm = token_major + (static_cast<std::size_t>(b) * T + t) * (n * C) + which * C + h * hs;
+        real* tm = token_major + map.token_offset(r);
         real* hm = head_major + r * hs;
         if (to_heads) {
           for (int d = 0; d < hs; ++d) hm[d] = tm[d];
@@ -351,21 +377,42 @@ void softmax_backward_rows(real* s, real* dp, ConstHeadRows lse, ConstHeadRows d
       });
 }
 
+// Where query row r = (b, h, t) of the backward's prologue zeroes a row of
+// dqkvh's part p (0: dq, 1: dk, 2: dv): its own dq row, and when h is the
+// first query head of its kv head g, row (b, g, t) of dk or dv, so that every
+// row is zeroed once.
+struct GradRowZeroing {
+  int T, KV, group, hs;
+  std::size_t k_offset, v_offset;
+  KOKKOS_INLINE_FUNCTION bool operator()(int p, std::size_t r, int b, int h, int t, std::size_t& at) const {
+    if (p == 0) {
+      at = r * hs;
+      return true;
+    }
+    if (h % group != 0) return false;
+    at = (p == 1 ? k_offset : v_offset) + ((static_cast<std::size_t>(b) * KV + h / group) * T + t) * hs;
+    return true;
+  }
+};
+
 // The backward prologue with O either token-major [B*T, C] or head-major;
 // dO heads in fp32 or (mixed precision) rounded to bf16.
 template <class Heads>
 void backward_prologue(Heads dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout, const real* o,
                        bool o_head_major, const AttentionShape& s) {
   using T_out = typename Heads::non_const_value_type;
-  const int T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
+  const int T = s.seq_len, C = s.channels, H = s.heads, hs = C / H, KV = s.kv();
   const std::size_t part = s.part_size(), rows = s.rows_size();
-  if (!(dout_heads.extent(0) >= part && delta.extent(0) >= rows &&
-        dqkvh.extent(0) >= static_cast<std::size_t>(zero_parts) * part))
+  if (zero_parts < 0 || zero_parts > 3) throw Error("attention_backward_prologue: zero_parts must be 0 to 3");
+  const std::size_t part_ends[4] = {0, part, s.v_offset(), s.qkvh_size()};
+  const std::size_t zeroed = part_ends[zero_parts];
+  if (!(dout_heads.extent(0) >= part && delta.extent(0) >= rows && dqkvh.extent(0) >= zeroed))
     throw Error("attention_backward_prologue: a buffer is smaller than the shape needs");
   const real* dy = dout.data();
   T_out* doh = dout_heads.data();
   real* dd = delta.data();
   real* dq = dqkvh.data();
+  const GradRowZeroing zero_row{T, KV, s.group(), hs, s.k_offset(), s.v_offset()};
   if (device_form()) {
     Kokkos::parallel_for(
         "ndmini::attention_bwd_prologue", row_teams(rows), KOKKOS_LAMBDA(const Member& team) {
@@ -388,7 +435,9 @@ void backward_prologue(Heads dout_heads, Slice1D delta, Slice1D dqkvh, int zero_
               sum);
           Kokkos::single(Kokkos::PerThread(team), [&] { dd[r] = sum; });
           for (int p = 0; p < zero_parts; ++p) {
-            real* z = dq + p * part + r * hs;
+            std::size_t at = 0;
+            if (!zero_row(p, r, b, h, t, at)) continue;
+            real* z = dq + at;
             Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hs), [&](const int d) { z[d] = 0; });
           }
         });
@@ -411,7 +460,9 @@ void backward_prologue(Heads dout_heads, Slice1D delta, Slice1D dqkvh, int zero_
         }
         dd[r] = sum;
         for (int p = 0; p < zero_parts; ++p) {
-          real* z = dq + p * part + r * hs;
+          std::size_t at = 0;
+          if (!zero_row(p, r, b, h, t, at)) continue;
+          real* z = dq + at;
           for (int d = 0; d < hs; ++d) z[d] = 0;
         }
       });
@@ -556,14 +607,18 @@ bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstBf16He
 
 namespace {
 
-// qkvh in fp32 or (mixed precision) rounded to bf16.
+// qkvh in fp32 or (mixed precision) rounded to bf16. Head rows of q, then
+// k, then v, each copied from its place in qkv; a q row also writes the
+// merge identity of its O and LSE.
 template <class Heads>
 void split_qkv(Heads qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s) {
   using T_out = typename Heads::non_const_value_type;
-  const int B = s.batch, T = s.seq_len, C = s.channels, H = s.heads, hs = C / H;
-  const std::size_t part = s.part_size(), rows = s.rows_size();
-  if (!(qkvh.extent(0) >= 3 * part && o.extent(0) >= part && lse.extent(0) >= rows &&
-        qkv.extent(0) == static_cast<std::size_t>(B) * T && qkv.extent(1) == static_cast<std::size_t>(3) * C))
+  const int B = s.batch, T = s.seq_len;
+  const HeadRowMap map(s, s.qkv_width());
+  const int hs = map.hs;
+  const std::size_t part = s.part_size(), q_rows = map.q_rows, rows = q_rows + 2 * map.kv_rows;
+  if (!(qkvh.extent(0) >= s.qkvh_size() && o.extent(0) >= part && lse.extent(0) >= q_rows &&
+        qkv.extent(0) == static_cast<std::size_t>(B) * T && qkv.extent(1) == static_cast<std::size_t>(s.qkv_width())))
     throw Error("attention_split_qkv: a buffer does not match the shape");
   const real* in = qkv.data();
   T_out* qh = qkvh.data();
@@ -571,36 +626,28 @@ void split_qkv(Heads qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const Atten
   real* lp = lse.data();
   const real neg_inf = -std::numeric_limits<real>::infinity();
   if (device_form()) {
-    // One float of each of q, k and v per thread (coalesced on both sides).
+    // One float per thread (coalesced on both sides).
     Kokkos::parallel_for(
         "ndmini::attention_split_qkv", Range(0, rows * hs), KOKKOS_LAMBDA(const std::size_t e) {
           const std::size_t r = e / hs;
-          const int d = e % hs;
-          const int t = r % T;
-          const int h = (r / T) % H;
-          const int b = r / (static_cast<std::size_t>(T) * H);
-          const real* tm = in + (static_cast<std::size_t>(b) * T + t) * (3 * C) + h * hs + d;
-          for (int which = 0; which < 3; ++which) qh[which * part + e] = T_out(tm[which * C]);
-          op[e] = 0;
-          if (d == 0) lp[r] = neg_inf;
+          qh[e] = T_out(in[map.token_offset(r) + e % hs]);
+          if (r < q_rows) {
+            op[e] = 0;
+            if (e % hs == 0) lp[r] = neg_inf;
+          }
         });
     return;
   }
-  // One pass per head row of q: its q, k and v rows move together, and the
-  // merge identity of that row is written on the way.
   Kokkos::parallel_for(
       "ndmini::attention_split_qkv", Range(0, rows), KOKKOS_LAMBDA(const std::size_t r) {
-        const int t = r % T;
-        const int h = (r / T) % H;
-        const int b = r / (static_cast<std::size_t>(T) * H);
-        const real* tm = in + (static_cast<std::size_t>(b) * T + t) * (3 * C) + h * hs;
-        for (int which = 0; which < 3; ++which) {
-          T_out* hm = qh + which * part + r * hs;
-          for (int d = 0; d < hs; ++d) hm[d] = T_out(tm[which * C + d]);
+        const real* tm = in + map.token_offset(r);
+        T_out* hm = qh + r * hs;
+        for (int d = 0; d < hs; ++d) hm[d] = T_out(tm[d]);
+        if (r < q_rows) {
+          real* orow = op + r * hs;
+          for (int d = 0; d < hs; ++d) orow[d] = 0;
+          lp[r] = neg_inf;
         }
-        real* orow = op + r * hs;
-        for (int d = 0; d < hs; ++d) orow[d] = 0;
-        lp[r] = neg_inf;
       });
 }
 
@@ -614,7 +661,7 @@ void attention_split_qkv(Bf16Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D 
 }
 
 void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s) {
-  regroup_heads(out.data(), const_cast<real*>(o.data()), 1, s, false);
+  regroup_heads(out.data(), const_cast<real*>(o.data()), false, s, false);
 }
 
 void attention_backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
@@ -627,7 +674,7 @@ void attention_backward_prologue(Bf16Slice1D dout_heads, Slice1D delta, Slice1D 
 }
 
 void attention_merge_qkv(Slice2D dqkv, ConstSlice1D dqkvh, const AttentionShape& s) {
-  regroup_heads(dqkv.data(), const_cast<real*>(dqkvh.data()), 3, s, false);
+  regroup_heads(dqkv.data(), const_cast<real*>(dqkvh.data()), true, s, false);
 }
 
 }  // namespace ndmini::kernels

@@ -5,10 +5,14 @@
 // [T, T] matrix between calls.
 //
 // Data are head-major: head (b, h) is a contiguous [rows, hs] matrix, heads
-// one after another (q, k, v of a micro-batch: [3, B, H, T, hs]). An operand
-// is a HeadRows: a pointer to row 0 of the first head, the distance between
+// one after another (q of a micro-batch: [B, H, T, hs]). An operand is a
+// HeadRows: a pointer to row 0 of the first head, the distance between
 // heads, and a row count, so rows [r0, r0 + n) of every head -- one
-// context-parallel chunk -- are an operand without a copy.
+// context-parallel chunk -- are an operand without a copy. The block kernels
+// pair the i-th matrix of q with the i-th of k and v; grouped-query attention
+// (r query heads per kv head) is r calls, call j taking query heads
+// g r + j of every kv head g: q, O, LSE, dO, D and dQ with r times the head
+// stride, from head j on (see ContextParallelAttention).
 //
 // Positions: query row i is at q_pos0 + i, key row j at k_pos0 + j. Causal
 // mask: a key is visible iff k_pos <= q_pos. Scale 1/sqrt(hs).
@@ -42,16 +46,34 @@
 namespace ndmini::kernels {
 
 // Shapes for one micro-batch on one rank: B sequences of seq_len rows,
-// `channels` = heads x hs columns (the tp-local heads under tensor parallelism).
-//   qkv  [B*T, 3C]          c_attn output, token-major (all q, then all k, then all v)
-//   qkvh [3, B, H, T, hs]   the same, head-major
-//   out  [B*T, C]           heads concatenated, token-major, ready for c_proj
+// `channels` = heads x hs columns (the tp-local heads under tensor
+// parallelism) of q and of the output. Grouped-query attention: kv_heads
+// (KV, a divisor of heads; 0 means heads, multi-head attention) heads of k
+// and v, each shared by r = heads / KV consecutive query heads: query head h
+// reads kv head h / r.
+//   qkv  [B*T, (H + 2 KV) hs]   c_attn output, token-major (all q, then all k, then all v)
+//   qkvh q [B, H, T, hs], then k [B, KV, T, hs], then v [B, KV, T, hs]: the same, head-major
+//   out  [B*T, C]               heads concatenated, token-major, ready for c_proj
+// Kept the last member so that {B, T, C, H} still means multi-head attention.
 struct AttentionShape {
   int batch, seq_len, channels, heads;
+  int kv_heads = 0;
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int head_size() const { return channels / heads; }
-  // Floats of one head-major part [B, H, T, hs] and of one value per row [B, H, T].
+  int group() const { return heads / kv(); }              // r: query heads per kv head
+  int kv_channels() const { return kv() * head_size(); }  // columns of k (and of v)
+  int qkv_width() const { return channels + 2 * kv_channels(); }
+  // Floats of the head-major q part [B, H, T, hs] (also of O and dO) and of
+  // one value per query row [B, H, T] (LSE, D).
   std::size_t part_size() const { return static_cast<std::size_t>(batch) * seq_len * channels; }
   std::size_t rows_size() const { return static_cast<std::size_t>(batch) * heads * seq_len; }
+  // Floats of the k part (and of the v part) [B, KV, T, hs], and its rows B x KV x T.
+  std::size_t kv_part_size() const { return static_cast<std::size_t>(batch) * seq_len * kv_channels(); }
+  std::size_t kv_rows_size() const { return static_cast<std::size_t>(batch) * kv() * seq_len; }
+  // Offsets in qkvh (and dqkvh) of the k and the v part; all of it.
+  std::size_t k_offset() const { return part_size(); }
+  std::size_t v_offset() const { return part_size() + kv_part_size(); }
+  std::size_t qkvh_size() const { return part_size() + 2 * kv_part_size(); }
 };
 
 // Rows [0, rows) of `heads` matrices spaced head_stride floats apart; row
@@ -126,8 +148,9 @@ bool attention_block_backward(HeadRows dq, HeadRows dk, HeadRows dv, ConstBf16He
 
 // ---- layout passes around the block kernel (one pass each, fused with the
 // initialisation the next step needs) -------------------------------------------
-// qkv [B*T, 3C] -> qkvh [3, B, H, T, hs]; and o := 0, lse := -inf, the
-// identity of the merge (o and lse head-major, [B, H, T, hs] and [B, H, T]).
+// qkv [B*T, (H + 2 KV) hs] -> qkvh (q, k, v head-major, as above); and
+// o := 0, lse := -inf, the identity of the merge (o and lse head-major,
+// [B, H, T, hs] and [B, H, T]).
 void attention_split_qkv(Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s);
 // The same with qkvh rounded to bf16 (mixed precision).
 void attention_split_qkv(Bf16Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D qkv, const AttentionShape& s);
@@ -135,13 +158,13 @@ void attention_split_qkv(Bf16Slice1D qkvh, Slice1D o, Slice1D lse, ConstSlice2D 
 void attention_merge_heads(Slice2D out, ConstSlice1D o, const AttentionShape& s);
 // The backward's prologue: dout [B*T, C] -> dO [B, H, T, hs] head-major,
 // delta = rowsum(dO * O) per head row from the forward's out [B*T, C], and
-// zeroes the first `zero_parts` parts ([B, H, T, hs] each) of dqkvh.
+// zeroes the first `zero_parts` (0 to 3) of dqkvh's parts dq, dk, dv.
 void attention_backward_prologue(Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts, ConstSlice2D dout,
                                  ConstSlice2D out, const AttentionShape& s);
 // The same with dO rounded to bf16 (mixed precision; delta from the fp32 dout).
 void attention_backward_prologue(Bf16Slice1D dout_heads, Slice1D delta, Slice1D dqkvh, int zero_parts,
                                  ConstSlice2D dout, ConstSlice2D out, const AttentionShape& s);
-// dqkvh [3, B, H, T, hs] -> dqkv [B*T, 3C] (overwritten).
+// dqkvh (dq, dk, dv head-major) -> dqkv [B*T, (H + 2 KV) hs] (overwritten).
 void attention_merge_qkv(Slice2D dqkv, ConstSlice1D dqkvh, const AttentionShape& s);
 
 }  // namespace ndmini::kernels

@@ -44,6 +44,9 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
   layout_ = make_cp_layout(seq_len_global, comm_ ? comm_->size() : 1, comm_ ? comm_->rank() : 0);
   require(local.batch > 0 && local.heads > 0 && local.channels > 0 && local.channels % local.heads == 0,
           "ContextParallelAttention: batch, heads and channels must be positive, channels divisible by heads");
+  if (local.kv_heads < 0 || local.heads % local.kv() != 0)
+    throw Error("ContextParallelAttention: kv_heads = " + std::to_string(local.kv_heads) +
+                " must divide heads = " + std::to_string(local.heads) + " (grouped-query attention)");
   if (local.seq_len != layout_.local_len())
     throw Error("ContextParallelAttention: local seq_len " + std::to_string(local.seq_len) +
                 " is not T/cp = " + std::to_string(seq_len_global) + "/" + std::to_string(layout_.cp));
@@ -74,20 +77,21 @@ ContextParallelAttention::ContextParallelAttention(Communicator* cp, const kerne
 ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const kernels::AttentionShape& local, int cp,
                                                                          bool bf16) {
   Buffers b;
-  const std::size_t part = local.part_size();
+  const std::size_t part = local.part_size(), kv_part = local.kv_part_size();
   const int block_rows = cp > 1 ? local.seq_len / 2 : local.seq_len;  // CpLayout::chunk_len()
   b.heads = part;
   b.delta = local.rows_size();
-  b.dqkvh = 3 * part;
-  b.scratch = kernels::attention_block_scratch_size(block_rows, block_rows, local.batch * local.heads);
+  b.dqkvh = local.qkvh_size();
+  // A block call batches B x KV heads (one query head of each kv head).
+  b.scratch = kernels::attention_block_scratch_size(block_rows, block_rows, local.batch * local.kv());
   if (bf16) {
     b.dout_bf16 = part;
     b.scratch_bf16 = b.scratch;
   }
-  if (cp > 1) {
-    b.kv = bf16 ? part : 2 * part;  // bf16: 2 part values, two to a float
-    b.dkv = b.dkv_in = 2 * part;
-    if (bf16) b.dkv_wire = 2 * part;
+  if (cp > 1) {  // the ring carries k and v of the kv heads only
+    b.kv = bf16 ? kv_part : 2 * kv_part;  // bf16: 2 kv_part values, two to a float
+    b.dkv = b.dkv_in = 2 * kv_part;
+    if (bf16) b.dkv_wire = 2 * kv_part;
   }
   return b;
 }
@@ -107,10 +111,16 @@ kernels::ConstBf16HeadRows ContextParallelAttention::chunk_rows(const bf16* base
   return {base + static_cast<std::size_t>(half) * c * width, head_stride, c};
 }
 
+template <class P>
+auto ContextParallelAttention::query_rows(P* base, int half, int j, int width) const {
+  const std::size_t head = static_cast<std::size_t>(shape_.seq_len) * width;
+  return chunk_rows(base + j * head, half, shape_.group() * head, width);
+}
+
 kernels::AttentionBlock ContextParallelAttention::block(int q_half, int src, int k_half) const {
   const CpLayout src_layout{layout_.cp, src, layout_.seq_len};
   const int c = layout_.chunk_len();
-  return {shape_.batch * shape_.heads,
+  return {shape_.batch * shape_.kv(),
           shape_.head_size(),
           layout_.chunk(q_half) * c,
           src_layout.chunk(k_half) * c,
@@ -145,12 +155,13 @@ bool ContextParallelAttention::block_backward(kernels::HeadRows dq, kernels::Hea
 
 void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::size_t out_cols,
                                      std::size_t qkv_cols) const {
-  const std::size_t C = shape_.channels;
+  const std::size_t C = shape_.channels, W = shape_.qkv_width();
   const std::size_t held = bf16_ ? saved.qkvh_bf16.extent(0) : saved.qkvh.extent(0);
   if (held < qkvh_size(shape_) || saved.lse.extent(0) < lse_size(shape_))
     throw Error("ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
-  if (rows != static_cast<std::size_t>(shape_.batch) * shape_.seq_len || out_cols != C || qkv_cols != 3 * C)
-    throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, 3C] of the local shape");
+  if (rows != static_cast<std::size_t>(shape_.batch) * shape_.seq_len || out_cols != C || qkv_cols != W)
+    throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, (H + 2 KV) hs] of the "
+                "local shape");
 }
 
 void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, const Saved& saved) {
@@ -168,18 +179,19 @@ void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, const Save
 
 template <class T>
 void ContextParallelAttention::forward_ring(T* qkvh, const Saved& saved) {
-  const std::size_t part = shape_.part_size();
   if (!comm_) {
     const int T_len = shape_.seq_len, hs = shape_.head_size();
     const std::size_t stride = static_cast<std::size_t>(T_len) * hs;
     using Rows = decltype(chunk_rows(static_cast<const T*>(qkvh), 0, 0, 0));
-    block_forward({heads_.data(), stride, T_len}, {saved.lse.data(), std::size_t(T_len), T_len},
-                  Rows{qkvh, stride, T_len}, Rows{qkvh + part, stride, T_len}, Rows{qkvh + 2 * part, stride, T_len},
-                  {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0});
+    const T* q = qkvh;
+    for (int j = 0; j < shape_.group(); ++j)
+      block_forward(query_rows(heads_.data(), 0, j, hs), query_rows(saved.lse.data(), 0, j, 1),
+                    query_rows(q, 0, j, hs), Rows{qkvh + shape_.k_offset(), stride, T_len},
+                    Rows{qkvh + shape_.v_offset(), stride, T_len}, {shape_.batch * shape_.kv(), hs, 0, 0, causal_, 0});
     return;
   }
   const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  const T* kv = qkvh + part;  // k and v parts are adjacent: one message
+  const T* kv = qkvh + shape_.k_offset();  // k and v parts are adjacent: one message
   for (int s = 0; s < cp; ++s) {
     CommRequest req;
     if (s < cp - 1) {
@@ -197,13 +209,16 @@ void ContextParallelAttention::forward_ring(T* qkvh, const Saved& saved) {
 
 template <class T>
 void ContextParallelAttention::forward_step(int src, const T* qkvh, const T* kv, const Saved& saved, CommRequest& req) {
-  const std::size_t part = shape_.part_size(), stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
+  const std::size_t kv_part = shape_.kv_part_size(),
+                    stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
   const int hs = shape_.head_size();
   for (int qh = 0; qh < 2; ++qh)
     for (int kh = 0; kh < 2; ++kh) {
-      block_forward(chunk_rows(heads_.data(), qh, stride, hs), chunk_rows(saved.lse.data(), qh, shape_.seq_len, 1),
-                    chunk_rows(qkvh, qh, stride, hs), chunk_rows(kv, kh, stride, hs),
-                    chunk_rows(kv + part, kh, stride, hs), block(qh, src, kh));
+      // Call j: query heads g r + j against kv head g.
+      for (int j = 0; j < shape_.group(); ++j)
+        block_forward(query_rows(heads_.data(), qh, j, hs), query_rows(saved.lse.data(), qh, j, 1),
+                      query_rows(qkvh, qh, j, hs), chunk_rows(kv, kh, stride, hs),
+                      chunk_rows(kv + kv_part, kh, stride, hs), block(qh, src, kh));
       req.test();  // lets the transfer in flight progress (MPI progresses inside its calls)
     }
 }
@@ -227,20 +242,23 @@ void ContextParallelAttention::backward(Slice2D dqkv, ConstSlice2D dout, ConstSl
 
 template <class T>
 void ContextParallelAttention::backward_ring(const T* qkvh, const T* dout_heads, const Saved& saved) {
-  const std::size_t part = shape_.part_size();
+  const std::size_t k_off = shape_.k_offset(), v_off = shape_.v_offset();
   if (!comm_) {
     const int T_len = shape_.seq_len, hs = shape_.head_size();
     const std::size_t stride = static_cast<std::size_t>(T_len) * hs;
     using Rows = decltype(chunk_rows(qkvh, 0, 0, 0));
     real* dq = dqkvh_.data();
-    block_backward({dq, stride, T_len}, {dq + part, stride, T_len}, {dq + 2 * part, stride, T_len},
-                   Rows{qkvh, stride, T_len}, Rows{qkvh + part, stride, T_len}, Rows{qkvh + 2 * part, stride, T_len},
-                   Rows{dout_heads, stride, T_len}, {saved.lse.data(), std::size_t(T_len), T_len},
-                   {delta_.data(), std::size_t(T_len), T_len}, {shape_.batch * shape_.heads, hs, 0, 0, causal_, 0});
+    // dk, dv sum the r calls' shares, in the fixed order j = 0..r-1.
+    for (int j = 0; j < shape_.group(); ++j)
+      block_backward(query_rows(dq, 0, j, hs), {dq + k_off, stride, T_len}, {dq + v_off, stride, T_len},
+                     query_rows(qkvh, 0, j, hs), Rows{qkvh + k_off, stride, T_len}, Rows{qkvh + v_off, stride, T_len},
+                     query_rows(dout_heads, 0, j, hs), query_rows(static_cast<const real*>(saved.lse.data()), 0, j, 1),
+                     query_rows(static_cast<const real*>(delta_.data()), 0, j, 1),
+                     {shape_.batch * shape_.kv(), hs, 0, 0, causal_, 0});
     return;
   }
   const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  const T* kv = qkvh + part;
+  const T* kv = qkvh + k_off;
   for (int s = 0; s < cp; ++s) {
     ops_.clear();
     if (s < cp - 1) {  // the next K/V block (bf16: two values to a float slot)
@@ -261,15 +279,15 @@ void ContextParallelAttention::backward_ring(const T* qkvh, const T* dout_heads,
   }
   // The complete sums go home: ours arrives from rank r-1 into dk, dv.
   ops_.clear();
-  add_dkv_exchange(dkv_[(cp - 1) % 2], dqkvh_.data() + part, next, prev);
+  add_dkv_exchange(dkv_[(cp - 1) % 2], dqkvh_.data() + k_off, next, prev);
   comm_->batch_p2p(ops_).wait();
-  widen_arrived_dkv(dqkvh_.data() + part);
+  widen_arrived_dkv(dqkvh_.data() + k_off);
 }
 
 // The dK/dV sum `out` to the next rank and the previous rank's into `in`
-// (2 parts each); under bf16 both through the wire buffers.
+// (2 kv parts each); under bf16 both through the wire buffers.
 void ContextParallelAttention::add_dkv_exchange(const View1D& out, real* in, int next, int prev) {
-  const std::size_t n = 2 * shape_.part_size();
+  const std::size_t n = 2 * shape_.kv_part_size();
   if (!bf16_) {
     ops_.push_back({P2POp::Kind::send, out.data(), n, next, kDkvTag});
     ops_.push_back({P2POp::Kind::recv, in, n, prev, kDkvTag});
@@ -287,16 +305,18 @@ void ContextParallelAttention::widen_arrived_dkv(real* in) {
 template <class T>
 void ContextParallelAttention::backward_step(int src, const T* qkvh, const T* kv, const T* dout_heads, real* dkv,
                                              const Saved& saved, CommRequest& req) {
-  const std::size_t part = shape_.part_size(), stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
-  const int hs = shape_.head_size(), T_len = shape_.seq_len;
+  const std::size_t kv_part = shape_.kv_part_size(),
+                    stride = static_cast<std::size_t>(shape_.seq_len) * shape_.head_size();
+  const int hs = shape_.head_size();
   for (int qh = 0; qh < 2; ++qh)
     for (int kh = 0; kh < 2; ++kh) {
-      block_backward(chunk_rows(dqkvh_.data(), qh, stride, hs), chunk_rows(dkv, kh, stride, hs),
-                     chunk_rows(dkv + part, kh, stride, hs), chunk_rows(qkvh, qh, stride, hs),
-                     chunk_rows(kv, kh, stride, hs), chunk_rows(kv + part, kh, stride, hs),
-                     chunk_rows(dout_heads, qh, stride, hs),
-                     chunk_rows(static_cast<const real*>(saved.lse.data()), qh, T_len, 1),
-                     chunk_rows(static_cast<const real*>(delta_.data()), qh, T_len, 1), block(qh, src, kh));
+      // dk, dv of kv head g sum the shares of its r query heads, j = 0..r-1 in order.
+      for (int j = 0; j < shape_.group(); ++j)
+        block_backward(query_rows(dqkvh_.data(), qh, j, hs), chunk_rows(dkv, kh, stride, hs),
+                       chunk_rows(dkv + kv_part, kh, stride, hs), query_rows(qkvh, qh, j, hs),
+                       chunk_rows(kv, kh, stride, hs), chunk_rows(kv + kv_part, kh, stride, hs),
+                       query_rows(dout_heads, qh, j, hs), query_rows(static_cast<const real*>(saved.lse.data()), qh, j, 1),
+                       query_rows(static_cast<const real*>(delta_.data()), qh, j, 1), block(qh, src, kh));
       req.test();
     }
 }

@@ -38,6 +38,12 @@
 // bf16 K/V and the dK/dV sums travel in bf16 (the sums rounded before each
 // hop and widened on arrival; each rank adds its share in fp32).
 //
+// Grouped-query attention (KV kv heads, r = H/KV query heads each): the
+// ring carries k and v of the KV heads only, so its K/V and dK/dV messages
+// are r times smaller than multi-head attention's. Each block pair is r
+// calls of the block kernel, call j taking query heads g r + j of every kv
+// head g; dK, dV sum the r calls' shares in the order j = 0..r-1.
+//
 // Every exchange is accounted by the cp Communicator itself (calls, bytes,
 // time, exposed time).
 #include <vector>
@@ -74,7 +80,8 @@ class ContextParallelAttention {
  public:
   // cp: the cp group (nullptr or size 1: no ring; the group must outlive
   // this object). local: B, seq_len = local rows per sequence (T/cp),
-  // channels = C/tp (local heads x hs), heads = H/tp. Allocates its scratch
+  // channels = C/tp (local heads x hs), heads = H/tp, kv_heads = KV/tp
+  // (0: heads; must divide heads). Allocates its scratch
   // once, in MemSpace; it holds nothing between calls, so one object can
   // serve every layer. causal = false gives full attention (tests). bf16:
   // mixed precision: q, k, v (kept, and sent round the ring) and dO are
@@ -86,11 +93,11 @@ class ContextParallelAttention {
   // log-sum-exp of every query row. The caller owns the memory (e.g. per
   // layer and micro-batch in flight), sized by qkvh_size() and lse_size().
   struct Saved {
-    Slice1D qkvh;           // [3, B, H, T/cp, hs]
+    Slice1D qkvh;           // q [B, H, T/cp, hs], k and v [B, KV, T/cp, hs]
     Slice1D lse;            // [B, H, T/cp]
     Bf16Slice1D qkvh_bf16;  // instead of qkvh under bf16
   };
-  static std::size_t qkvh_size(const kernels::AttentionShape& local) { return 3 * local.part_size(); }
+  static std::size_t qkvh_size(const kernels::AttentionShape& local) { return local.qkvh_size(); }
   static std::size_t lse_size(const kernels::AttentionShape& local) { return local.rows_size(); }
 
   // The floats of the scratch one ContextParallelAttention allocates (its
@@ -112,10 +119,11 @@ class ContextParallelAttention {
   };
   static Buffers buffer_sizes(const kernels::AttentionShape& local, int cp, bool bf16 = false);
 
-  // qkv [B*T/cp, 3C] token-major (the c_attn output) -> out [B*T/cp, C]
+  // qkv [B*T/cp, (H + 2 KV) hs] token-major (the c_attn output, local
+  // heads; qkv_width() columns) -> out [B*T/cp, C]
   // token-major; writes saved's buffers. Collective over the cp group.
   void forward(Slice2D out, ConstSlice2D qkv, const Saved& saved);
-  // dout [B*T/cp, C] -> dqkv [B*T/cp, 3C] (overwritten). `out` is the
+  // dout [B*T/cp, C] -> dqkv [B*T/cp, qkv_width()] (overwritten). `out` is the
   // forward's output (for D = rowsum(dO * O)). Collective over the cp group.
   void backward(Slice2D dqkv, ConstSlice2D dout, ConstSlice2D out, const Saved& saved);
 
@@ -152,16 +160,21 @@ class ContextParallelAttention {
   kernels::HeadRows chunk_rows(real* base, int half, std::size_t head_stride, int width) const;
   kernels::ConstHeadRows chunk_rows(const real* base, int half, std::size_t head_stride, int width) const;
   kernels::ConstBf16HeadRows chunk_rows(const bf16* base, int half, std::size_t head_stride, int width) const;
+  // Rows of local half `half` of query heads g r + j (g over the B x KV kv
+  // heads) of a q-shaped buffer (q, O, dO, dq: width hs; LSE, D: width 1):
+  // the q side of call j of grouped-query attention (r = group()).
+  template <class P>
+  auto query_rows(P* base, int half, int j, int width) const;
   kernels::AttentionBlock block(int q_half, int src, int k_half) const;
   // The ring's dK/dV hop: adds to ops_ the send of the sum `out` to `next`
   // and the receive of `prev`'s into `in` (under bf16 into the wire buffer:
   // widen_arrived_dkv(in) then writes it to `in`).
   void add_dkv_exchange(const View1D& out, real* in, int next, int prev);
   void widen_arrived_dkv(real* in);
-  // Floats of one K/V message: both parts of T values.
+  // Floats of one K/V message: the k and v parts (kv heads only) of T values.
   template <class T>
   std::size_t kv_floats() const {
-    return 2 * shape_.part_size() * sizeof(T) / sizeof(real);
+    return 2 * shape_.kv_part_size() * sizeof(T) / sizeof(real);
   }
 
   Communicator* comm_ = nullptr;  // null without a ring

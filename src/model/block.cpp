@@ -104,7 +104,7 @@ TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextPara
   C_ = channels;
   Cl_ = C_ / tp.size();
   F_ = 4 * C_ / tp.size();
-  Q_ = 3 * C_ / tp.size();
+  Q_ = attention.local_shape().qkv_width();  // (H + 2 KV) hs / tp: q, then k and v of the kv heads
   const BlockSizes& n = sizes_;
   qkv_ = uninitialized("ndmini::qkv", n.qkv());
   dln_ = uninitialized("ndmini::dln", n.full());

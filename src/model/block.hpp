@@ -101,7 +101,7 @@ struct BlockSizes {
   std::size_t residual() const { return local_rows * channels; }                       // [Nr, C]: res2, res3
   std::size_t stats() const { return local_rows; }                                     // LayerNorm mean or rstd
   std::size_t attention_out() const { return rows * (channels / tp); }                 // [N, C/tp]: atty, datty
-  std::size_t qkv() const { return rows * (3 * channels / tp); }                       // [N, 3C/tp]: qkv, dqkv
+  std::size_t qkv() const { return rows * attention.qkv_width(); }  // [N, (H + 2 KV) hs / tp]: qkv, dqkv
   std::size_t hidden() const { return rows * (4 * channels / tp); }                    // [N, 4C/tp]: fch, fch_gelu, dfc
   std::size_t qkvh() const { return ContextParallelAttention::qkvh_size(attention); }  // head-major q, k, v
   std::size_t lse() const { return ContextParallelAttention::lse_size(attention); }    // log-sum-exp per query row

@@ -93,7 +93,7 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   const double kFloat = sizeof(real);              // an fp32 value (the cross-entropy statistics)
   const double kHalf = half ? 2.0 : sizeof(real);  // an activation, its gradient or a gathered parameter
   const double kGradFloat = cfg.comm.reduce_dtype == Precision::bf16 ? sizeof(bf16) : sizeof(real);  // a gradient's
-  const double part = static_cast<double>(bs.attention.part_size());  // one of q, k, v on this rank
+  const double part = static_cast<double>(bs.attention.kv_part_size());  // one of k, v (kv heads) on this rank
   // What the pipeline sends: bf16 values two to a float slot under bf16.
   const double activation_bytes =
       half ? sizeof(real) * std::ceil(bs.residual() / 2.0) : static_cast<double>(bs.residual()) * sizeof(real);
