@@ -31,6 +31,13 @@ namespace ndmini {
 
 // ---- sizes and rules (no allocation) ----------------------------------------
 
+// The architecture in one line, e.g. "gpt2: layernorm (eps 1e-05), learned
+// positions, gelu MLP of 4C = 3072, 12 heads, biases, head tied to wte".
+std::string architecture_text(const ModelConfig& m);
+// Training runs GPT-2's blocks only today; any other architecture (check and
+// plan take it) is refused with what differs. Throws Error.
+void require_trainable_architecture(const ModelConfig& m);
+
 // All parameters, and N for MFU: all but wpe (the LM head is tied to wte).
 std::int64_t gpt_param_count(const ModelConfig& m);
 std::int64_t gpt_flops_param_count(const ModelConfig& m);

@@ -3,6 +3,7 @@
 // counts, FLOPs, the layout rules for a split, the global tensor list and the
 // parameter layout of one pipeline stage.
 #include <numeric>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "model/block.hpp"
@@ -20,6 +21,30 @@ std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple
 std::string block_prefix(int layer) { return "h/" + std::to_string(layer) + "/"; }
 
 }  // namespace
+
+std::string architecture_text(const ModelConfig& m) {
+  std::ostringstream os;
+  os << name_of(m.family) << ": " << name_of(m.norm) << " (eps " << m.norm_eps << "), ";
+  if (m.learned_positions())
+    os << "learned positions";
+  else
+    os << "rope (theta " << m.rope_theta << ")";
+  os << ", " << name_of(m.mlp) << " MLP of " << (m.ffn() == 4 * m.channels ? "4C = " : "") << m.ffn() << ", ";
+  if (m.kv() == m.heads)
+    os << m.heads << " heads";
+  else
+    os << m.heads << " query heads sharing " << m.kv() << " key/value heads";
+  os << ", " << (m.bias ? "biases" : "no biases") << ", "
+     << (m.tie_embeddings ? "head tied to wte" : "untied head (lm_head)");
+  return os.str();
+}
+
+void require_trainable_architecture(const ModelConfig& m) {
+  if (m.gpt2_blocks()) return;
+  throw Error("the deck's architecture is " + architecture_text(m) +
+              "; ndmini train runs GPT-2's blocks only in this version (layernorm with eps 1e-05, learned "
+              "positions, gelu MLP of 4C, kv_heads = heads, biases, tied head); ndmini plan takes this deck");
+}
 
 std::int64_t gpt_param_count(const ModelConfig& m) {
   // wte [V, C], wpe [T, C], ln_f 2C, and per block 12 C^2 + 13 C (see kBlockTensors).
@@ -43,9 +68,19 @@ void check_model_split(const ModelConfig& m, const ParallelDims& s) {
   const std::string by_tp = " is not divisible by parallel.tp = " + to_string(tp);
   require(m.heads % tp == 0, "model.heads = " + to_string(m.heads) + by_tp +
                                  "; choose a tp that divides the heads, or change model.heads");
-  require((4 * static_cast<long long>(m.channels)) % tp == 0,
-          "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " + to_string(m.channels) + by_tp +
-              "; choose a tp that divides it, or change model.channels");
+  // Grouped-query attention: each tp rank holds whole key/value heads (no
+  // replicated kv heads), so tp must divide them too.
+  require(m.kv() % tp == 0, "model.kv_heads = " + to_string(m.kv()) + by_tp +
+                                " (each tensor-parallel rank holds whole key/value heads); choose a tp that "
+                                "divides model.kv_heads, or change it");
+  if (m.ffn_hidden > 0)
+    require(m.ffn() % tp == 0, "model.ffn_hidden = " + to_string(m.ffn()) + by_tp +
+                                   " (the MLP's hidden width splits over tp); choose a tp that divides it, or "
+                                   "change model.ffn_hidden");
+  else
+    require((4 * static_cast<long long>(m.channels)) % tp == 0,
+            "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " + to_string(m.channels) + by_tp +
+                "; choose a tp that divides it, or change model.channels");
   if (m.vocab % tp != 0) {
     // Suggest a GPU-friendly size too: a multiple of 64 per tp rank is what GPT-2 uses (50257 -> 50304).
     const long long step = std::lcm(tp, 64);
