@@ -215,3 +215,82 @@ TEST(CalibrationChecks, LoadAverage) {
   limits.loadavg_file = "no_such_loadavg";
   EXPECT_THROW(load_warning(limits, 4), Error);
 }
+
+// ---- other architectures (issue 32): what the planner counts ----------------
+
+namespace {
+
+// The tiny deck as a Llama: rmsnorm, rope, swiglu, 2 kv heads of 4, untied, no biases.
+Config llama_tiny(std::vector<std::string> extra) {
+  std::vector<std::string> all = {"model.family=llama", "model.ffn_hidden=128", "model.kv_heads=2"};
+  all.insert(all.end(), extra.begin(), extra.end());
+  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+}
+
+const GroupTraffic& group_named(const std::vector<GroupTraffic>& groups, const std::string& name) {
+  for (const GroupTraffic& g : groups)
+    if (g.name == name) return g;
+  throw Error("no group " + name);
+}
+
+}  // namespace
+
+TEST(PlanArchitecture, ParameterCountOfTheStagesIsTheModels) {
+  // As for GPT-2 above: every stage and tp rank's unpadded parameters count
+  // the model once (lm_head on the last stage, no tied copy, no wpe).
+  const Config cfg = llama_tiny({"model.layers=4", "parallel.pp=2", "parallel.tp=2"});
+  const RunLayout run = resolve_layout(cfg, 4);
+  std::int64_t count = 0;
+  for (int stage = 0; stage < run.dims.pp; ++stage)
+    for (int tp_rank = 0; tp_rank < run.dims.tp; ++tp_rank)
+      for (const ParamInfo& p : gpt_param_layout(cfg.model, run.plan.chunks_of(stage), run.dims.tp, tp_rank, 1).params)
+        if (!p.tied_copy && (p.split != TpSplit::replicated || tp_rank == 0)) count += static_cast<std::int64_t>(p.size);
+  EXPECT_EQ(count, gpt_param_count(cfg.model));
+  // The model state the memory estimate holds is the layout's shards (18 bytes an element under bf16 with FSDP).
+  EXPECT_GT(estimate_memory(cfg, run).state_bytes, 0);
+}
+
+TEST(PlanArchitecture, RingBytesScaleByKvHeadsOverHeads) {
+  // cp's ring carries k and v of the key/value heads only: with 2 of 4 heads
+  // its bytes are half multi-head attention's, the same deck otherwise; tp's
+  // traffic ([N, C] activations) does not change.
+  for (const std::vector<std::string> axes :
+       {std::vector<std::string>{"parallel.cp=2"}, std::vector<std::string>{"parallel.cp=2", "parallel.tp=2"}}) {
+    std::vector<std::string> gqa = axes, mha = axes;
+    mha.push_back("model.kv_heads=4");
+    const Config a = llama_tiny(gqa), b = llama_tiny(mha);
+    const int world = static_cast<int>(axes.size()) * 2;
+    const auto ga = traffic_per_step(a, resolve_layout(a, world), 0);
+    const auto gb = traffic_per_step(b, resolve_layout(b, world), 0);
+    const GroupTraffic &cp_a = group_named(ga, "cp"), &cp_b = group_named(gb, "cp");
+    ASSERT_GT(cp_b.bytes, 0);
+    EXPECT_EQ(cp_a.calls, cp_b.calls);
+    EXPECT_DOUBLE_EQ(cp_a.bytes, cp_b.bytes * 2 / 4) << "kv_heads / heads = 2 / 4";
+    EXPECT_DOUBLE_EQ(group_named(ga, "tp").bytes, group_named(gb, "tp").bytes);
+  }
+}
+
+TEST(PlanArchitecture, UntiedHeadHasNoTiedEmbeddingSum) {
+  const Config untied = llama_tiny({"parallel.pp=2"}), tied = llama_tiny({"parallel.pp=2", "model.tie_embeddings=true"});
+  const RunLayout ru = resolve_layout(untied, 2), rt = resolve_layout(tied, 2);
+  for (int stage = 0; stage < 2; ++stage) {
+    EXPECT_EQ(group_named(traffic_per_step(untied, ru, stage), "tied_wte").calls, 0) << "stage " << stage;
+    EXPECT_EQ(group_named(traffic_per_step(tied, rt, stage), "tied_wte").calls, 1) << "stage " << stage;
+  }
+  // FSDP over 2 on one stage: the untied head's lm_head is a unit of its
+  // own, reduce-scattered once per micro-batch like every unit.
+  auto traffic = [](const Config& cfg) {
+    const RunLayout run = resolve_layout(cfg, 2);
+    const std::vector<Chunk> chunks = run.plan.chunks_of(0);
+    const ParamLayout layout = gpt_param_layout(cfg.model, chunks, 1, 0, 2);
+    return std::make_pair(fsdp_traffic(cfg.model, layout, chunks, 2, run.schedule.actions(0), true), layout);
+  };
+  const auto [fu, lu] = traffic(llama_tiny({"parallel.dp_shard=2"}));
+  const auto [ft, lt] = traffic(llama_tiny({"parallel.dp_shard=2", "model.tie_embeddings=true"}));
+  const std::int64_t micro_batches = resolve_layout(llama_tiny({"parallel.dp_shard=2"}), 2).micro_batches;
+  ASSERT_EQ(lu.unit_size.size(), lt.unit_size.size() + 1);
+  EXPECT_EQ(lu.params.back().name, "lm_head/weight");
+  EXPECT_EQ(fu.reduce_scatters, ft.reduce_scatters + micro_batches);
+  EXPECT_DOUBLE_EQ(fu.reduce_scatter_floats,
+                   ft.reduce_scatter_floats + static_cast<double>(micro_batches * lu.unit_size.back()));
+}

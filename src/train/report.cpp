@@ -106,8 +106,11 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
   const auto& m = cfg.model;
   std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
   std::printf("architecture      %s\n", architecture_text(m).c_str());
-  std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
-              static_cast<long long>(gpt_flops_param_count(m)));
+  // N leaves out the lookup tables: wpe, and wte when lm_head is the head's product.
+  const char* lookups = m.learned_positions() ? (m.tie_embeddings ? "all but wpe" : "all but the lookups wpe and wte")
+                                              : (m.tie_embeddings ? "all" : "all but wte, a lookup");
+  std::printf("parameters        %lld (%lld in MFU's N: %s)\n", static_cast<long long>(gpt_param_count(m)),
+              static_cast<long long>(gpt_flops_param_count(m)), lookups);
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
               layout.micro_batches, cfg.train.micro_batch, layout.dims.data_parallel());
