@@ -408,7 +408,8 @@ def narayanan_table(ndmini, folder, constants):
     return lines, errors
 
 
-def llama_plan(ndmini, folder, model, gpus, seq, tp, cp, pp, dp, batch, micro_batch, recompute, reshard=True):
+def llama_plan(ndmini, folder, model, gpus, seq, tp, cp, pp, dp, batch, micro_batch, recompute, reshard=True, v=1,
+               replicate=False):
     """`ndmini plan --json` of a Llama-style layout on the shipped H100 file, ndmini's own code (flash-style
     attention, as Meta's and torchtitan's runs had): its layouts[] entry."""
     deck = os.path.join(folder, "llama.toml")
@@ -417,8 +418,9 @@ def llama_plan(ndmini, folder, model, gpus, seq, tp, cp, pp, dp, batch, micro_ba
         f.write(f"[model]\nfamily = \"llama\"\n{model_lines}seq_len = {seq}\nrope_theta = 500000.0\n"
                 f"[train]\nglobal_batch = {batch}\nmicro_batch = {micro_batch}\nrecompute = \"{recompute}\"\n"
                 f"precision = \"bf16\"\n"
-                f"[parallel]\ntp = {tp}\ncp = {cp}\npp = {pp}\ndp_shard = {dp}\ndp_replicate = 1\n"
-                f"sequence_parallel = {str(tp > 1).lower()}\nreshard_after_forward = {str(reshard).lower()}\n")
+                f"[parallel]\ntp = {tp}\ncp = {cp}\npp = {pp}\ndp_shard = {1 if replicate else dp}\ndp_replicate = {dp if replicate else 1}\n"
+                f"sequence_parallel = {str(tp > 1).lower()}\nreshard_after_forward = {str(reshard).lower()}\n"
+                f"schedule = \"{'interleaved_1f1b' if v > 1 else '1f1b'}\"\nvirtual_stages = {v}\n")
     out = subprocess.run([ndmini, "plan", deck, "--cluster", H100, "--world", str(gpus), "--precision", "bf16",
                           "--json"], capture_output=True, text=True)
     if out.returncode != 0:
@@ -436,21 +438,28 @@ def llama_tables(ndmini, folder):
              "ndmini's memory estimate against 80 GB (ndmini keeps an fp32 master, the fp32 residual stream and "
              "a bf16 working copy: more than the published codes).", "",
              "### Llama 3 405B, Meta's Table 4 (H100 80GB, bf16)", "",
-             "Assumptions: micro-batch 1; the 1F1B schedule (Meta interleaved its pipeline and balanced its first "
-             "and last stages: ndmini gives the 126 layers to 16 stages as evenly as it can); FSDP over dp with "
-             "the parameters not resharded after the forward (the paper shards optimizer state and gradients, "
-             "not the weights between forward and backward); sequence parallelism with tp; no recomputation.", "",
+             "Assumptions: micro-batch 1; sequence parallelism with tp; no recomputation; the interleaved 1F1B "
+             "schedule with 4 virtual stages (the paper interleaves its pipeline without a count here; 4 is the "
+             "most 126 layers allow over 16 stages: v = 1 and 2 predict 245-328 and 316-386 TFLOPS for the first "
+             "two rows; ndmini spreads the 126 layers as evenly as it can, where Meta took one layer off the first "
+             "and last stages); data parallelism replicated (`dp_replicate`): the paper reduces the gradients "
+             "once a step (it shards them and the optimizer state), as ndmini's replicated data parallelism does, "
+             "while ndmini's FSDP gathers and reduce-scatters every unit every micro-batch (the `FSDP` column: "
+             "the same layout with `dp_shard`, parameters not resharded after the forward). Memory is ndmini's "
+             "own, unsharded in the replicated layout.", "",
              "| GPUs | tp | cp | pp | dp | seq | published TFLOPS/GPU (MFU) | predicted TFLOPS/GPU (MFU) | error | "
-             "memory per GPU (GiB) | fits |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "with FSDP | memory per GPU (GiB) | fits |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     errors = []
     for gpus, tp, cp, pp, dp, seq, batch, tflops, mfu in META_TABLE4:
-        r = llama_plan(ndmini, folder, LLAMA3_405B, gpus, seq, tp, cp, pp, dp, batch, 1, "none", reshard=False)
-        predicted = r["flops_per_step"]["model"] / (r["time_ms"]["step"] / 1e3) / gpus / 1e12
+        runs = [llama_plan(ndmini, folder, LLAMA3_405B, gpus, seq, tp, cp, pp, dp, batch, 1, "none", reshard=False,
+                           v=4, replicate=replicate) for replicate in (True, False)]
+        r, fsdp = runs
+        predicted, with_fsdp = (x["flops_per_step"]["model"] / (x["time_ms"]["step"] / 1e3) / gpus / 1e12 for x in runs)
         e = predicted / tflops - 1
         errors.append(e)
         lines.append(f"| {gpus} | {tp} | {cp} | {pp} | {dp} | {seq} | {tflops} ({mfu}%) | {predicted:.0f} "
-                     f"({100 * r['mfu']:.0f}%) | {100 * e:+.1f}% | {r['memory_bytes']['total'] / 2**30:.1f} | "
-                     f"{'yes' if r['fits'] else 'no'} |")
+                     f"({100 * r['mfu']:.0f}%) | {100 * e:+.1f}% | {with_fsdp:.0f} | "
+                     f"{r['memory_bytes']['total'] / 2**30:.1f} | {'yes' if r['fits'] else 'no'} |")
     lines += ["", summary(errors), "",
               "### torchtitan, Llama 3.1 8B, FSDP (H100, bf16, no torch.compile, no Float8)", "",
               "Assumptions: sequence length 8192 (torchtitan's preset; the page does not say); FSDP over every "
