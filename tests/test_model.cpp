@@ -315,8 +315,8 @@ TEST(Architecture, LlamaCountsByHand) {
                            "h/0/attn/c_v/weight", "h/1/attn/c_proj/weight", "h/1/mlp/c_gate/weight",
                            "h/1/mlp/c_up/weight", "h/1/mlp/c_proj/weight", "ln_f/weight", "lm_head/weight"})
     EXPECT_TRUE(has_tensor(m, name)) << name;
-  for (const char* name : {"wpe", "h/0/ln_1/bias", "h/0/attn/c_attn/weight", "h/0/attn/c_q/bias", "h/0/mlp/c_fc/weight",
-                           "ln_f/bias"})
+  for (const char* name :
+       {"wpe", "h/0/ln_1/bias", "h/0/attn/c_attn/weight", "h/0/attn/c_q/bias", "h/0/mlp/c_fc/weight", "ln_f/bias"})
     EXPECT_FALSE(has_tensor(m, name)) << name;
 }
 

@@ -248,7 +248,8 @@ TEST(PlanArchitecture, ParameterCountOfTheStagesIsTheModels) {
   for (int stage = 0; stage < run.dims.pp; ++stage)
     for (int tp_rank = 0; tp_rank < run.dims.tp; ++tp_rank)
       for (const ParamInfo& p : gpt_param_layout(cfg.model, run.plan.chunks_of(stage), run.dims.tp, tp_rank, 1).params)
-        if (!p.tied_copy && (p.split != TpSplit::replicated || tp_rank == 0)) count += static_cast<std::int64_t>(p.size);
+        if (!p.tied_copy && (p.split != TpSplit::replicated || tp_rank == 0))
+          count += static_cast<std::int64_t>(p.size);
   EXPECT_EQ(count, gpt_param_count(cfg.model));
   // The model state the memory estimate holds is the layout's shards (18 bytes an element under bf16 with FSDP).
   EXPECT_GT(estimate_memory(cfg, run).state_bytes, 0);
@@ -275,7 +276,8 @@ TEST(PlanArchitecture, RingBytesScaleByKvHeadsOverHeads) {
 }
 
 TEST(PlanArchitecture, UntiedHeadHasNoTiedEmbeddingSum) {
-  const Config untied = llama_tiny({"parallel.pp=2"}), tied = llama_tiny({"parallel.pp=2", "model.tie_embeddings=true"});
+  const Config untied = llama_tiny({"parallel.pp=2"}),
+               tied = llama_tiny({"parallel.pp=2", "model.tie_embeddings=true"});
   const RunLayout ru = resolve_layout(untied, 2), rt = resolve_layout(tied, 2);
   for (int stage = 0; stage < 2; ++stage) {
     EXPECT_EQ(group_named(traffic_per_step(untied, ru, stage), "tied_wte").calls, 0) << "stage " << stage;
@@ -369,14 +371,15 @@ void expect_near_megatron(const Config& cfg, const RunLayout& l, const StepPredi
   const double formula = fp32_residual.state + fp32_residual.activations;
   constexpr double GiB = 1 << 30;
   if (world_rank() == 0)
-    std::printf("[plan] %s (%s, recompute %s, micro-batch %d): state + activations %.2f GiB, Megatron's formula "
-                "%.2f GiB with fp32 residuals (%+.1f%%), %.2f GiB with the paper's 2-byte ones; total %.2f GiB "
-                "against the formula's %.2f GiB with its logits (%+.1f%%: FSDP's buffers and the workspace are "
-                "not in the formula)\n",
-                what.c_str(), l.dims.str().c_str(), name_of(l.recompute), cfg.train.micro_batch,
-                state_and_activations / GiB, formula / GiB, 100 * (state_and_activations / formula - 1),
-                (paper.state + paper.activations) / GiB, static_cast<double>(mem.total()) / GiB,
-                fp32_residual.total() / GiB, 100 * (static_cast<double>(mem.total()) / fp32_residual.total() - 1));
+    std::printf(
+        "[plan] %s (%s, recompute %s, micro-batch %d): state + activations %.2f GiB, Megatron's formula "
+        "%.2f GiB with fp32 residuals (%+.1f%%), %.2f GiB with the paper's 2-byte ones; total %.2f GiB "
+        "against the formula's %.2f GiB with its logits (%+.1f%%: FSDP's buffers and the workspace are "
+        "not in the formula)\n",
+        what.c_str(), l.dims.str().c_str(), name_of(l.recompute), cfg.train.micro_batch, state_and_activations / GiB,
+        formula / GiB, 100 * (state_and_activations / formula - 1), (paper.state + paper.activations) / GiB,
+        static_cast<double>(mem.total()) / GiB, fp32_residual.total() / GiB,
+        100 * (static_cast<double>(mem.total()) / fp32_residual.total() - 1));
   EXPECT_NEAR(state_and_activations / formula, 1.0, 0.10) << what << ": " << l.dims.str();
   if (paper_too)
     EXPECT_NEAR(state_and_activations / (paper.state + paper.activations), 1.0, 0.10)

@@ -124,9 +124,7 @@ struct BlockSizes {
   // Head-major q, k, v: the attention layer's own size with multi-head
   // attention; under grouped-query attention its q of H/tp heads and k, v
   // of kv_heads/tp heads, as many as qkv().
-  std::size_t qkvh() const {
-    return kv_width == channels ? ContextParallelAttention::qkvh_size(attention) : qkv();
-  }
+  std::size_t qkvh() const { return kv_width == channels ? ContextParallelAttention::qkvh_size(attention) : qkv(); }
   std::size_t lse() const { return ContextParallelAttention::lse_size(attention); }  // log-sum-exp per query row
   // Which of kBlockKept's conditional tensors the architecture has.
   bool layernorm() const { return !rms; }

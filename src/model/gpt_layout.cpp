@@ -58,8 +58,11 @@ std::vector<BlockTensorShape> gpt_block_tensors(const ModelConfig& m) {
   // bias), row-parallel ones their columns (their bias is replicated).
   auto linear = [&](const std::string& name, std::int64_t rows, std::int64_t cols, TpSplit split, int sections) {
     out.push_back({name + "/weight", {rows, cols}, split, sections});
-    if (m.bias) out.push_back({name + "/bias", {rows}, split == TpSplit::rows ? TpSplit::rows : TpSplit::replicated,
-                               split == TpSplit::rows ? sections : 1});
+    if (m.bias)
+      out.push_back({name + "/bias",
+                     {rows},
+                     split == TpSplit::rows ? TpSplit::rows : TpSplit::replicated,
+                     split == TpSplit::rows ? sections : 1});
   };
   norm("ln_1");
   if (m.kv() == m.heads) {
@@ -250,6 +253,8 @@ std::vector<ChunkUnits> gpt_chunk_units(const ModelConfig& m, const std::vector<
   return out;
 }
 
-std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks) { return gpt_chunk_units(ModelConfig{}, chunks); }
+std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks) {
+  return gpt_chunk_units(ModelConfig{}, chunks);
+}
 
 }  // namespace ndmini

@@ -106,7 +106,9 @@ struct Units {
   }
   bool tied() const { return lm_head.is_none(); }
   // The LM head's matrix: wte's lifetime when tied, lm_head's own scope when not.
-  WteLifetime head_matrix(const Chunk& c) const { return tied() ? WteLifetime(c, wte) : WteLifetime(c, lm_head, false); }
+  WteLifetime head_matrix(const Chunk& c) const {
+    return tied() ? WteLifetime(c, wte) : WteLifetime(c, lm_head, false);
+  }
   int block_count() const { return static_cast<int>(blocks.size()); }
   // The unit whose compute follows block i's forward: the next block, or the head's ln_f (none elsewhere).
   UnitId after_block(int i) const { return i + 1 < block_count() ? blocks[i + 1] : ln_f; }

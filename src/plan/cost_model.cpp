@@ -251,7 +251,8 @@ double forward_ms(const ModelConfig& m, const Chunk& c, int micro_batch, const P
                             {(m.gated() ? 2 : 1) * layers, C, F / t},  // c_fc (or c_gate and c_up), column-parallel
                             {layers, F / t, C},                        // mlp_proj, row-parallel
                             {c.head ? 1.0 : 0.0, C, V / t}};           // the LM head, vocabulary-parallel
-  double ms = attention_flops(m, c, micro_batch, d) / rates.attention + rows * layers * 2 * vectors * C / t / rates.other;
+  double ms =
+      attention_flops(m, c, micro_batch, d) / rates.attention + rows * layers * 2 * vectors * C / t / rates.other;
   for (const Linear& l : linears)
     if (l.count > 0)
       ms += l.count * 2 * rows * l.in * l.out / rates.gemm[static_cast<int>(gemm_class(std::min({rows, l.in, l.out})))];
