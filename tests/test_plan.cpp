@@ -415,5 +415,5 @@ TEST(PlanArchitecture, Llama3_70bDeckPlans) {
   EXPECT_GT(p.step_ms, 0);
   EXPECT_GT(p.mfu, 0.05);
   EXPECT_LT(p.mfu, 1.0);
-  expect_near_megatron(cfg, run, p, "llama3-70b on 256 H100");
+  expect_near_megatron(cfg, run, p, "llama3-70b on 256 H100", run.recompute == Recompute::none);
 }
