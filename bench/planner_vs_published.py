@@ -29,6 +29,10 @@ scattered and gathered over tp), next to the time of ndmini's own code.
    where the constants keep their meaning and once freely.
 3. Narayanan et al. SC'21, Table 1 (teraFLOP/s per GPU, 10 runs): predicted
    with the same constants, not refitted.
+4. Llama-style runs on H100 (inputs/clusters/h100.toml as shipped, nothing
+   fitted): Meta's Llama 3 405B layouts (tp 8 x pp 16 x dp 64 / 128, and
+   tp 8 x cp 16 x pp 16 x dp 8 at 131072 tokens) and torchtitan's Llama 3.1
+   8B FSDP rows, each with its sources and assumptions (LLAMA_SOURCES).
 """
 from fractions import Fraction
 import itertools
@@ -72,6 +76,36 @@ NARAYANAN = [
     ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 3, 163),
     ("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, 163),
 ]
+
+# Llama 3 405B (Meta, "The Llama 3 Herd of Models", arXiv 2407.21783, Table 3's shape: 126 layers,
+# 16384 channels, 128 heads, 8 key/value heads, FFN 53248, vocabulary 128256) and its Table 4 layouts
+# on H100 80GB in bf16: GPUs, tp, cp, pp, dp, sequence length, global batch (sequences), TFLOPS per
+# GPU, MFU (%). dp = GPUs / (tp cp pp); the batch is the table's 16M tokens a step.
+LLAMA3_405B = {"layers": 126, "channels": 16384, "heads": 128, "kv_heads": 8, "ffn_hidden": 53248, "vocab": 128256}
+META_TABLE4 = [
+    (8192, 8, 1, 16, 64, 8192, 2048, 430, 43),
+    (16384, 8, 1, 16, 128, 8192, 2048, 400, 41),
+    (16384, 8, 16, 16, 8, 131072, 128, 380, 38),
+]
+# torchtitan's Llama 3.1 8B FSDP rows (docs/performance.md, Tables 1 and 3: bf16, no torch.compile, no
+# Float8, selective activation checkpointing, local batch 2): GPUs, global batch, TPS per GPU, memory GiB.
+LLAMA3_8B = {"layers": 32, "channels": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336, "vocab": 128256}
+TORCHTITAN_8B = [
+    (8, 16, 5762, 82.4),
+    (128, 256, 5605, 67.0),
+]
+H100 = os.path.join(HERE, "..", "inputs", "clusters", "h100.toml")
+
+LLAMA_SOURCES = """\
+| figures | checked against | result |
+|---|---|---|
+| Llama 3 8B and 70B shapes (`inputs/llama3-8b.toml`, `inputs/llama3-70b.toml`) | Hugging Face `config.json` of meta-llama/Meta-Llama-3-8B and -70B, read in copies that name them as their source | as in the decks |
+| Llama 3 405B shape (126 layers, 16384, 128 heads, 8 kv heads, FFN 53248) | Table 3 of the paper as quoted by secondary pages (several agree) | as above; not read in the paper itself |
+| Meta Table 4: GPUs, tp, cp, pp, tokens per batch (16M), TFLOPS per GPU (430, 400, 380) | a secondary page quoting the SC'24 talk of Meta's Balaji (the same table) | as above |
+| Meta Table 4: dp (64, 128, 8), sequence lengths (8192, 131072), MFU (43, 41, 38%) | dp from GPUs / (tp cp pp); sequence lengths and MFU as the issue quoting the paper gives them | NOT checked in the paper |
+| torchtitan Llama 3.1 8B rows: 8 and 128 H100 (96 GB, 500 W), FSDP, local batch 2, selective AC, 5,762 and 5,605 TPS/GPU, 82.4 and 67.0 GiB | torchtitan `docs/performance.md` (pytorch/torchtitan) | as above |
+| torchtitan's sequence length 8192 | the preset `torchtitan/models/llama3/train_configs/llama3_8b.toml` (`seq_len = 8192`); the performance page does not state it | ASSUMED |
+"""
 
 SOURCES = """\
 ## Where the published numbers were checked
@@ -374,6 +408,79 @@ def narayanan_table(ndmini, folder, constants):
     return lines, errors
 
 
+def llama_plan(ndmini, folder, model, gpus, seq, tp, cp, pp, dp, batch, micro_batch, recompute, reshard=True, v=1,
+               replicate=False):
+    """`ndmini plan --json` of a Llama-style layout on the shipped H100 file, ndmini's own code (flash-style
+    attention, as Meta's and torchtitan's runs had): its layouts[] entry."""
+    deck = os.path.join(folder, "llama.toml")
+    model_lines = "".join(f"{k} = {v}\n" for k, v in model.items())
+    with open(deck, "w") as f:
+        f.write(f"[model]\nfamily = \"llama\"\n{model_lines}seq_len = {seq}\nrope_theta = 500000.0\n"
+                f"[train]\nglobal_batch = {batch}\nmicro_batch = {micro_batch}\nrecompute = \"{recompute}\"\n"
+                f"precision = \"bf16\"\n"
+                f"[parallel]\ntp = {tp}\ncp = {cp}\npp = {pp}\ndp_shard = {1 if replicate else dp}\ndp_replicate = {dp if replicate else 1}\n"
+                f"sequence_parallel = {str(tp > 1).lower()}\nreshard_after_forward = {str(reshard).lower()}\n"
+                f"schedule = \"{'interleaved_1f1b' if v > 1 else '1f1b'}\"\nvirtual_stages = {v}\n")
+    out = subprocess.run([ndmini, "plan", deck, "--cluster", H100, "--world", str(gpus), "--precision", "bf16",
+                          "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"ndmini plan failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)["layouts"][0]
+
+
+def llama_tables(ndmini, folder):
+    """Meta's Table 4 and torchtitan's FSDP rows, predicted with the H100 file as shipped."""
+    lines = ["## Llama-style runs on H100 (the cluster file as shipped, nothing fitted)", "",
+             "Planned with `inputs/clusters/h100.toml` as shipped (datasheet figures; 80 GB) and ndmini's own code "
+             "(flash-style attention: the published runs used fused attention too). TFLOPS per GPU = ndmini's "
+             "model FLOPs (`6N + 12 L C T` per token, N without the embedding lookup) per predicted step, over the "
+             "GPUs; the published figures count their own FLOPs, which may differ by a few percent. `fits`: "
+             "ndmini's memory estimate against 80 GB (ndmini keeps an fp32 master, the fp32 residual stream and "
+             "a bf16 working copy: more than the published codes).", "",
+             "### Llama 3 405B, Meta's Table 4 (H100 80GB, bf16)", "",
+             "Assumptions: micro-batch 1; sequence parallelism with tp; no recomputation; the interleaved 1F1B "
+             "schedule with 4 virtual stages (the paper interleaves its pipeline without a count here; 4 is the "
+             "most 126 layers allow over 16 stages: v = 1 and 2 predict 245-328 and 316-386 TFLOPS for the first "
+             "two rows; ndmini spreads the 126 layers as evenly as it can, where Meta took one layer off the first "
+             "and last stages); data parallelism replicated (`dp_replicate`): the paper reduces the gradients "
+             "once a step (it shards them and the optimizer state), as ndmini's replicated data parallelism does, "
+             "while ndmini's FSDP gathers and reduce-scatters every unit every micro-batch (the `FSDP` column: "
+             "the same layout with `dp_shard`, parameters not resharded after the forward). Memory is ndmini's "
+             "own, unsharded in the replicated layout.", "",
+             "| GPUs | tp | cp | pp | dp | seq | published TFLOPS/GPU (MFU) | predicted TFLOPS/GPU (MFU) | error | "
+             "with FSDP | memory per GPU (GiB) | fits |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for gpus, tp, cp, pp, dp, seq, batch, tflops, mfu in META_TABLE4:
+        runs = [llama_plan(ndmini, folder, LLAMA3_405B, gpus, seq, tp, cp, pp, dp, batch, 1, "none", reshard=False,
+                           v=4, replicate=replicate) for replicate in (True, False)]
+        r, fsdp = runs
+        predicted, with_fsdp = (x["flops_per_step"]["model"] / (x["time_ms"]["step"] / 1e3) / gpus / 1e12 for x in runs)
+        e = predicted / tflops - 1
+        errors.append(e)
+        lines.append(f"| {gpus} | {tp} | {cp} | {pp} | {dp} | {seq} | {tflops} ({mfu}%) | {predicted:.0f} "
+                     f"({100 * r['mfu']:.0f}%) | {100 * e:+.1f}% | {with_fsdp:.0f} | "
+                     f"{r['memory_bytes']['total'] / 2**30:.1f} | {'yes' if r['fits'] else 'no'} |")
+    lines += ["", summary(errors), "",
+              "### torchtitan, Llama 3.1 8B, FSDP (H100, bf16, no torch.compile, no Float8)", "",
+              "Assumptions: sequence length 8192 (torchtitan's preset; the page does not say); FSDP over every "
+              "GPU, resharded after the forward (FSDP2's default); local batch 2 as one micro-batch of 2; "
+              "torchtitan's selective activation checkpointing planned as no recomputation (ndmini recomputes "
+              "whole blocks or nothing: the time is a bound below, the memory above the selective one). "
+              "torchtitan's H100s had 96 GB at 500 W; the file describes 80 GB at 700 W. Its Float8 and "
+              "torch.compile rows, and the FSDP x CP series (Float8 only), are not expressible here.", "",
+              "| GPUs | global batch | published TPS/GPU | predicted TPS/GPU | error | published memory (GiB) | "
+              "ndmini's memory (GiB) |", "|---|---|---|---|---|---|---|"]
+    for gpus, batch, tps, gib in TORCHTITAN_8B:
+        r = llama_plan(ndmini, folder, LLAMA3_8B, gpus, 8192, 1, 1, 1, gpus, batch, 2, "none")
+        predicted = r["tokens_per_s"] / gpus
+        e = predicted / tps - 1
+        errors.append(e)
+        lines.append(f"| {gpus} | {batch} | {tps:,} | {predicted:,.0f} | {100 * e:+.1f}% | {gib} | "
+                     f"{r['memory_bytes']['total'] / 2**30:.1f} |")
+    lines += ["", "## Where the Llama numbers were checked", "", LLAMA_SOURCES]
+    return lines
+
+
 def summary(errors):
     worst = max(errors, key=abs)
     within = sum(abs(e) <= 0.10 for e in errors), sum(abs(e) <= 0.15 for e in errors)
@@ -475,6 +582,7 @@ def main():
         lines += n_phys
         lines += ["### The freely fitted constants, not refitted", ""] + n_free
         lines += closing(physical, free, ek_phys, ek_free, en_ship, en_phys, en_free)
+        lines += llama_tables(ndmini, folder)
     text = "\n".join(lines)
     print(text, end="")
     if out_file:

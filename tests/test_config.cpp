@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "config/effective.hpp"
 #include "core/error.hpp"
 
 using namespace ndmini;
@@ -454,4 +455,65 @@ TEST(Config, ValidationKeys) {
   expect_error(kModel, {"data.val_path applies to data.source = \"text\" or \"tokens\""}, {"data.val_path=b.txt"});
   expect_error(kModel, {"data.val_fraction applies to"}, {"data.val_fraction=0.2"});
   expect_error(with_model("[train]\neval_every = \"often\"\n"), {"train.eval_every", "integer"});
+}
+
+// The architecture keys: GPT-2's by default, Llama's under model.family =
+// "llama", and a key given beside the family wins (from the deck or --set).
+TEST(Config, ArchitectureIsGpt2ByDefault) {
+  const Config c = parse_config(kModel, "deck.toml");
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.family, ModelFamily::gpt2);
+  EXPECT_EQ(m.norm, NormKind::layernorm);
+  EXPECT_EQ(m.position, PositionKind::learned);
+  EXPECT_EQ(m.mlp, MlpKind::gelu);
+  EXPECT_EQ(m.ffn(), 4 * m.channels);
+  EXPECT_EQ(m.kv(), m.heads);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_TRUE(m.bias);
+  EXPECT_DOUBLE_EQ(m.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(m.rope_theta, 10000.0);
+  EXPECT_TRUE(m.gpt2_blocks());
+}
+
+TEST(Config, LlamaFamilySetsTheDefaultsAndGivenKeysWin) {
+  const std::string llama = with_model("family = \"llama\"\nffn_hidden = 32\n");
+  // with_model's [model] table is the last one opened before the extra lines.
+  const Config c = parse_config(llama, "deck.toml");
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.norm, NormKind::rmsnorm);
+  EXPECT_EQ(m.position, PositionKind::rope);
+  EXPECT_EQ(m.mlp, MlpKind::swiglu);
+  EXPECT_FALSE(m.bias);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.ffn(), 32);
+  EXPECT_FALSE(m.gpt2_blocks());
+  EXPECT_EQ(c.key_origin.at("model.norm"), "model.family");
+  // A key given beside the family wins, from the deck or from --set.
+  const Config d = parse_config(with_model("family = \"llama\"\nffn_hidden = 32\nbias = true\n"), "deck.toml",
+                                {"model.position=learned"});
+  EXPECT_TRUE(d.model.bias);
+  EXPECT_EQ(d.model.position, PositionKind::learned);
+  EXPECT_EQ(d.model.norm, NormKind::rmsnorm);
+  EXPECT_EQ(d.key_origin.at("model.position"), "--set");
+  // The resolved deck carries the family's values, so it reads back the same.
+  const Config again = parse_config(effective_toml(c), "resolved.toml");
+  EXPECT_EQ(again.model.norm, NormKind::rmsnorm);
+  EXPECT_FALSE(again.model.tie_embeddings);
+}
+
+TEST(Config, ArchitectureMistakesAreRefusedWithTheFix) {
+  // swiglu has no default width.
+  expect_error(with_model("mlp = \"swiglu\"\n"), {"model.mlp", "model.ffn_hidden"});
+  expect_error(with_model("family = \"llama\"\n"), {"model.ffn_hidden"});
+  // kv_heads divides heads (3 here).
+  expect_error(with_model("kv_heads = 2\n"), {"model.kv_heads", "must divide model.heads = 3"});
+  expect_error(with_model("kv_heads = -1\n"), {"model.kv_heads"});
+  expect_error(with_model("norm_eps = 0\n"), {"model.norm_eps"});
+  expect_error(with_model("rope_theta = 1\n"), {"model.rope_theta"});
+  expect_error(with_model("ffn_hidden = -4\n"), {"model.ffn_hidden"});
+  expect_error(with_model("norm = \"batchnorm\"\n"), {"model.norm", "layernorm", "rmsnorm"});
+  expect_error(with_model("family = \"mistral\"\n"), {"model.family", "gpt2", "llama"});
+  // rope rotates pairs: a head of 12 / 4 = 3 channels cannot.
+  expect_error("[model]\nlayers = 2\nchannels = 12\nheads = 4\nvocab = 11\nseq_len = 5\nposition = \"rope\"\n",
+               {"model.channels", "even", "rope"});
 }

@@ -232,3 +232,161 @@ TEST(Model, Gpt2SmallCounts) {
   EXPECT_EQ(gpt_flops_param_count(m), N - 1024 * 768);
   EXPECT_DOUBLE_EQ(gpt_flops_per_token(m), 6.0 * (N - 1024.0 * 768) + 12.0 * 12 * 768 * 1024);
 }
+
+// ---- other architectures: the layout and the counts (issue 32) ----------------
+
+namespace {
+
+// A small deck of every architecture key: C = 8, H = 4 (hs 2), kv_heads 2,
+// F = 12, V = 11, T = 6, L = 2.
+ModelConfig small_of(bool llama) {
+  ModelConfig m;
+  m.layers = 2;
+  m.channels = 8;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.ffn_hidden = 12;
+  m.vocab = 11;
+  m.seq_len = 6;
+  if (llama) {
+    m.family = ModelFamily::llama;
+    m.norm = NormKind::rmsnorm;
+    m.position = PositionKind::rope;
+    m.mlp = MlpKind::swiglu;
+    m.bias = false;
+    m.tie_embeddings = false;
+  }
+  return m;
+}
+
+std::int64_t sum_of_global_tensors(const ModelConfig& m) {
+  std::int64_t total = 0;
+  for (const GlobalTensor& t : gpt_global_tensors(m)) {
+    std::int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    total += n;
+  }
+  return total;
+}
+
+bool has_tensor(const ModelConfig& m, const std::string& name) {
+  for (const GlobalTensor& t : gpt_global_tensors(m))
+    if (t.name == name) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(Architecture, Gpt2BlockTensorsAreKBlockTensors) {
+  // gpt_block_tensors writes the layout of every architecture; for GPT-2's
+  // it must be the block the compute views (kBlockTensors), tensor for tensor,
+  // so GPT-2's checkpoints and layouts are unchanged.
+  for (const ModelConfig& m : {tiny(), ModelConfig{12, 768, 12, 50304, 1024}}) {
+    const std::vector<BlockTensorShape> block = gpt_block_tensors(m);
+    ASSERT_EQ(block.size(), kBlockTensors.size());
+    for (std::size_t k = 0; k < block.size(); ++k) {
+      const BlockTensorSpec& spec = kBlockTensors[k];
+      std::vector<std::int64_t> shape = {spec.rows_c * static_cast<std::int64_t>(m.channels)};
+      if (spec.cols_c > 0) shape.push_back(spec.cols_c * static_cast<std::int64_t>(m.channels));
+      EXPECT_EQ(block[k].suffix, spec.suffix);
+      EXPECT_EQ(block[k].shape, shape) << spec.suffix;
+      EXPECT_EQ(block[k].split, spec.split) << spec.suffix;
+      EXPECT_EQ(block[k].sections, spec.sections) << spec.suffix;
+    }
+  }
+}
+
+TEST(Architecture, LlamaCountsByHand) {
+  // rmsnorm, rope, swiglu, GQA, no biases, untied. Per block: ln_1 C, c_q
+  // C x C, c_k and c_v (kv hs = 4) x C, c_proj C x C, ln_2 C, c_gate and c_up
+  // F x C, c_proj C x F.
+  const ModelConfig m = small_of(true);
+  const std::int64_t block = 8 + 64 + 32 + 32 + 64 + 8 + 96 + 96 + 96;
+  EXPECT_EQ(gpt_block_param_count(m), block);
+  EXPECT_EQ(gpt_block_matrix_param_count(m), block - 16);
+  // wte 11 x 8, ln_f 8 (no bias), lm_head 11 x 8, no wpe.
+  const std::int64_t all = 88 + 8 + 88 + 2 * block;
+  EXPECT_EQ(gpt_param_count(m), all);
+  EXPECT_EQ(sum_of_global_tensors(m), all);
+  // N: wte is a lookup (lm_head is the head's product).
+  EXPECT_EQ(gpt_flops_param_count(m), all - 88);
+  EXPECT_DOUBLE_EQ(gpt_flops_per_token(m), 6.0 * (all - 88) + 12.0 * 2 * 8 * 6);
+  for (const char* name : {"wte", "h/0/ln_1/weight", "h/0/attn/c_q/weight", "h/0/attn/c_k/weight",
+                           "h/0/attn/c_v/weight", "h/1/attn/c_proj/weight", "h/1/mlp/c_gate/weight",
+                           "h/1/mlp/c_up/weight", "h/1/mlp/c_proj/weight", "ln_f/weight", "lm_head/weight"})
+    EXPECT_TRUE(has_tensor(m, name)) << name;
+  for (const char* name :
+       {"wpe", "h/0/ln_1/bias", "h/0/attn/c_attn/weight", "h/0/attn/c_q/bias", "h/0/mlp/c_fc/weight", "ln_f/bias"})
+    EXPECT_FALSE(has_tensor(m, name)) << name;
+}
+
+TEST(Architecture, GqaGeluWithBiasesTiedCountsByHand) {
+  // layernorm with biases, learned positions, gelu of F = 12, kv_heads 2 of 4,
+  // tied head: every linear layer has its bias.
+  const ModelConfig m = small_of(false);
+  const std::int64_t block = 16 + (64 + 8) + (32 + 4) + (32 + 4) + (64 + 8) + 16 + (96 + 12) + (96 + 8);
+  EXPECT_EQ(gpt_block_param_count(m), block);
+  const std::int64_t all = 88 + 6 * 8 + 16 + 2 * block;  // wte, wpe, ln_f weight and bias
+  EXPECT_EQ(gpt_param_count(m), all);
+  EXPECT_EQ(sum_of_global_tensors(m), all);
+  EXPECT_EQ(gpt_flops_param_count(m), all - 48);  // all but wpe
+  EXPECT_TRUE(has_tensor(m, "h/0/attn/c_k/bias"));
+  EXPECT_TRUE(has_tensor(m, "h/0/mlp/c_fc/bias"));
+  EXPECT_FALSE(has_tensor(m, "lm_head/weight"));
+  // Multi-head attention keeps GPT-2's fused c_attn, whatever the rest.
+  ModelConfig mha = small_of(true);
+  mha.kv_heads = 0;
+  EXPECT_TRUE(has_tensor(mha, "h/0/attn/c_attn/weight"));
+  EXPECT_FALSE(has_tensor(mha, "h/0/attn/c_q/weight"));
+}
+
+TEST(Architecture, Llama3_8bIsThePublishedCount) {
+  // Meta-Llama-3-8B: 8,030,261,248 parameters (Hugging Face's count of its
+  // tensors, "8.03B"): by hand, 2 x 128256 x 4096 (embed_tokens, lm_head) +
+  // 4096 (the final norm) + 32 x (2 x 4096^2 (q, o) + 2 x 1024 x 4096 (k, v)
+  // + 3 x 14336 x 4096 (gate, up, down) + 2 x 4096 (the norms)).
+  ModelConfig m{32, 4096, 32, 128256, 8192};
+  m.family = ModelFamily::llama;
+  m.norm = NormKind::rmsnorm;
+  m.position = PositionKind::rope;
+  m.mlp = MlpKind::swiglu;
+  m.ffn_hidden = 14336;
+  m.kv_heads = 8;
+  m.bias = false;
+  m.tie_embeddings = false;
+  const std::int64_t C = 4096, V = 128256, F = 14336, KV = 1024;
+  const std::int64_t by_hand = 2 * V * C + C + 32 * (2 * C * C + 2 * KV * C + 3 * F * C + 2 * C);
+  EXPECT_EQ(by_hand, 8030261248);
+  EXPECT_EQ(gpt_param_count(m), by_hand);
+  EXPECT_EQ(sum_of_global_tensors(m), by_hand);
+  EXPECT_EQ(gpt_flops_param_count(m), by_hand - V * C);
+  // 70B: 80 layers of 8192, 64 heads, 8 kv heads, F = 28672: 70,553,706,496.
+  m.layers = 80;
+  m.channels = 8192;
+  m.heads = 64;
+  m.ffn_hidden = 28672;
+  EXPECT_EQ(gpt_param_count(m), 70553706496);
+}
+
+TEST(Architecture, UntiedLayoutPutsLmHeadOnTheLastStage) {
+  ModelConfig m = small_of(true);
+  m.vocab = 12;  // split over tp = 2
+  const std::vector<Chunk> first = {{0, 0, 1, true, false}}, last = {{1, 1, 2, false, true}};
+  const ParamLayout a = gpt_param_layout(m, first, 2, 1, 1), b = gpt_param_layout(m, last, 2, 1, 1);
+  // First stage: wte (no wpe under rope) and block 0; last: block 1, ln_f, lm_head.
+  ASSERT_EQ(a.unit_size.size(), 2u);
+  ASSERT_EQ(b.unit_size.size(), 3u);
+  EXPECT_EQ(a.params.front().name, "wte");
+  EXPECT_FALSE(a.params.front().tied_copy);
+  EXPECT_EQ(b.params.back().name, "lm_head/weight");
+  EXPECT_EQ(b.params.back().split, TpSplit::rows);
+  EXPECT_EQ(b.params.back().shape, (std::vector<std::int64_t>{6, 8}));  // vocabulary-parallel
+  for (const ParamInfo& p : b.params) EXPECT_NE(p.name, "wte") << "an untied head holds no copy of wte";
+  const std::vector<ChunkUnits> units = gpt_chunk_units(m, last);
+  EXPECT_EQ(units[0].wte, -1);
+  EXPECT_EQ(units[0].ln_f, 1);
+  EXPECT_EQ(units[0].lm_head, 2);
+  // k and v split by kv heads over tp: 4 rows of 8 on each of 2 ranks.
+  for (const ParamInfo& p : a.params)
+    if (p.name == "h/0/attn/c_k/weight") EXPECT_EQ(p.shape, (std::vector<std::int64_t>{2, 8}));
+}

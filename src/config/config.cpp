@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <type_traits>
@@ -163,6 +164,16 @@ const std::vector<Key>& schema() {
       int_key("model", "heads", &Config::model, &ModelConfig::heads),
       int_key("model", "vocab", &Config::model, &ModelConfig::vocab),
       int_key("model", "seq_len", &Config::model, &ModelConfig::seq_len),
+      enum_key("model", "family", &Config::model, &ModelConfig::family, kModelFamilyNames),
+      enum_key("model", "norm", &Config::model, &ModelConfig::norm, kNormNames),
+      float_key("model", "norm_eps", &Config::model, &ModelConfig::norm_eps),
+      enum_key("model", "position", &Config::model, &ModelConfig::position, kPositionNames),
+      float_key("model", "rope_theta", &Config::model, &ModelConfig::rope_theta),
+      enum_key("model", "mlp", &Config::model, &ModelConfig::mlp, kMlpNames),
+      int_key("model", "ffn_hidden", &Config::model, &ModelConfig::ffn_hidden),
+      int_key("model", "kv_heads", &Config::model, &ModelConfig::kv_heads),
+      bool_key("model", "tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
+      bool_key("model", "bias", &Config::model, &ModelConfig::bias),
       string_key("data", "source", &Config::data, &DataConfig::source),
       string_key("data", "path", &Config::data, &DataConfig::path),
       bool_key("data", "allow_source_change", &Config::data, &DataConfig::allow_source_change),
@@ -215,7 +226,29 @@ const std::vector<Key>& schema() {
 }
 
 // The model's shape has no default: a deck must give it.
-bool required(const Key& key) { return key.section == "model"; }
+bool required(const Key& key) {
+  static const char* const shape[] = {"layers", "channels", "heads", "vocab", "seq_len"};
+  return key.section == "model" && std::find(std::begin(shape), std::end(shape), key.name) != std::end(shape);
+}
+
+// model.family = "llama" sets the architecture keys the deck leaves out to
+// Llama's (a key given in the deck or with --set wins); gpt2's are the
+// struct's defaults. `given` says whether a key was given.
+template <class Given>
+void apply_family_defaults(Config& cfg, const Given& given) {
+  ModelConfig& m = cfg.model;
+  if (m.family != ModelFamily::llama) return;
+  auto set = [&](const char* key, auto ModelConfig::*field, auto value) {
+    if (given(std::string("model.") + key)) return;
+    m.*field = value;
+    cfg.key_origin[std::string("model.") + key] = "model.family";
+  };
+  set("norm", &ModelConfig::norm, NormKind::rmsnorm);
+  set("position", &ModelConfig::position, PositionKind::rope);
+  set("mlp", &ModelConfig::mlp, MlpKind::swiglu);
+  set("bias", &ModelConfig::bias, false);
+  set("tie_embeddings", &ModelConfig::tie_embeddings, false);
+}
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -383,6 +416,28 @@ void validate_fault(const Config& c, const std::string& origin) {
   }
 }
 
+void validate_architecture(const ModelConfig& m, const std::string& origin) {
+  auto s = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  check_range(m.norm_eps > 0 && m.norm_eps < 1, origin, "model.norm_eps", s(m.norm_eps), "must be in (0, 1)");
+  check_range(m.rope_theta > 1, origin, "model.rope_theta", s(m.rope_theta),
+              "must be above 1 (the base of the rotation's wavelengths; Llama 3 uses 500000)");
+  if (m.position == PositionKind::rope)
+    check_range(m.head_size() % 2 == 0, origin, "model.channels", s(m.channels),
+                "/ model.heads = " + s(m.head_size()) + " must be even for model.position = \"rope\" (it rotates " +
+                    "pairs of a head's channels)");
+  check_range(m.ffn_hidden >= 0, origin, "model.ffn_hidden", s(m.ffn_hidden), "must be >= 0 (0: 4 x model.channels)");
+  require(m.mlp != MlpKind::swiglu || m.ffn_hidden > 0,
+          origin + ": model.mlp = \"swiglu\" needs model.ffn_hidden (its hidden width; Llama 3 8B uses 14336 for " +
+              "4096 channels)");
+  check_range(m.kv_heads >= 0, origin, "model.kv_heads", s(m.kv_heads), "must be >= 0 (0: model.heads)");
+  check_range(m.kv_heads == 0 || m.heads % m.kv_heads == 0, origin, "model.kv_heads", s(m.kv_heads),
+              "must divide model.heads = " + s(m.heads) + " (each key/value head serves a whole group of query heads)");
+}
+
 void validate(const Config& c, const std::string& origin) {
   const auto& m = c.model;
   const auto& t = c.train;
@@ -398,6 +453,7 @@ void validate(const Config& c, const std::string& origin) {
   check_range(m.seq_len >= 1, origin, "model.seq_len", s(m.seq_len), "must be at least 1");
   check_range(m.channels % m.heads == 0, origin, "model.channels", s(m.channels),
               "must be divisible by model.heads = " + s(m.heads));
+  validate_architecture(m, origin);
   check_range(t.steps >= 0, origin, "train.steps", s(t.steps), "must be >= 0");
   check_range(t.global_batch >= 1, origin, "train.global_batch", s(t.global_batch), "must be at least 1");
   check_range(t.micro_batch >= 1, origin, "train.micro_batch", s(t.micro_batch), "must be at least 1");
@@ -551,6 +607,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     }
     key.store(cfg, *node);
   }
+  apply_family_defaults(cfg, [&](const std::string& key) { return deck.at_path(key).node() != nullptr; });
   // At most one degree is -1: one set to -1 in the deck fills the world, not dp_shard's default.
   auto& par = cfg.parallel;
   if (deck.at_path("parallel.dp_shard").node() == nullptr &&

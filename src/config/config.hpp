@@ -63,19 +63,61 @@ inline constexpr EnumName<SavePhase> kSavePhaseNames[] = {{SavePhase::create, "c
                                                           {SavePhase::rename, "rename"},
                                                           {SavePhase::latest, "latest"}};
 
+// The model's architecture (docs/model.md). model.family sets the defaults of
+// the keys below in one line: gpt2 (LayerNorm, learned positions, GELU MLP,
+// biases, tied head) or llama (RMSNorm, RoPE, SwiGLU, no biases, untied head).
+enum class ModelFamily { gpt2, llama };
+inline constexpr EnumName<ModelFamily> kModelFamilyNames[] = {{ModelFamily::gpt2, "gpt2"},
+                                                              {ModelFamily::llama, "llama"}};
+enum class NormKind { layernorm, rmsnorm };
+inline constexpr EnumName<NormKind> kNormNames[] = {{NormKind::layernorm, "layernorm"}, {NormKind::rmsnorm, "rmsnorm"}};
+enum class PositionKind { learned, rope };
+inline constexpr EnumName<PositionKind> kPositionNames[] = {{PositionKind::learned, "learned"},
+                                                            {PositionKind::rope, "rope"}};
+enum class MlpKind { gelu, swiglu };
+inline constexpr EnumName<MlpKind> kMlpNames[] = {{MlpKind::gelu, "gelu"}, {MlpKind::swiglu, "swiglu"}};
+
 inline const char* name_of(ScheduleKind v) { return name_in(kScheduleNames, v); }
 inline const char* name_of(Recompute v) { return name_in(kRecomputeNames, v); }
 inline const char* name_of(Precision v) { return name_in(kPrecisionNames, v); }
 inline const char* name_of(GemmRoute v) { return name_in(kGemmRouteNames, v); }
 inline const char* name_of(FaultKind v) { return name_in(kFaultKindNames, v); }
 inline const char* name_of(SavePhase v) { return name_in(kSavePhaseNames, v); }
+inline const char* name_of(ModelFamily v) { return name_in(kModelFamilyNames, v); }
+inline const char* name_of(NormKind v) { return name_in(kNormNames, v); }
+inline const char* name_of(PositionKind v) { return name_in(kPositionNames, v); }
+inline const char* name_of(MlpKind v) { return name_in(kMlpNames, v); }
 
 struct ModelConfig {
+  // The shape: every deck gives it.
   int layers = 0;
   int channels = 0;
   int heads = 0;
   int vocab = 0;
   int seq_len = 0;
+  // The architecture: GPT-2's unless the deck says otherwise (model.family
+  // changes the defaults; a key given beside it wins).
+  ModelFamily family = ModelFamily::gpt2;
+  NormKind norm = NormKind::layernorm;
+  double norm_eps = 1e-5;
+  PositionKind position = PositionKind::learned;
+  double rope_theta = 10000.0;
+  MlpKind mlp = MlpKind::gelu;
+  int ffn_hidden = 0;  // the MLP's hidden width F; 0: 4C (gelu only)
+  int kv_heads = 0;    // key/value heads (grouped-query attention); 0: model.heads
+  bool tie_embeddings = true;
+  bool bias = true;
+
+  int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * channels; }
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int head_size() const { return channels / heads; }
+  bool gated() const { return mlp == MlpKind::swiglu; }
+  bool learned_positions() const { return position == PositionKind::learned; }
+  // Whether this is the architecture the trainer's blocks compute today (GPT-2's).
+  bool gpt2_blocks() const {
+    return norm == NormKind::layernorm && norm_eps == 1e-5 && position == PositionKind::learned &&
+           mlp == MlpKind::gelu && ffn() == 4 * channels && kv() == heads && tie_embeddings && bias;
+  }
 };
 
 struct DataConfig {

@@ -15,7 +15,10 @@ namespace {
 // What each section is for, printed above its table.
 const std::map<std::string, std::string>& section_intros() {
   static const std::map<std::string, std::string> intros = {
-      {"model", "The GPT-2 shape (L, C, H, V, T); every key is required. [model.md](model.md) defines the model."},
+      {"model",
+       "The shape (L, C, H, V, T; required) and the architecture: GPT-2's by default, Llama's with "
+       "`model.family = \"llama\"` (a key given beside it wins). [model.md](model.md) defines the model. Today "
+       "`train` runs GPT-2's blocks only; `check` and `plan` take every architecture."},
       {"data",
        "What the model reads. Every batch is a pure function of (seed, step, source): [model.md](model.md#data) "
        "gives the order."},
@@ -41,6 +44,22 @@ const std::map<std::string, std::string>& meanings() {
       {"model.heads", "H: attention heads; must divide C"},
       {"model.vocab", "V: the vocabulary (256 for `data.source = \"text\"`; pad GPT-2's to 50304 for tp)"},
       {"model.seq_len", "T: tokens per sequence"},
+      {"model.family",
+       "the defaults of the keys below: `\"gpt2\"` (LayerNorm, learned positions, GELU, biases, tied head) or "
+       "`\"llama\"` (RMSNorm, RoPE, SwiGLU, no biases, untied head)"},
+      {"model.norm", "`\"layernorm\"` or `\"rmsnorm\"` (Llama's: no mean, no bias)"},
+      {"model.norm_eps", "the norm's epsilon"},
+      {"model.position",
+       "`\"learned\"` (a `wpe` table of T x C) or `\"rope\"` (rotary, Hugging Face Llama's `rotate_half`; no "
+       "`wpe`)"},
+      {"model.rope_theta", "RoPE's base (Llama 3: 500000)"},
+      {"model.mlp", "`\"gelu\"` (c_fc, GELU, c_proj) or `\"swiglu\"` (silu(gate) x up, then down)"},
+      {"model.ffn_hidden", "F: the MLP's hidden width; 0 is 4C (gelu only; swiglu needs it); a multiple of tp"},
+      {"model.kv_heads",
+       "key/value heads (grouped-query attention; 1 is multi-query); 0 is `model.heads`; must divide H and be a "
+       "multiple of tp"},
+      {"model.tie_embeddings", "the LM head is `wte` (true) or a matrix of its own, `lm_head` (false)"},
+      {"model.bias", "biases in the linear layers and the LayerNorms (Llama: false)"},
       {"data.source", "`\"synthetic\"`, `\"text\"` (a file as bytes, V = 256) or `\"tokens\"` (an llm.c `.bin` file)"},
       {"data.path", "the file for `text` and `tokens`"},
       {"data.allow_source_change",

@@ -59,26 +59,31 @@ BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
 }
 
 using Kept = BlockKeptSpec::Kept;
-const std::array<BlockKeptSpec, 13> kBlockKept = {{
+const std::array<BlockKeptSpec, 15> kBlockKept = {{
     {"res3", &BlockSizes::residual, Kept::always, &BlockActivations::res3, nullptr},
     {"ln1", &BlockSizes::full, Kept::without_recompute, nullptr, &BlockActivations::ln1},
-    {"ln1_mean", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln1_mean, nullptr},
+    {"ln1_mean", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln1_mean, nullptr,
+     &BlockSizes::layernorm},
     {"ln1_rstd", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln1_rstd, nullptr},
     {"qkvh", &BlockSizes::qkvh, Kept::without_recompute, nullptr, &BlockActivations::qkvh},
     {"lse", &BlockSizes::lse, Kept::without_recompute, &BlockActivations::lse, nullptr},
     {"atty", &BlockSizes::attention_out, Kept::without_recompute, nullptr, &BlockActivations::atty},
     {"res2", &BlockSizes::residual, Kept::without_recompute, &BlockActivations::res2, nullptr},
     {"ln2", &BlockSizes::full, Kept::without_recompute, nullptr, &BlockActivations::ln2},
-    {"ln2_mean", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln2_mean, nullptr},
+    {"ln2_mean", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln2_mean, nullptr,
+     &BlockSizes::layernorm},
     {"ln2_rstd", &BlockSizes::stats, Kept::without_recompute, &BlockActivations::ln2_rstd, nullptr},
     {"fch", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch},
-    {"fch_gelu", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch_gelu},
+    {"fch_gelu", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch_gelu, &BlockSizes::gelu},
+    {"fch_up", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch_up, &BlockSizes::swiglu},
+    {"fch_swiglu", &BlockSizes::hidden, Kept::without_recompute, nullptr, &BlockActivations::fch_swiglu,
+     &BlockSizes::swiglu},
 }};
 
 std::vector<BlockSizes::Kept> BlockSizes::kept_tensors(bool output_only) const {
   std::vector<Kept> kept;
   for (const BlockKeptSpec& t : kBlockKept) {
-    if (output_only && t.kept != BlockKeptSpec::Kept::always) continue;
+    if (!t.kept_by(*this, output_only)) continue;
     const std::size_t element = t.operand != nullptr && bf16 ? sizeof(ndmini::bf16) : sizeof(real);
     kept.push_back({t.name, (this->*t.elements)() * element});
   }
@@ -92,7 +97,7 @@ std::size_t BlockSizes::activation_bytes(bool output_only) const {
 }
 
 std::size_t BlockSizes::scratch_bytes() const {
-  const std::size_t fp32 = 2 * qkv() + full() + hidden() + attention_out();
+  const std::size_t fp32 = 2 * qkv() + full() + (gated ? 2 : 1) * hidden() + attention_out();
   if (!bf16) return fp32 * sizeof(real);
   return (fp32 + attention_out()) * sizeof(real) + largest_output() * sizeof(ndmini::bf16);
 }
@@ -101,6 +106,7 @@ TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextPara
     : tp_(tp),
       attention_(attention),
       sizes_{static_cast<std::size_t>(channels), tp.rows(), tp.local_rows(), tp.size(), attention.local_shape(), bf16} {
+  sizes_.set_gpt2_widths();  // the blocks computed today: GPT-2's (require_trainable_architecture)
   C_ = channels;
   Cl_ = C_ / tp.size();
   F_ = 4 * C_ / tp.size();
@@ -120,7 +126,7 @@ TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextPara
 BlockActivations TransformerBlock::allocate(bool output_only) const {
   BlockActivations a;
   for (const BlockKeptSpec& t : kBlockKept) {
-    if (output_only && t.kept != BlockKeptSpec::Kept::always) continue;
+    if (!t.kept_by(sizes_, output_only)) continue;
     const std::string label = std::string("ndmini::") + t.name;
     const std::size_t n = (sizes_.*t.elements)();
     if (t.fp32 != nullptr)

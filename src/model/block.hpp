@@ -65,9 +65,11 @@ struct BlockTensorSpec {
   MatrixMember matrix;
   Bf16MatrixMember bf16_matrix;
 };
-// The tensors of a block in unit (and checkpoint) order: the one place that
-// order is written; the parameter layout, the global tensor list and
-// BlockLayout::view all walk it.
+// The tensors of GPT-2's block in unit (and checkpoint) order, as its
+// compute views them (BlockLayout::view walks it). The parameter layout and
+// the global tensor list walk gpt_block_tensors (model/gpt.hpp), which
+// writes the order for every architecture and gives exactly these for
+// GPT-2's (tests/test_model.cpp checks it tensor for tensor).
 extern const std::array<BlockTensorSpec, 12> kBlockTensors;
 
 // Where those tensors sit in a block's unit: the same for every block.
@@ -90,21 +92,42 @@ class BlockLayout {
 
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of
 // them residual rows here, C channels split over tp. `attention` is this
-// rank's part of the attention; `bf16` means mixed precision.
-// TransformerBlock allocates exactly these; the memory estimate adds them up.
+// rank's part of the attention; `bf16` means mixed precision. The widths
+// after it are the architecture's (BlockSizes::gpt2 sets GPT-2's: 3C, C, 4C,
+// GELU, LayerNorm); GptModel::block_sizes_of sets any deck's.
+// TransformerBlock allocates exactly these (GPT-2's blocks); the memory
+// estimate adds them up (every architecture, for check and plan).
 struct BlockSizes {
   std::size_t channels, rows, local_rows;
   int tp;
   kernels::AttentionShape attention;
   bool bf16 = false;
-  std::size_t full() const { return rows * channels; }                                 // [N, C]: LayerNorm outputs, dln
-  std::size_t residual() const { return local_rows * channels; }                       // [Nr, C]: res2, res3
-  std::size_t stats() const { return local_rows; }                                     // LayerNorm mean or rstd
-  std::size_t attention_out() const { return rows * (channels / tp); }                 // [N, C/tp]: atty, datty
-  std::size_t qkv() const { return rows * attention.qkv_width(); }  // [N, (H + 2 KV) hs / tp]: qkv, dqkv
-  std::size_t hidden() const { return rows * (4 * channels / tp); }                    // [N, 4C/tp]: fch, fch_gelu, dfc
-  std::size_t qkvh() const { return ContextParallelAttention::qkvh_size(attention); }  // head-major q, k, v
-  std::size_t lse() const { return ContextParallelAttention::lse_size(attention); }    // log-sum-exp per query row
+  std::size_t qkv_width = 0;  // q, k and v of all heads: (H + 2 kv_heads) hs; GPT-2: 3C
+  std::size_t kv_width = 0;   // k (or v) of all key/value heads: kv_heads hs; GPT-2: C
+  std::size_t ffn = 0;        // F: the MLP's hidden width; GPT-2: 4C
+  bool gated = false;         // swiglu: the MLP keeps gate and up outputs and their product
+  bool rms = false;           // rmsnorm: one statistic per row (rstd; no mean)
+  // GPT-2's widths for C channels (what TransformerBlock computes today).
+  void set_gpt2_widths() {
+    qkv_width = 3 * channels;
+    kv_width = channels;
+    ffn = 4 * channels;
+    gated = rms = false;
+  }
+  std::size_t full() const { return rows * channels; }                  // [N, C]: LayerNorm outputs, dln
+  std::size_t residual() const { return local_rows * channels; }        // [Nr, C]: res2, res3
+  std::size_t stats() const { return local_rows; }                      // LayerNorm mean or rstd
+  std::size_t attention_out() const { return rows * (channels / tp); }  // [N, C/tp]: atty, datty
+  std::size_t qkv() const { return rows * (qkv_width / tp); }           // [N, (H + 2KV) hs/tp]: qkv, dqkv
+  std::size_t hidden() const { return rows * (ffn / tp); }              // [N, F/tp]: fch, fch_gelu, dfc
+  std::size_t kv_part() const { return attention.kv_part_size(); }     // one of k, v here: the ring's unit
+  // Head-major q of H/tp heads, then k and v of kv_heads/tp heads.
+  std::size_t qkvh() const { return ContextParallelAttention::qkvh_size(attention); }
+  std::size_t lse() const { return ContextParallelAttention::lse_size(attention); }  // log-sum-exp per query row
+  // Which of kBlockKept's conditional tensors the architecture has.
+  bool layernorm() const { return !rms; }
+  bool gelu() const { return !gated; }
+  bool swiglu() const { return gated; }
   // Bytes of one block's activations (BlockActivations): all of them, or
   // only the output res3 (output_only, with recomputation).
   std::size_t activation_bytes(bool output_only) const;
@@ -117,7 +140,8 @@ struct BlockSizes {
   std::vector<Kept> kept_tensors(bool output_only) const;
   // Bytes of the scratch one TransformerBlock holds (shared by all blocks).
   // Under bf16 this also holds the fp32 attention output for its backward
-  // and the bf16 rounding of a product's output gradient.
+  // and the bf16 rounding of a product's output gradient. Under swiglu one
+  // [N, F/tp] more: the gradients of gate and up both live at once.
   std::size_t scratch_bytes() const;
   std::size_t largest_output() const { return std::max({full(), qkv(), hidden()}); }
 };
@@ -149,14 +173,18 @@ struct BlockActivations {
   View1D res2;                // residual after attention, residual rows
   KeptOperand ln2;
   View1D ln2_mean, ln2_rstd;
-  KeptOperand fch, fch_gelu;  // MLP hidden before and after GELU, [N, 4C/tp]
+  KeptOperand fch, fch_gelu;  // MLP hidden before and after GELU, [N, F/tp] (swiglu: fch is the gate's output)
+  KeptOperand fch_up;         // swiglu: the up product's output, [N, F/tp]
+  KeptOperand fch_swiglu;     // swiglu: silu(gate) x up, the input of the down product, [N, F/tp]
   View1D res3;                // the block's output, residual rows
 };
 
 // One tensor a block keeps: its name (its label, and its line of ndmini plan
 // --json), its size, and whether recomputation keeps it too (only the
 // block's output). Exactly one member pointer is set: an fp32 tensor or an
-// operand. TransformerBlock::allocate and BlockSizes::kept_tensors both walk
+// operand. `applies`, when set, says which architectures keep it (the
+// LayerNorm's mean, GELU's output, SwiGLU's up output and product).
+// TransformerBlock::allocate and BlockSizes::kept_tensors both walk
 // kBlockKept, so what is allocated is what the memory estimate counts.
 struct BlockKeptSpec {
   enum class Kept { always, without_recompute };
@@ -167,8 +195,13 @@ struct BlockKeptSpec {
   using OperandMember = KeptOperand BlockActivations::*;
   Fp32Member fp32;
   OperandMember operand;
+  bool (BlockSizes::*applies)() const = nullptr;
+  // Whether a block of `sizes` keeps this tensor (output_only: with recomputation).
+  bool kept_by(const BlockSizes& sizes, bool output_only) const {
+    return (!output_only || kept == Kept::always) && (applies == nullptr || (sizes.*applies)());
+  }
 };
-extern const std::array<BlockKeptSpec, 13> kBlockKept;
+extern const std::array<BlockKeptSpec, 15> kBlockKept;
 
 class TransformerBlock {
  public:

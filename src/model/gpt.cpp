@@ -15,9 +15,10 @@ namespace {
 
 int size_of(const Communicator* c) { return c != nullptr ? c->size() : 1; }
 
-// This rank's part of the attention: its tokens (T/cp), its heads (H/tp).
+// This rank's part of the attention: its tokens (T/cp), its query heads
+// (H/tp) and its key/value heads (kv_heads/tp).
 kernels::AttentionShape attention_shape(const ModelConfig& m, int micro_batch, int tp, int cp) {
-  return {micro_batch, m.seq_len / cp, m.channels / tp, m.heads / tp};
+  return {micro_batch, m.seq_len / cp, m.channels / tp, m.heads / tp, m.kv() / tp};
 }
 
 }  // namespace
@@ -27,7 +28,7 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
     : cfg_(m),
       precision_(precision),
       chunks_(std::move(chunks)),
-      units_(gpt_chunk_units(chunks_)),
+      units_(gpt_chunk_units(m, chunks_)),
       tp_(tp, sequence_parallel, static_cast<std::size_t>(micro_batch) * m.seq_len / size_of(cp), m.channels, m.vocab,
           precision == Precision::bf16),
       attention_(cp, attention_shape(m, micro_batch, size_of(tp), size_of(cp)), m.seq_len, true,
@@ -52,7 +53,7 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
 
   if (chunks_.back().head) {
     if (sizes.lnf > 0) lnf_.fp32 = uninitialized("ndmini::lnf", sizes.lnf);
-    lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_stats);
+    lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_mean);
     lnf_rstd_ = uninitialized("ndmini::lnf_rstd", sizes.lnf_stats);
     logits_ = uninitialized("ndmini::logits", sizes.logits);
     losses_ = uninitialized("ndmini::losses", sizes.losses);
@@ -78,6 +79,7 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   b.positions = Nr;
   if (has_head) {
     b.lnf_stats = Nr;
+    b.lnf_mean = m.norm == NormKind::layernorm ? Nr : 0;  // RMSNorm keeps no mean
     b.logits = N * (m.vocab / tp);
     b.losses = N;
     b.head_dln = N * C;
@@ -95,8 +97,15 @@ BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int t
                                     Precision precision) {
   const std::size_t N = static_cast<std::size_t>(micro_batch) * m.seq_len / cp;
   const bool sp = sequence_parallel && tp > 1;
-  return {static_cast<std::size_t>(m.channels), N, sp ? N / tp : N, tp, attention_shape(m, micro_batch, tp, cp),
-          precision == Precision::bf16};
+  BlockSizes b{static_cast<std::size_t>(m.channels), N, sp ? N / tp : N, tp, attention_shape(m, micro_batch, tp, cp),
+               precision == Precision::bf16};
+  const std::size_t kv_width = static_cast<std::size_t>(m.kv()) * m.head_size();
+  b.qkv_width = static_cast<std::size_t>(m.channels) + 2 * kv_width;
+  b.kv_width = kv_width;
+  b.ffn = static_cast<std::size_t>(m.ffn());
+  b.gated = m.gated();
+  b.rms = m.norm == NormKind::rmsnorm;
+  return b;
 }
 
 ParamLayout GptModel::param_layout(int shards) const {

@@ -31,18 +31,53 @@ namespace ndmini {
 
 // ---- sizes and rules (no allocation) ----------------------------------------
 
-// All parameters, and N for MFU: all but wpe (the LM head is tied to wte).
+// The architecture in one line, e.g. "gpt2: layernorm (eps 1e-05), learned
+// positions, gelu MLP of 4C = 3072, 12 heads, biases, head tied to wte".
+std::string architecture_text(const ModelConfig& m);
+// Training runs GPT-2's blocks only today; any other architecture (check and
+// plan take it) is refused with what differs. Throws Error.
+void require_trainable_architecture(const ModelConfig& m);
+
+// One tensor of a transformer block as the parameter layout and the
+// checkpoint hold it: its name after "h/<layer>/", its global shape, how tp
+// splits it and the q/k/v sections of a rows split.
+struct BlockTensorShape {
+  std::string suffix;
+  std::vector<std::int64_t> shape;
+  TpSplit split = TpSplit::replicated;
+  int sections = 1;
+};
+// The tensors of one block of `m`, in unit (and checkpoint) order
+// (docs/checkpoint-format.md): GPT-2's fused attn/c_attn when kv_heads =
+// heads, else attn/c_q, c_k, c_v; mlp/c_fc under gelu, mlp/c_gate and c_up
+// under swiglu; attn/c_proj and mlp/c_proj; a bias for every linear layer
+// and LayerNorm with model.bias, none under rmsnorm. For GPT-2's blocks this
+// is kBlockTensors (model/block.cpp), tensor for tensor.
+std::vector<BlockTensorShape> gpt_block_tensors(const ModelConfig& m);
+// Parameters of one block: all of them, and those of its matrices.
+std::int64_t gpt_block_param_count(const ModelConfig& m);
+std::int64_t gpt_block_matrix_param_count(const ModelConfig& m);
+
+// All parameters; and N for MFU: all but the lookup tables (wpe, and wte
+// when the head is untied: then lm_head is the head's product; tied, wte is
+// both the lookup and the head's product and counts once).
 std::int64_t gpt_param_count(const ModelConfig& m);
 std::int64_t gpt_flops_param_count(const ModelConfig& m);
-// Model FLOPs per trained token: 6N + 12 L C T (forward and backward).
+// Model FLOPs per trained token: 6N + 12 L C T (forward and backward; the
+// attention's Q K^T and its product with V do not shrink under grouped-query
+// attention: each of the H query heads still meets T keys of hs channels).
 double gpt_flops_per_token(const ModelConfig& m);
 
-// The model's rules for a split over the mesh (mesh/dims.hpp): tp divides the heads, 4C and the vocabulary;
+// The model's rules for a split over the mesh (mesh/dims.hpp): tp divides the heads, kv_heads, the MLP's
+// hidden width and the vocabulary;
 // 2 cp divides seq_len; with sequence parallelism tp divides seq_len / cp.
 // Throws Error naming the key and the fix.
 void check_model_split(const ModelConfig& m, const ParallelDims& split);
 
 // The global tensors of the model, in checkpoint order: names and shapes.
+// wte, wpe (learned positions only), the blocks' (gpt_block_tensors),
+// ln_f/weight, ln_f/bias (LayerNorm with model.bias), lm_head/weight
+// (untied head only).
 struct GlobalTensor {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -52,17 +87,21 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m);
 // Parameter layout of the chunks one pipeline stage holds, for tp rank
 // `tp_rank` of `tp`; every tensor starts on a 64-byte boundary and every
 // unit is padded to split into `shards` equal FSDP shards.
-// Units, per chunk in order: wte (a unit of its own, so the embedding's and
-// the head's copies shard alike), wpe (embedding chunk), one per block,
-// ln_f (head chunk).
+// Units, per chunk in order: wte (embedding chunk, and the head chunk when
+// the head is tied: a unit of its own, so the embedding's and the head's
+// copies shard alike), wpe (embedding chunk, learned positions), one per
+// block, ln_f (head chunk), lm_head (head chunk, untied head: a unit of its
+// own, like wte).
 ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp = 1, int tp_rank = 0,
                              int shards = 1);
 
 // The units of one chunk in that layout (-1: not in this chunk).
 struct ChunkUnits {
-  int wte = -1, wpe = -1, ln_f = -1;
+  int wte = -1, wpe = -1, ln_f = -1, lm_head = -1;
   std::vector<int> blocks;
 };
+std::vector<ChunkUnits> gpt_chunk_units(const ModelConfig& m, const std::vector<Chunk>& chunks);
+// GPT-2's units (tied head, learned positions).
 std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks);
 
 // Deterministic init: global element i of parameter `p` is drawn from the
@@ -135,11 +174,12 @@ class GptModel {
   struct Buffers {
     std::size_t layers_bytes = 0;  // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
     std::size_t positions = 0;     // tokens
-    std::size_t lnf = 0, lnf_stats = 0, logits = 0, losses = 0, head_dln = 0;  // head stage only
+    // Head stage only; lnf_stats: the final norm's rstd, lnf_mean its mean (LayerNorm only).
+    std::size_t lnf = 0, lnf_stats = 0, lnf_mean = 0, logits = 0, losses = 0, head_dln = 0;
     std::size_t lnf_bf16 = 0, dlogits_bf16 = 0;  // head stage under bf16: the LM head's operands
     std::size_t bytes() const {
       return layers_bytes + positions * sizeof(token_t) +
-             (lnf + 2 * lnf_stats + logits + losses + head_dln) * sizeof(real) +
+             (lnf + lnf_stats + lnf_mean + logits + losses + head_dln) * sizeof(real) +
              (lnf_bf16 + dlogits_bf16) * sizeof(bf16);
     }
   };

@@ -3,6 +3,7 @@
 // counts, FLOPs, the layout rules for a split, the global tensor list and the
 // parameter layout of one pipeline stage.
 #include <numeric>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "model/block.hpp"
@@ -21,14 +22,103 @@ std::string block_prefix(int layer) { return "h/" + std::to_string(layer) + "/";
 
 }  // namespace
 
+std::string architecture_text(const ModelConfig& m) {
+  std::ostringstream os;
+  os << name_of(m.family) << ": " << name_of(m.norm) << " (eps " << m.norm_eps << "), ";
+  if (m.learned_positions())
+    os << "learned positions";
+  else
+    os << "rope (theta " << m.rope_theta << ")";
+  os << ", " << name_of(m.mlp) << " MLP of " << (m.ffn() == 4 * m.channels ? "4C = " : "") << m.ffn() << ", ";
+  if (m.kv() == m.heads)
+    os << m.heads << " heads";
+  else
+    os << m.heads << " query heads sharing " << m.kv() << " key/value heads";
+  os << ", " << (m.bias ? "biases" : "no biases") << ", "
+     << (m.tie_embeddings ? "head tied to wte" : "untied head (lm_head)");
+  return os.str();
+}
+
+void require_trainable_architecture(const ModelConfig& m) {
+  if (m.gpt2_blocks()) return;
+  throw Error("the deck's architecture is " + architecture_text(m) +
+              "; ndmini train runs GPT-2's blocks only in this version (layernorm with eps 1e-05, learned "
+              "positions, gelu MLP of 4C, kv_heads = heads, biases, tied head); ndmini plan takes this deck");
+}
+
+std::vector<BlockTensorShape> gpt_block_tensors(const ModelConfig& m) {
+  const std::int64_t C = m.channels, F = m.ffn(), KV = static_cast<std::int64_t>(m.kv()) * m.head_size();
+  const bool layernorm_bias = m.norm == NormKind::layernorm && m.bias;
+  std::vector<BlockTensorShape> out;
+  auto norm = [&](const std::string& name) {
+    out.push_back({name + "/weight", {C}, TpSplit::replicated, 1});
+    if (layernorm_bias) out.push_back({name + "/bias", {C}, TpSplit::replicated, 1});
+  };
+  // A linear layer [out, in]: column-parallel ones split their rows (and
+  // bias), row-parallel ones their columns (their bias is replicated).
+  auto linear = [&](const std::string& name, std::int64_t rows, std::int64_t cols, TpSplit split, int sections) {
+    out.push_back({name + "/weight", {rows, cols}, split, sections});
+    if (m.bias)
+      out.push_back({name + "/bias",
+                     {rows},
+                     split == TpSplit::rows ? TpSplit::rows : TpSplit::replicated,
+                     split == TpSplit::rows ? sections : 1});
+  };
+  norm("ln_1");
+  if (m.kv() == m.heads) {
+    linear("attn/c_attn", 3 * C, C, TpSplit::rows, 3);  // q, k, v stacked: each tp rank its heads' rows of all three
+  } else {  // grouped-query attention: k and v have kv_heads heads; tp splits each by heads
+    linear("attn/c_q", C, C, TpSplit::rows, 1);
+    linear("attn/c_k", KV, C, TpSplit::rows, 1);
+    linear("attn/c_v", KV, C, TpSplit::rows, 1);
+  }
+  linear("attn/c_proj", C, C, TpSplit::cols, 1);
+  norm("ln_2");
+  if (m.gated()) {
+    linear("mlp/c_gate", F, C, TpSplit::rows, 1);
+    linear("mlp/c_up", F, C, TpSplit::rows, 1);
+  } else {
+    linear("mlp/c_fc", F, C, TpSplit::rows, 1);
+  }
+  linear("mlp/c_proj", C, F, TpSplit::cols, 1);
+  return out;
+}
+
+namespace {
+std::int64_t elements(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+std::int64_t gpt_block_param_count(const ModelConfig& m) {
+  std::int64_t n = 0;
+  for (const BlockTensorShape& t : gpt_block_tensors(m)) n += elements(t.shape);
+  return n;
+}
+
+std::int64_t gpt_block_matrix_param_count(const ModelConfig& m) {
+  std::int64_t n = 0;
+  for (const BlockTensorShape& t : gpt_block_tensors(m))
+    if (t.shape.size() == 2) n += elements(t.shape);
+  return n;
+}
+
 std::int64_t gpt_param_count(const ModelConfig& m) {
-  // wte [V, C], wpe [T, C], ln_f 2C, and per block 12 C^2 + 13 C (see kBlockTensors).
+  // wte [V, C], wpe [T, C] (learned positions), ln_f (C, and C of bias for a
+  // LayerNorm with biases), lm_head [V, C] (untied), and the blocks' (GPT-2:
+  // 12 C^2 + 13 C each, see kBlockTensors).
   const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len, L = m.layers;
-  return V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
+  const std::int64_t ln_f = m.norm == NormKind::layernorm && m.bias ? 2 * C : C;
+  return V * C + (m.learned_positions() ? T * C : 0) + ln_f + (m.tie_embeddings ? 0 : V * C) +
+         L * gpt_block_param_count(m);
 }
 
 std::int64_t gpt_flops_param_count(const ModelConfig& m) {
-  return gpt_param_count(m) - static_cast<std::int64_t>(m.seq_len) * m.channels;
+  const std::int64_t C = m.channels;
+  return gpt_param_count(m) - (m.learned_positions() ? static_cast<std::int64_t>(m.seq_len) * C : 0) -
+         (m.tie_embeddings ? 0 : static_cast<std::int64_t>(m.vocab) * C);
 }
 
 double gpt_flops_per_token(const ModelConfig& m) {
@@ -43,9 +133,19 @@ void check_model_split(const ModelConfig& m, const ParallelDims& s) {
   const std::string by_tp = " is not divisible by parallel.tp = " + to_string(tp);
   require(m.heads % tp == 0, "model.heads = " + to_string(m.heads) + by_tp +
                                  "; choose a tp that divides the heads, or change model.heads");
-  require((4 * static_cast<long long>(m.channels)) % tp == 0,
-          "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " + to_string(m.channels) + by_tp +
-              "; choose a tp that divides it, or change model.channels");
+  // Grouped-query attention: each tp rank holds whole key/value heads (no
+  // replicated kv heads), so tp must divide them too.
+  require(m.kv() % tp == 0, "model.kv_heads = " + to_string(m.kv()) + by_tp +
+                                " (each tensor-parallel rank holds whole key/value heads); choose a tp that "
+                                "divides model.kv_heads, or change it");
+  if (m.ffn_hidden > 0)
+    require(m.ffn() % tp == 0, "model.ffn_hidden = " + to_string(m.ffn()) + by_tp +
+                                   " (the MLP's hidden width splits over tp); choose a tp that divides it, or "
+                                   "change model.ffn_hidden");
+  else
+    require((4 * static_cast<long long>(m.channels)) % tp == 0,
+            "model.channels = " + to_string(m.channels) + ": the MLP width 4 x " + to_string(m.channels) + by_tp +
+                "; choose a tp that divides it, or change model.channels");
   if (m.vocab % tp != 0) {
     // Suggest a GPU-friendly size too: a multiple of 64 per tp rank is what GPT-2 uses (50257 -> 50304).
     const long long step = std::lcm(tp, 64);
@@ -70,15 +170,14 @@ void check_model_split(const ModelConfig& m, const ParallelDims& s) {
 
 std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m) {
   const std::int64_t C = m.channels;
-  std::vector<GlobalTensor> out = {{"wte", {m.vocab, C}}, {"wpe", {m.seq_len, C}}};
+  std::vector<GlobalTensor> out = {{"wte", {m.vocab, C}}};
+  if (m.learned_positions()) out.push_back({"wpe", {m.seq_len, C}});
+  const std::vector<BlockTensorShape> block = gpt_block_tensors(m);
   for (int l = 0; l < m.layers; ++l)
-    for (const auto& t : kBlockTensors) {
-      GlobalTensor g{block_prefix(l) + t.suffix, {t.rows_c * C}};
-      if (t.cols_c > 0) g.shape.push_back(t.cols_c * C);
-      out.push_back(std::move(g));
-    }
+    for (const BlockTensorShape& t : block) out.push_back({block_prefix(l) + t.suffix, t.shape});
   out.push_back({"ln_f/weight", {C}});
-  out.push_back({"ln_f/bias", {C}});
+  if (m.norm == NormKind::layernorm && m.bias) out.push_back({"ln_f/bias", {C}});
+  if (!m.tie_embeddings) out.push_back({"lm_head/weight", {m.vocab, C}});
   return out;
 }
 
@@ -108,28 +207,29 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     unit_begin = offset;
     ++unit;
   };
+  const std::vector<BlockTensorShape> block = gpt_block_tensors(m);
   for (const Chunk& chunk : chunks) {
-    if (chunk.embedding || chunk.head) {
+    if (chunk.embedding || (chunk.head && m.tie_embeddings)) {
       // The LM head's copy on the last stage is the tied copy; the embedding's is the owner.
       add("wte", {V, C}, TpSplit::rows, 1, !chunk.embedding);
       close_unit();
     }
-    if (chunk.embedding) {
+    if (chunk.embedding && m.learned_positions()) {
       add("wpe", {T, C}, TpSplit::replicated, 1, false);
       close_unit();
     }
     for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = block_prefix(l);
-      for (const auto& t : kBlockTensors) {
-        std::vector<std::int64_t> shape = {t.rows_c * C};
-        if (t.cols_c > 0) shape.push_back(t.cols_c * C);
-        add(prefix + t.suffix, std::move(shape), t.split, t.sections, false);
-      }
+      for (const BlockTensorShape& t : block) add(prefix + t.suffix, t.shape, t.split, t.sections, false);
       close_unit();
     }
     if (chunk.head) {
       add("ln_f/weight", {C}, TpSplit::replicated, 1, false);
-      add("ln_f/bias", {C}, TpSplit::replicated, 1, false);
+      if (m.norm == NormKind::layernorm && m.bias) add("ln_f/bias", {C}, TpSplit::replicated, 1, false);
+      close_unit();
+    }
+    if (chunk.head && !m.tie_embeddings) {  // vocabulary-parallel, as wte
+      add("lm_head/weight", {V, C}, TpSplit::rows, 1, false);
       close_unit();
     }
   }
@@ -137,19 +237,24 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
   return layout;
 }
 
-std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks) {
+std::vector<ChunkUnits> gpt_chunk_units(const ModelConfig& m, const std::vector<Chunk>& chunks) {
   // The order gpt_param_layout closes its units in.
   std::vector<ChunkUnits> out;
   int unit = 0;
   for (const Chunk& c : chunks) {
     ChunkUnits u;
-    if (c.embedding || c.head) u.wte = unit++;
-    if (c.embedding) u.wpe = unit++;
+    if (c.embedding || (c.head && m.tie_embeddings)) u.wte = unit++;
+    if (c.embedding && m.learned_positions()) u.wpe = unit++;
     for (int l = c.first_layer; l < c.end_layer; ++l) u.blocks.push_back(unit++);
     if (c.head) u.ln_f = unit++;
+    if (c.head && !m.tie_embeddings) u.lm_head = unit++;
     out.push_back(std::move(u));
   }
   return out;
+}
+
+std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks) {
+  return gpt_chunk_units(ModelConfig{}, chunks);
 }
 
 }  // namespace ndmini

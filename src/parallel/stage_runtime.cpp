@@ -100,7 +100,7 @@ StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelPar
   store_ = std::make_unique<ParamStore>(model_.param_layout(size_of(par.data.fsdp)), par.data, precision);
   std::size_t units = 0;
   for (const ChunkUnits& u : model_.units()) {
-    units += (u.wte >= 0) + (u.wpe >= 0) + (u.ln_f >= 0) + u.blocks.size();
+    units += (u.wte >= 0) + (u.wpe >= 0) + (u.ln_f >= 0) + (u.lm_head >= 0) + u.blocks.size();
     if (u.wte >= 0) wte_unit_ = UnitId::of_layout_index(u.wte);
   }
   if (units != static_cast<std::size_t>(store_->units()))

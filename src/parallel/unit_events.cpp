@@ -70,10 +70,12 @@ class Events {
 // it and adds to its gradients. With both in the chunk (pp = 1) it stays
 // gathered, and its gradients open, from the embedding's forward to the end
 // of the embedding's backward: one all-gather and one reduce-scatter per
-// micro-batch. Otherwise each use is a scope of its own.
+// micro-batch. Otherwise each use is a scope of its own: so too the untied
+// head's lm_head (`spans` false), used by the head alone.
 class WteLifetime {
  public:
-  WteLifetime(const Chunk& c, UnitId wte) : wte_(wte), spans_chunk_(c.embedding && c.head) {}
+  WteLifetime(const Chunk& c, UnitId wte, bool spans = true)
+      : wte_(wte), spans_chunk_(spans && c.embedding && c.head) {}
   void use(Events& e, Part p) const { e.add(UnitOp::gather, p, wte_); }  // a no-op while it spans
   void done_using(Events& e, Part p) const {
     if (!spans_chunk_) e.add(UnitOp::release, p, wte_);
@@ -93,13 +95,19 @@ class WteLifetime {
 };
 
 struct Units {
-  UnitId wte, wpe, ln_f;
+  UnitId wte, wpe, ln_f, lm_head;
   std::vector<UnitId> blocks;
   explicit Units(const ChunkUnits& u)
       : wte(UnitId::of_layout_index(u.wte)),
         wpe(UnitId::of_layout_index(u.wpe)),
-        ln_f(UnitId::of_layout_index(u.ln_f)) {
+        ln_f(UnitId::of_layout_index(u.ln_f)),
+        lm_head(UnitId::of_layout_index(u.lm_head)) {
     for (int b : u.blocks) blocks.push_back(UnitId::of_layout_index(b));
+  }
+  bool tied() const { return lm_head.is_none(); }
+  // The LM head's matrix: wte's lifetime when tied, lm_head's own scope when not.
+  WteLifetime head_matrix(const Chunk& c) const {
+    return tied() ? WteLifetime(c, wte) : WteLifetime(c, lm_head, false);
   }
   int block_count() const { return static_cast<int>(blocks.size()); }
   // The unit whose compute follows block i's forward: the next block, or the head's ln_f (none elsewhere).
@@ -107,7 +115,7 @@ struct Units {
 };
 
 void forward(Events& e, const Chunk& c, const Units& u, const UnitPolicy& p) {
-  const WteLifetime wte(c, u.wte);
+  const WteLifetime wte(c, u.wte, u.tied());
   if (c.embedding) {
     const Part part = Part::embedding_forward;
     wte.use(e, part);
@@ -125,19 +133,20 @@ void forward(Events& e, const Chunk& c, const Units& u, const UnitPolicy& p) {
     if (p.reshard == Reshard::after_forward) e.add(UnitOp::release, part, u.blocks[i], i);
   }
   if (!c.head) return;
+  const WteLifetime head = u.head_matrix(c);
   Part part = Part::head_forward;
   e.add(UnitOp::gather, part, u.ln_f);
-  wte.use(e, part);
+  head.use(e, part);
   e.add(UnitOp::compute, part, UnitId::none());
   if (p.pass == Pass::train) {  // the head's backward at once: the loss's gradient needs no other stage
     part = Part::head_backward;
-    wte.open_grads(e, part);
+    head.open_grads(e, part);
     e.add(UnitOp::open_grads, part, u.ln_f);
     e.add(UnitOp::compute, part, UnitId::none());
     e.add(UnitOp::end_grads, part, u.ln_f);
-    wte.head_grads_done(e, part);
+    head.head_grads_done(e, part);
   }
-  wte.done_using(e, part);
+  head.done_using(e, part);
   e.add(UnitOp::release, part, u.ln_f);
 }
 
@@ -155,7 +164,7 @@ void backward(Events& e, const Chunk& c, const Units& u, const UnitPolicy& p) {
     e.add(UnitOp::release, part, u.blocks[i], i);
   }
   if (!c.embedding) return;
-  const WteLifetime wte(c, u.wte);
+  const WteLifetime wte(c, u.wte, u.tied());
   const Part part = Part::embedding_backward;
   wte.open_grads(e, part);
   e.add(UnitOp::open_grads, part, u.wpe);
@@ -190,7 +199,11 @@ std::vector<UnitEvent> end_of_evaluation_events(int units) {
 
 std::vector<UnitEvent> stage_unit_events(const std::vector<Chunk>& chunks, const std::vector<PipelineAction>& actions,
                                          const UnitPolicy& policy) {
-  const std::vector<ChunkUnits> units = gpt_chunk_units(chunks);
+  return stage_unit_events(chunks, gpt_chunk_units(chunks), actions, policy);
+}
+
+std::vector<UnitEvent> stage_unit_events(const std::vector<Chunk>& chunks, const std::vector<ChunkUnits>& units,
+                                         const std::vector<PipelineAction>& actions, const UnitPolicy& policy) {
   std::vector<UnitEvent> out;
   for (const PipelineAction& a : actions) {
     std::size_t k = 0;

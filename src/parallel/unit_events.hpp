@@ -82,5 +82,9 @@ std::vector<UnitEvent> end_of_evaluation_events(int units);
 // chunks elsewhere are skipped): what StageRuntime executes for them.
 std::vector<UnitEvent> stage_unit_events(const std::vector<Chunk>& chunks, const std::vector<PipelineAction>& actions,
                                          const UnitPolicy& policy);
+// The same for chunks of units `units` (gpt_chunk_units of the deck's
+// architecture: the form above is GPT-2's units).
+std::vector<UnitEvent> stage_unit_events(const std::vector<Chunk>& chunks, const std::vector<ChunkUnits>& units,
+                                         const std::vector<PipelineAction>& actions, const UnitPolicy& policy);
 
 }  // namespace ndmini

@@ -169,7 +169,7 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
       if (layout.params[piece.param].split == TpSplit::replicated)
         t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kGradFloat);
   if (fsdp > 1) {
-    const FsdpTraffic f = fsdp_traffic(layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
+    const FsdpTraffic f = fsdp_traffic(m, layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
     if (f.all_gathers > 0)
       t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kHalf);
     if (f.reduce_scatters > 0)
@@ -184,8 +184,8 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
       t.add(kDpReplicate, Collective::all_reduce, static_cast<std::int64_t>(layout.unit_size.size()),
             static_cast<double>(layout.total) / layout.unit_size.size() * kGradFloat);
   }
-  if (d.pp > 1)
-    for (const ChunkUnits& u : gpt_chunk_units(chunks))
+  if (d.pp > 1 && m.tie_embeddings)  // untied: wte and lm_head are two tensors, nothing to sum
+    for (const ChunkUnits& u : gpt_chunk_units(m, chunks))
       if (u.wte >= 0)  // the tied embedding's gradients summed over the pipeline's two ends
         t.add(kTied, Collective::all_reduce, 1, static_cast<double>(layout.unit_size[u.wte]) / fsdp * kGradFloat);
   t.add(kBatch, Collective::all_reduce, 1, sizeof(double));  // the step's loss
@@ -194,12 +194,13 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
 }
 
 // FLOPs of one micro-batch's forward through `c` on one device: the matrix
-// products (2 per weight and token) and attention (4 C T per layer and
-// token), split over tp and cp.
+// products (2 per weight and token; the block's vectors counted alike, as
+// in 6N) and attention (4 C T per layer and token: H query heads of hs
+// channels, kv_heads or not), split over tp and cp.
 double forward_flops(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d) {
   const double C = m.channels, T = m.seq_len, V = m.vocab;
   const double tokens = static_cast<double>(micro_batch) * T / d.cp / d.tp;
-  double per_token = c.layers() * (2 * (12 * C * C + 13 * C) + 4 * C * T);
+  double per_token = c.layers() * (2 * static_cast<double>(gpt_block_param_count(m)) + 4 * C * T);
   if (c.head) per_token += 2 * V * C;
   return tokens * per_token;
 }
@@ -230,21 +231,26 @@ ComputeRates compute_rates(const ClusterSpec& cluster, Precision precision) {
 // x T / cp, its input and output widths under tp; its two backward products
 // have the same three dimensions, so the same class), attention at its own
 // rate, and the FLOPs of forward_flops that are no product (the biases and
-// LayerNorms, 26 C per token and layer) at efficiency.compute's.
+// norms: 2 per vector parameter and token, GPT-2's 26 C per token and
+// layer) at efficiency.compute's.
 double forward_ms(const ModelConfig& m, const Chunk& c, int micro_batch, const ParallelDims& d,
                   const ComputeRates& rates) {
   const double C = m.channels, T = m.seq_len, V = m.vocab, t = d.tp;
   const double rows = static_cast<double>(micro_batch) * T / d.cp;
   const double layers = c.layers();
+  const double qkv = C + 2.0 * m.kv() * m.head_size(), F = m.ffn();  // GPT-2: 3C and 4C
+  // The block's vector parameters in multiples of C (GPT-2: 13), so GPT-2's sum keeps its order.
+  const double vectors = static_cast<double>(gpt_block_param_count(m) - gpt_block_matrix_param_count(m)) / C;
   struct Linear {
     double count, in, out;
   };
-  const Linear linears[] = {{layers, C, 3 * C / t},           // c_attn, column-parallel
-                            {layers, C / t, C},               // attn_proj, row-parallel
-                            {layers, C, 4 * C / t},           // c_fc, column-parallel
-                            {layers, 4 * C / t, C},           // mlp_proj, row-parallel
-                            {c.head ? 1.0 : 0.0, C, V / t}};  // the LM head, vocabulary-parallel
-  double ms = attention_flops(m, c, micro_batch, d) / rates.attention + rows * layers * 2 * 13 * C / t / rates.other;
+  const Linear linears[] = {{layers, C, qkv / t},                      // c_attn (or c_q, c_k, c_v), column-parallel
+                            {layers, C / t, C},                        // attn_proj, row-parallel
+                            {(m.gated() ? 2 : 1) * layers, C, F / t},  // c_fc (or c_gate and c_up), column-parallel
+                            {layers, F / t, C},                        // mlp_proj, row-parallel
+                            {c.head ? 1.0 : 0.0, C, V / t}};           // the LM head, vocabulary-parallel
+  double ms =
+      attention_flops(m, c, micro_batch, d) / rates.attention + rows * layers * 2 * vectors * C / t / rates.other;
   for (const Linear& l : linears)
     if (l.count > 0)
       ms += l.count * 2 * rows * l.in * l.out / rates.gemm[static_cast<int>(gemm_class(std::min({rows, l.in, l.out})))];

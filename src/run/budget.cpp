@@ -83,7 +83,8 @@ std::vector<MemoryPart> memory_parts(const Config& cfg, const RunLayout& layout)
   const std::string bt = key("train.micro_batch", cfg.train.micro_batch) + " x " + key("model.seq_len", m.seq_len);
   // The state grows with whichever of the blocks and the embedding is larger.
   const double C = m.channels;
-  const bool blocks_dominate = m.layers * (12 * C * C) >= static_cast<double>(m.vocab) * C;
+  const bool blocks_dominate =
+      m.layers * static_cast<double>(gpt_block_matrix_param_count(m)) >= static_cast<double>(m.vocab) * C;
   return {{"model state", blocks_dominate ? lc : vc, static_cast<double>(e.state_bytes)},
           {"activations",
            bt + " x " + lc + " (" + std::to_string(e.in_flight) + " micro-batch" + (e.in_flight == 1 ? "" : "es") +

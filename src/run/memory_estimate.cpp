@@ -135,15 +135,15 @@ MemoryEstimate rough_estimate(const ModelConfig& m, double params, double N, dou
 // They follow each other, so the largest counts: over dp_replicate every
 // bucket's copy, in flight together at the end of the backward (or the
 // shard's, HSDP); a tp-replicated tensor's piece with SP; the tied wte's shard.
-double bf16_wire_bytes(const ParamLayout& layout, const ParallelDims& split, const std::vector<Chunk>& chunks,
-                       std::size_t shard) {
+double bf16_wire_bytes(const ModelConfig& m, const ParamLayout& layout, const ParallelDims& split,
+                       const std::vector<Chunk>& chunks, std::size_t shard) {
   const int fsdp = split.fsdp();
   std::size_t most = split.dp_replicate > 1 ? shard : 0;
   if (split.tp > 1 && split.sequence_parallel)
     for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
       if (layout.params[piece.param].split == TpSplit::replicated) most = std::max(most, piece.length);
-  if (split.pp > 1)
-    for (const ChunkUnits& u : gpt_chunk_units(chunks))
+  if (split.pp > 1 && m.tie_embeddings)
+    for (const ChunkUnits& u : gpt_chunk_units(m, chunks))
       if (u.wte >= 0) most = std::max(most, layout.unit_size[u.wte] / fsdp);
   return 1.0 * most * sizeof(bf16);
 }
@@ -166,19 +166,20 @@ UnitPolicy training(bool reshard_after_forward, Recompute recompute = Recompute:
 
 }  // namespace
 
-std::size_t fsdp_peak_bytes(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
-                            const std::vector<PipelineAction>& actions, bool reshard_after_forward, Precision precision,
-                            Precision reduce_dtype) {
+std::size_t fsdp_peak_bytes(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks,
+                            int shards, const std::vector<PipelineAction>& actions, bool reshard_after_forward,
+                            Precision precision, Precision reduce_dtype) {
   if (shards <= 1) return 0;
-  return peak_of(layout, shards, stage_unit_events(chunks, actions, training(reshard_after_forward)), precision,
-                 reduce_dtype);
+  return peak_of(layout, shards,
+                 stage_unit_events(chunks, gpt_chunk_units(m, chunks), actions, training(reshard_after_forward)),
+                 precision, reduce_dtype);
 }
 
-FsdpTraffic fsdp_traffic(const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+FsdpTraffic fsdp_traffic(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
                          const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
   if (shards <= 1) return {};
   FsdpReplay fsdp(layout, shards, sizeof(real));
-  fsdp.run(stage_unit_events(chunks, actions, training(reshard_after_forward)));
+  fsdp.run(stage_unit_events(chunks, gpt_chunk_units(m, chunks), actions, training(reshard_after_forward)));
   return fsdp.traffic();
 }
 
@@ -190,12 +191,17 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
   const double N = B * T / split.cp;
+  // Per block: the matrices split over tp, the vectors counted whole (GPT-2: 12 C^2 / tp + 13 C).
+  const double block_matrices = static_cast<double>(gpt_block_matrix_param_count(m));
+  const double block_params = block_matrices / tp + (static_cast<double>(gpt_block_param_count(m)) - block_matrices);
+  const double ln_f = m.norm == NormKind::layernorm && m.bias ? 2 * C : C;
   double params = 0;
   for (const Chunk& c : chunks) {
-    if (c.embedding || c.head) params += V * C / tp;
-    if (c.embedding) params += T * C;
-    if (c.head) params += 2 * C;
-    params += c.layers() * (12 * C * C / tp + 13 * C);
+    if (c.embedding || (c.head && m.tie_embeddings)) params += V * C / tp;  // wte
+    if (c.head && !m.tie_embeddings) params += V * C / tp;                  // lm_head
+    if (c.embedding && m.learned_positions()) params += T * C;
+    if (c.head) params += ln_f;
+    params += c.layers() * block_params;
   }
   if (params > kMostElements || N * std::max(C, V) > kMostElements || m.layers > kMostLayers)
     return rough_estimate(m, params / fsdp, N, tp, in_flight);
@@ -239,9 +245,10 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
   const std::vector<PipelineAction> first(actions.begin(), actions.begin() + replayed);
   const double fsdp_bytes = static_cast<double>(
-      peak_of(layout, fsdp, stage_unit_events(chunks, first, training(reshard_after_forward, recompute)), precision,
-              reduce_dtype));
-  const double wire_bytes = reduce_dtype == Precision::bf16 ? bf16_wire_bytes(layout, split, chunks, shard) : 0.0;
+      peak_of(layout, fsdp,
+              stage_unit_events(chunks, gpt_chunk_units(m, chunks), first, training(reshard_after_forward, recompute)),
+              precision, reduce_dtype));
+  const double wire_bytes = reduce_dtype == Precision::bf16 ? bf16_wire_bytes(m, layout, split, chunks, shard) : 0.0;
   e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes + wire_bytes);
   e.comm_buffer_bytes = saturated_bytes(fsdp_bytes + wire_bytes);
   return e;

@@ -138,6 +138,17 @@ void check_resume_compatible(const Config& cfg, const io::CheckpointInfo& info, 
   mismatch("model.heads", saved.model.heads, cfg.model.heads);
   mismatch("model.vocab", saved.model.vocab, cfg.model.vocab);
   mismatch("model.seq_len", saved.model.seq_len, cfg.model.seq_len);
+  // The architecture (a checkpoint from before these keys existed reads as GPT-2's).
+  const ModelConfig &a = saved.model, &b = cfg.model;
+  mismatch("model.norm", std::string(name_of(a.norm)), std::string(name_of(b.norm)));
+  mismatch("model.norm_eps", a.norm_eps, b.norm_eps);
+  mismatch("model.position", std::string(name_of(a.position)), std::string(name_of(b.position)));
+  mismatch("model.rope_theta", a.rope_theta, b.rope_theta);
+  mismatch("model.mlp", std::string(name_of(a.mlp)), std::string(name_of(b.mlp)));
+  mismatch("model.ffn_hidden", a.ffn(), b.ffn());
+  mismatch("model.kv_heads", a.kv(), b.kv());
+  mismatch("model.tie_embeddings", a.tie_embeddings, b.tie_embeddings);
+  mismatch("model.bias", a.bias, b.bias);
   mismatch("train.seed", saved.train.seed, cfg.train.seed);
   mismatch("train.global_batch", saved.train.global_batch, cfg.train.global_batch);
   // It decides which of data.path's tokens are trained on.

@@ -105,8 +105,12 @@ void print_notes(const Config& cfg, const RunLayout& layout) {
 void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) {
   const auto& m = cfg.model;
   std::printf("# resolved deck\n%s\n\n", cfg.toml.c_str());
-  std::printf("parameters        %lld (%lld in MFU's N: all but wpe)\n", static_cast<long long>(gpt_param_count(m)),
-              static_cast<long long>(gpt_flops_param_count(m)));
+  std::printf("architecture      %s\n", architecture_text(m).c_str());
+  // N leaves out the lookup tables: wpe, and wte when lm_head is the head's product.
+  const char* lookups = m.learned_positions() ? (m.tie_embeddings ? "all but wpe" : "all but the lookups wpe and wte")
+                                              : (m.tie_embeddings ? "all" : "all but wte, a lookup");
+  std::printf("parameters        %lld (%lld in MFU's N: %s)\n", static_cast<long long>(gpt_param_count(m)),
+              static_cast<long long>(gpt_flops_param_count(m)), lookups);
   std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
               layout.micro_batches, cfg.train.micro_batch, layout.dims.data_parallel());
@@ -148,6 +152,7 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
               NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
               ExecSpace::name(), layout.dims.str().c_str(), ctx.mesh().ranks_per_node(),
               static_cast<long long>(gpt_param_count(cfg.model)), gpt_flops_per_token(cfg.model));
+  std::printf("model: %s\n", architecture_text(cfg.model).c_str());
   if (const std::string filled = describe_filled_degree(cfg.parallel, layout.dims);
       !filled.empty() && layout.dims.size() > 1)
     std::printf("layout: %s\n", filled.c_str());
