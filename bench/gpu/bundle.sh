@@ -22,6 +22,11 @@
 #   xz-compressed, default 2048), and bench/gpu/build.sh's KOKKOS_ARCH, CUDA_SM, CXX, KK_ETI.
 # Exit status: 0 the bundle is complete; 1 a step failed; 2 bad usage.
 set -euo pipefail
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  # The comment at the head of this file, less its licence line.
+  sed -n '3,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 
 usage() {
   echo "bundle.sh: $*" >&2

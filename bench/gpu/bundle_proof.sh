@@ -20,6 +20,11 @@
 # Exit status: 0 the proof holds; 1 it does not (what failed is printed); 77 skipped: no bundle,
 #   not root (chroot needs it), no debootstrap and no ROOT, or no stand-in libraries.
 set -euo pipefail
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  # The comment at the head of this file, less its licence line.
+  sed -n '3,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 readonly kSkip=77
@@ -128,8 +133,9 @@ if ! grep -q 'library check passed' "$summary" || ! grep -q 'no NVIDIA GPU' "$su
   fail "check.sh --bundle exited 77 without passing the library check first"
 fi
 files=$(cd "$root/tmp/proof-out" && ls)
-[ "$(wc -l <<<"$files")" -le 8 ] && [ -f "$root/tmp/proof-out/logs.tar.gz" ] && [ -f "$root/tmp/proof-out/figures.env" ] ||
+if [ "$(wc -l <<<"$files")" -gt 8 ] || [ ! -f "$root/tmp/proof-out/logs.tar.gz" ] || [ ! -f "$root/tmp/proof-out/figures.env" ]; then
   fail "OUTDIR holds $(tr '\n' ' ' <<<"$files") (want summary.md, figures.env, logs.tar.gz)"
+fi
 echo "bundle_proof: 3. with cuBLAS/NCCL in nvidia/*/lib: library check passed, exit 77 at the GPU step in $((SECONDS - t_check)) s;" \
   "OUTDIR: $(tr '\n' ' ' <<<"$files")"
 grep -E 'library check passed|no NVIDIA GPU' "$summary" | sed 's/^/    /'

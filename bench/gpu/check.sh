@@ -35,9 +35,15 @@
 #   --dry-run             print the plan and every command; run nothing
 #   --compare-losses GPU.jsonl CPU.jsonl [TOL]
 #                         only compare two metrics files, step by step (exit 0 within TOL, default 1e-5)
-# Exit status: 0 every check passed; 1 a check failed; 2 bad usage; 77 no NVIDIA GPU on this
-# machine (nothing checked; NDMINI_CHECK_NO_GPU=1 takes this path anywhere).
+# Exit status: 0 every check passed; 1 a check failed; 2 bad usage, or (--bundle) a library the
+# bundle needs is missing here; 77 no NVIDIA GPU on this machine (nothing checked;
+# NDMINI_CHECK_NO_GPU=1 takes this path anywhere).
 set -euo pipefail
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  # The comment at the head of this file, less its licence line.
+  sed -n '3,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 readonly kSkip=77
@@ -80,12 +86,12 @@ if [ "${1:-}" = "--compare-losses" ]; then
 fi
 
 # ---- arguments ----------------------------------------------------------------------------
-bundle="" budget=600
+bundle="" budget=600 gpt2_limit=200
 if [ "${1:-}" = "--bundle" ]; then
   [ $# -ge 3 ] || die_usage "--bundle needs DIR OUTDIR"
   [ -f "$2/manifest.env" ] || die_usage "$2 is not a bundle (no manifest.env; bench/gpu/bundle.sh makes one)"
   bundle=$(cd "$2" && pwd)
-  budget=420
+  budget=420 gpt2_limit=120
   shift 2
 fi
 [ $# -ge 1 ] || die_usage "OUTDIR is missing"
@@ -226,7 +232,7 @@ gpt2_run() {
     done) >"$mem_log" &
     mem_pid=$!
   fi
-  stage "$name" 200 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" --metrics "$out/$name.jsonl" || true
+  stage "$name" "$gpt2_limit" "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" --metrics "$out/$name.jsonl" || true
   if [ -n "$mem_pid" ]; then
     kill "$mem_pid" 2>/dev/null || true
     mem_pid=""
@@ -266,7 +272,7 @@ gpt2_run() {
 # gpu_lib_dirs: the folders that may hold cuBLAS, cuBLASLt and NCCL here, in the order searched:
 # NDMINI_GPU_LIB_PATH, the CUDA toolkit, then pip's nvidia-* wheels wherever a Python keeps them.
 gpu_lib_dirs() {
-  local d
+  local d lib
   local -a candidates=()
   IFS=: read -r -a candidates <<<"${NDMINI_GPU_LIB_PATH:-}"
   candidates+=("${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
@@ -278,7 +284,13 @@ gpu_lib_dirs() {
   fi
   for d in "${sites[@]}"; do candidates+=("$d"/nvidia/*/lib); done
   for d in "${candidates[@]}"; do
-    [ -n "$d" ] && ls "$d"/libcublas.so.* "$d"/libcublasLt.so.* "$d"/libnccl.so.* >/dev/null 2>&1 && echo "$d"
+    [ -n "$d" ] || continue
+    for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+      if [ -e "$d/$lib" ]; then
+        readlink -f "$d"
+        break
+      fi
+    done
   done | awk '!seen[$0]++'
 }
 
@@ -323,7 +335,9 @@ if [ -n "$bundle" ]; then
   missing=$(for f in "$bundle"/bin/*; do ldd "$f" 2>/dev/null | awk -v f="$(basename "$f")" '/not found/ { print f ": " $1 }'; done |
     grep -v ': libcuda\.so' || true)
   if [ "$lib_rc" -ne 0 ] || [ -n "$missing" ]; then
-    note "library check FAILED (logs/gpu_libs.log): $(grep -h 'not found\|DIFFERS' "$out/logs/gpu_libs.log" | tr '\n' ' ')${missing:+; ldd: $(tr '\n' ' ' <<<"$missing")}"
+    why=$(grep -h 'not found\|DIFFERS\|failed' "$out/logs/gpu_libs.log" | sed 's/^gpu_libs: //' | tr -s ' ' | tr '\n' ';' || true)
+    [ -z "$missing" ] || why="${why:+$why }ldd: $(tr '\n' ';' <<<"$missing")"
+    note "library check FAILED: ${why%;} (logs/gpu_libs.log)"
     figure status failed_libraries
     exit 2
   fi
@@ -332,6 +346,11 @@ if [ -n "$bundle" ]; then
 
   # 2. The GPU: nvidia-smi where there is one, else the CUDA runtime's device count.
   gpu_name=""
+  if [ "${NDMINI_CHECK_NO_GPU:-0}" = 1 ]; then
+    note "no NVIDIA GPU on this machine (NDMINI_CHECK_NO_GPU=1): nothing checked"
+    figure status skipped_no_gpu
+    exit "$kSkip"
+  fi
   if command -v nvidia-smi >/dev/null 2>&1; then
     gpu_name=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
     timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv \
