@@ -62,29 +62,39 @@ in_root() { chroot "$root" "$@"; }
 grep -q '^12\.' "$root/etc/debian_version" || fail "$root is not Debian 12 ($(cat "$root/etc/debian_version"))"
 # shellcheck disable=SC2016  # dpkg-query's own format
 present=$(in_root dpkg-query -W -f '${Package}\n' |
-  grep -E '^(mpich|libmpich|libhdf5|libopenblas|libblas|libdnnl|libucx|libtrilinos|libkokkos|libgfortran|xz-utils|python3)' || true)
+  grep -E '^(mpich|libmpich|libhdf5|libopenblas|libblas|libdnnl|libucx|libtrilinos|libkokkos|libgfortran|zstd|xz-utils|python3)' || true)
 [ -z "$present" ] || fail "the root is not bare: it has $(tr '\n' ' ' <<<"$present")"
-echo "bundle_proof: the root is Debian $(cat "$root/etc/debian_version") minbase without MPICH, HDF5, OpenBLAS, oneDNN, UCX, gfortran, xz, python3"
+echo "bundle_proof: the root is Debian $(cat "$root/etc/debian_version") minbase without MPICH, HDF5, OpenBLAS, oneDNN, UCX, gfortran, zstd, xz, python3"
 
 rm -rf "$root/opt/bundle" "$root/opt/bundle-libs" "$root/tmp/proof-out" "$root/tmp/proof-run"
 mkdir -p "$root/opt"
 cp -a "$bundle" "$root/opt/bundle"
 pip_site=$root/usr/local/lib/python3.11/dist-packages/nvidia
-remove_stand_ins() { rm -rf "$pip_site"; }
-trap remove_stand_ins EXIT
-remove_stand_ins
+proc_mounted=0
+# shellcheck disable=SC2317  # called by the trap
+undo() {
+  rm -rf "$pip_site"
+  [ "$proc_mounted" = 0 ] || umount "$root/proc" || true
+}
+trap undo EXIT
+rm -rf "$pip_site"
+# A GPU machine has /proc (MPICH's hydra and hwloc read it); mount it where this machine allows.
+if ! mountpoint -q "$root/proc" && mount -t proc proc "$root/proc" 2>/dev/null; then
+  proc_mounted=1
+fi
+mountpoint -q "$root/proc" || echo "bundle_proof: note: no /proc in the root (mount refused)"
 
-# 1. ldd in the root: the compressed libraries unpacked as check.sh does, with the bundled xz.
+# 1. ldd in the root: the compressed libraries unpacked as check.sh does, with the bundled zstd.
 mkdir -p "$root/opt/bundle-libs"
-for f in "$root"/opt/bundle/lib/*.xz; do
+for f in "$root"/opt/bundle/lib/*.zst; do
   [ -f "$f" ] || continue
-  in_root env LD_LIBRARY_PATH=/opt/bundle/lib /opt/bundle/bin/xz -dc "/opt/bundle/lib/$(basename "$f")" \
-    >"$root/opt/bundle-libs/$(basename "$f" .xz)" || fail "the bundled xz could not unpack $(basename "$f") in the root"
+  in_root env LD_LIBRARY_PATH=/opt/bundle/lib /opt/bundle/bin/zstd -q -d -c "/opt/bundle/lib/$(basename "$f")" \
+    >"$root/opt/bundle-libs/$(basename "$f" .zst)" || fail "the bundled zstd could not unpack $(basename "$f") in the root"
 done
 allowed='^(libcuda\.so\.1|libcublas\.so\.13|libcublasLt\.so\.13|libnccl\.so\.2)$'
 checked=0 unresolved_all=""
 for f in "$root"/opt/bundle/bin/* "$root"/opt/bundle/lib/* "$root"/opt/bundle-libs/*; do
-  case "$f" in *.xz) continue ;; esac
+  case "$f" in *.zst) continue ;; esac
   rel=${f#"$root"}
   lrc=0
   out=$(in_root env LD_LIBRARY_PATH=/opt/bundle-libs:/opt/bundle/lib ldd "$rel" 2>&1) || lrc=$?

@@ -299,15 +299,17 @@ if [ -n "$bundle" ]; then
   . "$bundle/manifest.env"
   # The libraries: the bundle's (the compressed ones unpacked outside it), then the machine's GPU libraries.
   bundle_libs=$(mktemp -d "${TMPDIR:-/tmp}/ndmini-bundle-lib.XXXXXX")
-  for f in "$bundle"/lib/*.xz; do
+  for f in "$bundle"/lib/*.zst; do
     [ -f "$f" ] || continue
-    target=$bundle_libs/$(basename "$f" .xz)
-    if [ -x "$bundle/bin/xz" ] && LD_LIBRARY_PATH=$bundle/lib "$bundle/bin/xz" -dc "$f" >"$target" 2>/dev/null; then
+    target=$bundle_libs/$(basename "$f" .zst)
+    if [ -x "$bundle/bin/zstd" ] && LD_LIBRARY_PATH=$bundle/lib "$bundle/bin/zstd" -q -d -c "$f" >"$target" 2>/dev/null; then
       :
-    elif command -v xz >/dev/null 2>&1; then
-      xz -dc "$f" >"$target"
+    elif command -v zstd >/dev/null 2>&1; then
+      zstd -q -d -c "$f" >"$target"
     else
-      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$target"
+      note "library check FAILED: no zstd to unpack $(basename "$f")"
+      figure status failed_libraries
+      exit 2
     fi
   done
   mapfile -t gpu_dirs < <(gpu_lib_dirs)

@@ -75,18 +75,18 @@ case "$1" in
     echo "ok: the comparison passes within 1e-5 and fails beyond, or on missing steps"
     ;;
   bundle)
-    # A stand-in bundle: the real gpu_libs and xz, a program that needs a library found only
-    # xz-compressed in lib/, and stand-in GPU libraries that answer the version queries.
-    for tool in cc xz ldd; do command -v "$tool" >/dev/null || { echo "no $tool: skipped"; exit 77; }; done
+    # A stand-in bundle: the real gpu_libs and zstd, a program that needs a library found only
+    # zstd-compressed in lib/, and stand-in GPU libraries that answer the version queries.
+    for tool in cc zstd ldd; do command -v "$tool" >/dev/null || { echo "no $tool: skipped"; exit 77; }; done
     b=$WORK/bundle gpu=$WORK/site/nvidia/cublas/lib nccl=$WORK/site/nvidia/nccl/lib
     mkdir -p "$b/bin" "$b/lib" "$b/inputs" "$b/cpu" "$gpu" "$nccl"
     cc -O1 -o "$b/bin/gpu_libs" "$SOURCE_DIR/bench/gpu/gpu_libs.c" -ldl
-    cp "$(command -v xz)" "$b/bin/xz"
+    cp "$(command -v zstd)" "$b/bin/zstd"
     echo 'int ndmini_fake(void) { return 7; }' >fake.c
     cc -shared -fPIC -Wl,-soname,libndmini_fake.so.1 -o libndmini_fake.so.1 fake.c
     echo 'int ndmini_fake(void); int main(void) { return ndmini_fake() == 7 ? 0 : 1; }' >uses.c
     cc -o "$b/bin/uses_fake" uses.c ./libndmini_fake.so.1
-    xz -c libndmini_fake.so.1 >"$b/lib/libndmini_fake.so.1.xz"
+    zstd -q -c libndmini_fake.so.1 >"$b/lib/libndmini_fake.so.1.zst"
     echo 'int cublasGetProperty(int t, int* v) { *v = t == 0 ? 13 : t == 1 ? 1 : 0; return 0; }' >cublas.c
     echo 'unsigned long cublasLtGetVersion(void) { return 130100; }' >cublaslt.c
     echo 'int ncclGetVersion(int* v) { *v = 22809; return 0; }' >nccl.c
@@ -121,7 +121,7 @@ case "$1" in
     sed -i 's/^BUNDLE_NCCL=.*/BUNDLE_NCCL=2.28.9/' "$b/manifest.env"
 
     # A bundled library missing (the compressed one removed): exit 2, naming the program and the library.
-    rm "$b/lib/libndmini_fake.so.1.xz"
+    rm "$b/lib/libndmini_fake.so.1.zst"
     rc=0
     NDMINI_CHECK_NO_GPU=1 "$check" --bundle "$b" out3 >out.txt 2>&1 || rc=$?
     cat out.txt
