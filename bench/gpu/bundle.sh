@@ -7,7 +7,7 @@
 #      the patches of PATCHES_DIR applied to a copy of the Kokkos source; then the CUDA ndmini and its
 #      gpu-labelled test binaries (bench/gpu/build.sh's steps, NCCL on);
 #   2. a portable host ndmini, and with it the tiny deck's CPU metrics (the GPU losses' reference);
-#   3. DIR: bin/ (ndmini for CUDA, ndmini-host, test_cublas, test_nccl, test_comm, gpu_libs, MPICH's
+#   3. DIR: bin/ (ndmini for CUDA, test_cublas, test_nccl, test_comm, gpu_libs, MPICH's
 #      mpiexec.hydra and hydra_pmi_proxy, zstd), lib/ (every shared library those name except glibc's, the
 #      driver, cuBLAS/cuBLASLt and NCCL; the larger ones zstd-compressed, unpacked by check.sh),
 #      inputs/ (the decks), cpu/tiny_cpu.jsonl, check.sh and manifest.env (what it was built with).
@@ -19,7 +19,7 @@
 # Environment: WORK (build trees, default build-gpu-bundle in this checkout: a rerun only rebuilds
 #   what changed), JOBS (default: all cores), HOST_BUILD (an existing portable host build tree to
 #   take miniapp/ndmini from instead of building one), ZSTD_ABOVE_KIB (libraries larger than this are
-#   zstd-compressed, default 2048), and bench/gpu/build.sh's KOKKOS_ARCH, CUDA_SM, CXX, KK_ETI.
+#   zstd-compressed, default 256), BUNDLE_HOST (1: add the host ndmini as bin/ndmini-host), and bench/gpu/build.sh's KOKKOS_ARCH, CUDA_SM, CXX, KK_ETI.
 # Exit status: 0 the bundle is complete; 1 a step failed; 2 bad usage.
 set -euo pipefail
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
@@ -44,7 +44,7 @@ kernels_src=$(cd "$3" && pwd)
 patches=${4:+$(cd "$4" && pwd)}
 work=$(mkdir -p "${WORK:-$repo/build-gpu-bundle}" && cd "${WORK:-$repo/build-gpu-bundle}" && pwd)
 jobs=${JOBS:-$(nproc)}
-zstd_above_kib=${ZSTD_ABOVE_KIB:-2048}
+zstd_above_kib=${ZSTD_ABOVE_KIB:-256}
 if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifest.env" ]; then
   usage "$dir exists and is not a bundle (no manifest.env): refusing to replace it"
 fi
@@ -111,7 +111,9 @@ mkdir -p "$work/tiny-cpu"
 
 # ---- 3. the bundle ---------------------------------------------------------------------------
 cp "$work/cuda/miniapp/ndmini" "$dir/bin/ndmini"
-cp "$host_build/miniapp/ndmini" "$dir/bin/ndmini-host"
+# The host ndmini is not needed on the GPU machine (its losses are carried); BUNDLE_HOST=1 adds it
+# (with oneDNN and Debian's Kokkos, about 12 MiB more) for bundle_proof.sh's training run.
+[ "${BUNDLE_HOST:-0}" != 1 ] || cp "$host_build/miniapp/ndmini" "$dir/bin/ndmini-host"
 for t in test_cublas test_nccl test_comm; do
   f=$(find "$work/cuda" -name "$t" -type f -perm -u+x | head -n 1)
   [ -n "$f" ] || { echo "bundle.sh: $t was not built" >&2; exit 1; }
