@@ -9,8 +9,9 @@
 #      (nvidia/cublas/lib, nvidia/nccl/lib), its library check passes, it reaches the GPU step and
 #      exits 77 (no GPU) with its message, and OUTDIR holds summary.md, figures.env, logs.tar.gz;
 #   4. the bundled MPICH launches (mpiexec.hydra -n 1) the bundled ndmini (--version), and the
-#      host ndmini where the bundle has one (BUNDLE_HOST=1), which trains the tiny deck to the very
-#      losses bundle.sh recorded (cpu/tiny_cpu.jsonl).
+#      host ndmini where the bundle has one (BUNDLE_HOST=1), which trains the tiny deck to the
+#      losses bundle.sh recorded (cpu/tiny_cpu.jsonl; 1e-5 relative, as ndmini picks its GEMM
+#      route by timing, which a busy machine changes).
 # Usage: bench/gpu/bundle_proof.sh [BUNDLE [ROOT]]
 #   BUNDLE: default gpu-bundle in this checkout. ROOT: the Debian root (default
 #   ${TMPDIR:-/tmp}/ndmini-bookworm-minbase), made with debootstrap when it does not exist, from
@@ -71,19 +72,22 @@ rm -rf "$root/opt/bundle" "$root/opt/bundle-libs" "$root/tmp/proof-out" "$root/t
 mkdir -p "$root/opt"
 cp -a "$bundle" "$root/opt/bundle"
 pip_site=$root/usr/local/lib/python3.11/dist-packages/nvidia
-proc_mounted=0
+mounted=()
 # shellcheck disable=SC2317  # called by the trap
 undo() {
+  local m
   rm -rf "$pip_site"
-  [ "$proc_mounted" = 0 ] || umount "$root/proc" || true
+  for m in "${mounted[@]}"; do umount "$m" || true; done
 }
 trap undo EXIT
 rm -rf "$pip_site"
-# A GPU machine has /proc (MPICH's hydra and hwloc read it); mount it where this machine allows.
-if ! mountpoint -q "$root/proc" && mount -t proc proc "$root/proc" 2>/dev/null; then
-  proc_mounted=1
-fi
-mountpoint -q "$root/proc" || echo "bundle_proof: note: no /proc in the root (mount refused)"
+# A GPU machine has /proc and /sys (MPICH's hydra and hwloc read them); mounted where this machine allows.
+for fs in proc sysfs; do
+  m=$root/${fs%fs}
+  [ "$fs" = sysfs ] && m=$root/sys
+  if ! mountpoint -q "$m" && mount -t "$fs" "$fs" "$m" 2>/dev/null; then mounted+=("$m"); fi
+  mountpoint -q "$m" || echo "bundle_proof: note: no ${m#"$root"} in the root (mount refused)"
+done
 
 # 1. ldd in the root: the compressed libraries unpacked as check.sh does, with the bundled zstd.
 mkdir -p "$root/opt/bundle-libs"
@@ -152,7 +156,8 @@ echo "bundle_proof: 3. with cuBLAS/NCCL in nvidia/*/lib: library check passed, e
 grep -E 'library check passed|no NVIDIA GPU' "$summary" | sed 's/^/    /'
 
 # 4. The bundled MPICH launches the bundled CUDA ndmini (its --version needs no GPU) and, when the
-# bundle has one (BUNDLE_HOST=1), the host ndmini through the tiny deck to the losses recorded.
+# bundle has one (BUNDLE_HOST=1), the host ndmini through the tiny deck to the losses recorded
+# (within 1e-5: the GEMM route is chosen by timing).
 mkdir -p "$root/tmp/proof-run"
 lib_path=/opt/bundle-libs:/opt/bundle/lib:/usr/local/lib/python3.11/dist-packages/nvidia/cublas/lib:/usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib
 launch="/opt/bundle/bin/mpiexec.hydra -launcher fork -n 1"
@@ -160,15 +165,15 @@ rc=0
 in_root env LD_LIBRARY_PATH="$lib_path" bash -c "cd /tmp/proof-run && $launch /opt/bundle/bin/ndmini --version" \
   >"$root/tmp/proof-mpiexec.log" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { tail -n 30 "$root/tmp/proof-mpiexec.log"; fail "mpiexec.hydra -n 1 ndmini --version in the root exited $rc"; }
-echo "bundle_proof: 4. mpiexec.hydra -n 1 ndmini --version in the root: $(head -n 1 "$root/tmp/proof-mpiexec.log")"
+echo "bundle_proof: 4. mpiexec.hydra -n 1 ndmini --version in the root: $(grep -m1 ndmini "$root/tmp/proof-mpiexec.log")"
 if [ -x "$root/opt/bundle/bin/ndmini-host" ]; then
   rc=0
   in_root env LD_LIBRARY_PATH="$lib_path" bash -c "cd /tmp/proof-run && $launch /opt/bundle/bin/ndmini-host train \
     /opt/bundle/inputs/tiny.toml --set train.log_every=1 --set checkpoint.every=0 --metrics /tmp/proof-run/tiny.jsonl" \
     >"$root/tmp/proof-host.log" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || { tail -n 30 "$root/tmp/proof-host.log"; fail "mpiexec.hydra -n 1 ndmini-host train in the root exited $rc"; }
-  "$repo/bench/gpu/check.sh" --compare-losses "$root/tmp/proof-run/tiny.jsonl" "$bundle/cpu/tiny_cpu.jsonl" 0 ||
+  "$repo/bench/gpu/check.sh" --compare-losses "$root/tmp/proof-run/tiny.jsonl" "$bundle/cpu/tiny_cpu.jsonl" 1e-5 ||
     fail "the host ndmini in the root does not reproduce the bundle's CPU losses"
-  echo "bundle_proof:    and ndmini-host trains the tiny deck in the root to the very losses recorded"
+  echo "bundle_proof:    and ndmini-host trains the tiny deck in the root to the losses recorded (1e-5: the GEMM route is chosen by timing)"
 fi
 echo "bundle_proof: PASS in $((SECONDS - t0)) s"

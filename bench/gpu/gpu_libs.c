@@ -99,6 +99,11 @@ static int major_of(const char* version) { return atoi(version); }
 
 static int count_devices(void) {
   char path[4096] = "";
+  /* Without the driver, the runtime's answer ("driver version is insufficient") misleads. */
+  if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) {
+    printf("gpu_libs: no CUDA device: no NVIDIA driver (libcuda.so.1: %s)\n", dlerror());
+    return kNoDevice;
+  }
   void* h = open_library("libcudart.so.13", path, sizeof path);
   if (!h) {
     print_search("libcudart.so.13");
