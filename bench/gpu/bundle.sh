@@ -172,7 +172,7 @@ cudart=$(ldd "$dir/bin/ndmini" | awk '/libcudart/ { print $3 }')
   echo "BUNDLE_NCCL=$(ver nccl)"
   echo "BUNDLE_CUDART=$(basename "$(readlink -f "$cudart")" | sed 's/libcudart.so.//')"
   echo "BUNDLE_NVCC=\"$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')\""
-  echo "BUNDLE_KOKKOS=$(sed -n 's/^Kokkos_VERSION:[^=]*=//p' "$work/cuda/CMakeCache.txt" | head -n 1)"
+  echo "BUNDLE_KOKKOS=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$work/kokkos-cuda/kokkos/lib/cmake/Kokkos/KokkosConfigVersion.cmake" 2>/dev/null | head -n 1)"
   echo "BUNDLE_KOKKOS_ARCH=${KOKKOS_ARCH:-HOPPER90}"
   echo "BUNDLE_CUDA_SM=${CUDA_SM:-sm_90}"
   echo "BUNDLE_CXX=\"$(${CXX:-g++} --version | head -n 1)\""
