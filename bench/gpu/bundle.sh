@@ -175,7 +175,7 @@ cudart=$(ldd "$dir/bin/ndmini" | awk '/libcudart/ { print $3 }')
   echo "BUNDLE_KOKKOS=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$work/kokkos-cuda/kokkos/lib/cmake/Kokkos/KokkosConfigVersion.cmake" 2>/dev/null | head -n 1)"
   echo "BUNDLE_KOKKOS_ARCH=${KOKKOS_ARCH:-HOPPER90}"
   echo "BUNDLE_CUDA_SM=${CUDA_SM:-sm_90}"
-  echo "BUNDLE_CXX=\"$(${CXX:-g++} --version | head -n 1)\""
+  echo "BUNDLE_CXX=\"$(${CXX:-g++} --version | sed -n 1p)\""
   echo "BUNDLE_GLIBC_REQUIRED=$glibc_required"
   echo "BUNDLE_KOKKOS_PATCHES=\"$([ -z "$patches" ] || find "$patches" -maxdepth 1 -name '*.patch' -printf '%f ' | sort)\""
 } >"$dir/manifest.env"

@@ -18,7 +18,8 @@
 #   DEBIAN_MIRROR (default: the first Debian URI of /etc/apt/sources*). The bundle is copied to
 #   ROOT/opt/bundle; ROOT is otherwise left as made (the stand-in libraries are removed at the end).
 # Environment: GPU_LIBS_FROM (a folder with libcublas.so.13, libcublasLt.so.13, libnccl.so.2;
-#   default /usr/local/cuda/lib64).
+#   default /usr/local/cuda/lib64), CUDA_STUB (the toolkit's stub libcuda.so, for step 4 when
+#   ndmini links the driver; default GPU_LIBS_FROM/stubs/libcuda.so).
 # Exit status: 0 the proof holds; 1 it does not (what failed is printed); 77 skipped: no bundle,
 #   not root (chroot needs it), no debootstrap and no ROOT, or no stand-in libraries.
 set -euo pipefail
@@ -161,6 +162,16 @@ grep -E 'library check passed|no NVIDIA GPU' "$summary" | sed 's/^/    /'
 mkdir -p "$root/tmp/proof-run"
 lib_path=/opt/bundle-libs:/opt/bundle/lib:/usr/local/lib/python3.11/dist-packages/nvidia/cublas/lib:/usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib
 launch="/opt/bundle/bin/mpiexec.hydra -launcher fork -n 1"
+# A CUDA ndmini links the driver (Kokkos does): the toolkit's stub libcuda stands in for it here.
+stub=${CUDA_STUB:-$stand_in/stubs/libcuda.so}
+ndmini_libs=$(in_root env LD_LIBRARY_PATH="$lib_path" ldd /opt/bundle/bin/ndmini)
+if grep -q 'libcuda.so.1 => not found' <<<"$ndmini_libs"; then
+  [ -f "$stub" ] || fail "ndmini needs libcuda.so.1 and there is no stub at $stub to stand in for the driver (CUDA_STUB)"
+  mkdir -p "$pip_site/driver-stub"
+  cp "$stub" "$pip_site/driver-stub/libcuda.so.1"
+  lib_path=$lib_path:${pip_site#"$root"}/driver-stub
+  echo "bundle_proof:    (ndmini links libcuda.so.1: the CUDA toolkit's stub stands in for the driver)"
+fi
 rc=0
 in_root env LD_LIBRARY_PATH="$lib_path" bash -c "cd /tmp/proof-run && $launch /opt/bundle/bin/ndmini --version" \
   >"$root/tmp/proof-mpiexec.log" 2>&1 || rc=$?
