@@ -23,9 +23,9 @@
 enum { kMissing = 2, kNoDevice = 77, kMaxDirs = 64 };
 
 struct Library {
-  const char* name;    /* as --expect names it */
-  const char* soname;  /* the file the binaries' DT_NEEDED names */
-  const char* expect;  /* MAJOR.MINOR.PATCH from --expect, or NULL */
+  const char* name;   /* as --expect names it */
+  const char* soname; /* the file the binaries' DT_NEEDED names */
+  const char* expect; /* MAJOR.MINOR.PATCH from --expect, or NULL */
   char version[32];
   char path[4096];
 };
@@ -61,7 +61,8 @@ static void* open_library(const char* soname, char* path, size_t path_size) {
 static void print_search(const char* soname) {
   fprintf(stderr, "gpu_libs: %s not found; looked in:", soname);
   for (int i = 0; i < ndirs; ++i) fprintf(stderr, " %s", dirs[i]);
-  if (!only_dirs) fprintf(stderr, "%sthe loader's default search (LD_LIBRARY_PATH, ld.so.cache)", ndirs ? " and " : " ");
+  if (!only_dirs)
+    fprintf(stderr, "%sthe loader's default search (LD_LIBRARY_PATH, ld.so.cache)", ndirs ? " and " : " ");
   fprintf(stderr, "\n");
 }
 
@@ -77,7 +78,7 @@ static int version_of(struct Library* lib, void* h) {
     snprintf(lib->version, sizeof lib->version, "%d.%d.%d", v[0], v[1], v[2]);
   } else if (strcmp(lib->name, "cublasLt") == 0) {
     /* cublasLtGetVersion(): MAJOR * 10000 + MINOR * 100 + PATCH. */
-    size_t (*get)(void) = (size_t (*)(void))dlsym(h, "cublasLtGetVersion");
+    size_t (*get)(void) = (size_t(*)(void))dlsym(h, "cublasLtGetVersion");
     if (!get) return 1;
     size_t v = get();
     snprintf(lib->version, sizeof lib->version, "%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
@@ -150,8 +151,9 @@ int main(int argc, char** argv) {
         return kMissing;
       }
     } else if (strcmp(argv[i], "--help") == 0) {
-      printf("usage: gpu_libs [--expect NAME=VERSION]... [--only-dirs] [DIR...]\n"
-             "       gpu_libs --devices [DIR...]\n");
+      printf(
+          "usage: gpu_libs [--expect NAME=VERSION]... [--only-dirs] [DIR...]\n"
+          "       gpu_libs --devices [DIR...]\n");
       return 0;
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "gpu_libs: unknown option %s (see --help)\n", argv[i]);
@@ -190,8 +192,9 @@ int main(int argc, char** argv) {
     }
   }
   if (status != 0) {
-    fprintf(stderr, "gpu_libs: cuBLAS, cuBLASLt and NCCL must come from this machine: the CUDA toolkit's lib64 or "
-                    "pip's nvidia-cublas and nvidia-nccl-cu13 (nvidia/*/lib); set NDMINI_GPU_LIB_PATH to their folder\n");
+    fprintf(stderr,
+            "gpu_libs: cuBLAS, cuBLASLt and NCCL must come from this machine: the CUDA toolkit's lib64 or "
+            "pip's nvidia-cublas and nvidia-nccl-cu13 (nvidia/*/lib); set NDMINI_GPU_LIB_PATH to their folder\n");
   }
   return status;
 }
