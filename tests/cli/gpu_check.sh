@@ -120,6 +120,14 @@ case "$1" in
     grep -qx "status=failed_libraries" out2/figures.env || fail "figures.env lacks status=failed_libraries"
     sed -i 's/^BUNDLE_NCCL=.*/BUNDLE_NCCL=2.28.9/' "$b/manifest.env"
 
+    # A glibc older than the bundle needs: exit 2, naming both.
+    sed -i 's/^BUNDLE_GLIBC_REQUIRED=.*/BUNDLE_GLIBC_REQUIRED=99.1/' "$b/manifest.env"
+    rc=0
+    NDMINI_CHECK_NO_GPU=1 "$check" --bundle "$b" out4 >out.txt 2>&1 || rc=$?
+    [ "$rc" -eq 2 ] && grep -q "the bundle needs 99.1 or later" out4/summary.md ||
+      fail "an old glibc: expected exit 2 naming the version needed, got $rc: $(cat out.txt)"
+    sed -i 's/^BUNDLE_GLIBC_REQUIRED=.*/BUNDLE_GLIBC_REQUIRED=2.17/' "$b/manifest.env"
+
     # A bundled library missing (the compressed one removed): exit 2, naming the program and the library.
     rm "$b/lib/libndmini_fake.so.1.zst"
     rc=0
