@@ -10,7 +10,9 @@
 # Environment: KOKKOS_ARCH (Kokkos_ARCH_* name, default HOPPER90), CUDA_SM (default sm_90,
 #   nvcc_wrapper's default architecture, for CUDA 13, which dropped sm_70), CXX (host
 #   compiler, default g++), JOBS (default: all cores), KK_ETI (ON: pre-instantiate Kokkos Kernels
-#   for float; default OFF). CUDA 13 needs Kokkos 4.7.1 or later.
+#   for float; default OFF), BUILD_DIR (ndmini's build tree, default build-cuda in this checkout),
+#   TARGETS (space-separated targets to build, default all), NDMINI_CMAKE_ARGS (more -D options for
+#   ndmini's configure). CUDA 13 needs Kokkos 4.7.1 or later (or 4.6.99 with the local CUDA 13 patch).
 set -euo pipefail
 
 if [ $# -lt 2 ] || [ ! -f "$1/CMakeLists.txt" ] || [ ! -f "$2/CMakeLists.txt" ]; then
@@ -59,6 +61,10 @@ if [ ! -d "$prefix/kokkos-kernels/include" ]; then
 fi
 
 cd "$repo"
-run cmake --preset cuda -DKokkos_ROOT="$prefix/kokkos" -DKokkosKernels_ROOT="$prefix/kokkos-kernels"
-run cmake --build --preset cuda -j "$jobs"
-echo "ndmini (CUDA, Kokkos_ARCH_${arch}) built in $repo/build-cuda; on a GPU node: ctest --preset cuda"
+build_dir=${BUILD_DIR:-$repo/build-cuda}
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+# shellcheck disable=SC2086  # NDMINI_CMAKE_ARGS is a list of options
+run cmake --preset cuda -B "$build_dir" -DKokkos_ROOT="$prefix/kokkos" -DKokkosKernels_ROOT="$prefix/kokkos-kernels" ${NDMINI_CMAKE_ARGS:-}
+run cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
+echo "ndmini (CUDA, Kokkos_ARCH_${arch}) built in $build_dir; on a GPU node: ctest --test-dir $build_dir -L gpu"

@@ -12,6 +12,15 @@
 # the metrics files of each run and logs/ (one log per stage).
 #
 # Usage: bench/gpu/check.sh OUTDIR [options]
+#        bench/gpu/check.sh --bundle DIR OUTDIR [--steps N] [--budget SECONDS] [--bf16-peak-tflops X]
+#   --bundle DIR          a bare GPU machine: nothing is built; everything comes from DIR, made by
+#                         bench/gpu/bundle.sh (its libraries first on the library path; cuBLAS,
+#                         cuBLASLt and NCCL from the CUDA toolkit's lib64, pip's nvidia/*/lib or
+#                         NDMINI_GPU_LIB_PATH). In order: the library check (exit 2 when one is
+#                         missing), the GPU (exit 77 when there is none), test_cublas, the tiny deck
+#                         against DIR's CPU losses, gpt2-124m T = 1024 fp32 and bf16, test_nccl on one
+#                         rank (every NCCL collective), test_comm on one rank (MPI on device memory).
+#                         Budget 420 s by default; OUTDIR gets summary.md, figures.env, logs.tar.gz.
 #   --build-dir DIR       the `cuda` build tree (default: build-cuda in this checkout); used as it is
 #                         when it holds miniapp/ndmini, else configured and built from --kokkos-prefix
 #   --kokkos-prefix DIR   where Kokkos and Kokkos Kernels for CUDA are installed (DIR/kokkos,
@@ -26,9 +35,15 @@
 #   --dry-run             print the plan and every command; run nothing
 #   --compare-losses GPU.jsonl CPU.jsonl [TOL]
 #                         only compare two metrics files, step by step (exit 0 within TOL, default 1e-5)
-# Exit status: 0 every check passed; 1 a check failed; 2 bad usage; 77 no NVIDIA GPU on this
-# machine (nothing checked; NDMINI_CHECK_NO_GPU=1 takes this path anywhere).
+# Exit status: 0 every check passed; 1 a check failed; 2 bad usage, or (--bundle) a library the
+# bundle needs is missing here; 77 no NVIDIA GPU on this machine (nothing checked;
+# NDMINI_CHECK_NO_GPU=1 takes this path anywhere).
 set -euo pipefail
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  # The comment at the head of this file, less its licence line.
+  sed -n '3,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 readonly kSkip=77
@@ -39,6 +54,7 @@ die_usage() {
   echo "check.sh: $*" >&2
   echo "usage: bench/gpu/check.sh OUTDIR [--build-dir DIR] [--kokkos-prefix DIR] [--kokkos-src DIR --kernels-src DIR]" >&2
   echo "       [--cpu-build DIR] [--steps N] [--budget SECONDS] [--bf16-peak-tflops X] [--dry-run]" >&2
+  echo "       bench/gpu/check.sh --bundle DIR OUTDIR [--steps N] [--budget SECONDS] [--bf16-peak-tflops X]" >&2
   echo "       bench/gpu/check.sh --compare-losses GPU.jsonl CPU.jsonl [TOL]" >&2
   exit 2
 }
@@ -70,6 +86,14 @@ if [ "${1:-}" = "--compare-losses" ]; then
 fi
 
 # ---- arguments ----------------------------------------------------------------------------
+bundle="" budget=600 gpt2_limit=200
+if [ "${1:-}" = "--bundle" ]; then
+  [ $# -ge 3 ] || die_usage "--bundle needs DIR OUTDIR"
+  [ -f "$2/manifest.env" ] || die_usage "$2 is not a bundle (no manifest.env; bench/gpu/bundle.sh makes one)"
+  bundle=$(cd "$2" && pwd)
+  budget=420 gpt2_limit=120
+  shift 2
+fi
 [ $# -ge 1 ] || die_usage "OUTDIR is missing"
 case "$1" in -*) die_usage "the first argument is OUTDIR, not an option ($1)" ;; esac
 out=$1
@@ -77,8 +101,12 @@ shift
 build_dir=$repo/build-cuda
 cpu_build=$repo/build
 kokkos_prefix="" kokkos_src="" kernels_src=""
-steps=8 budget=600 bf16_peak_tflops="" dry_run=0
+steps=8 bf16_peak_tflops="" dry_run=0
 while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir | --kokkos-prefix | --kokkos-src | --kernels-src | --cpu-build | --dry-run)
+      [ -z "$bundle" ] || die_usage "$1 does not go with --bundle (nothing is built there)" ;;
+  esac
   case "$1" in
     --build-dir | --kokkos-prefix | --kokkos-src | --kernels-src | --cpu-build | --steps | --budget | --bf16-peak-tflops)
       [ $# -ge 2 ] || die_usage "$1 needs a value"
@@ -112,18 +140,25 @@ fi
 
 mkdir -p "$out/logs" "$out/work"
 out=$(cd "$out" && pwd)
-build_dir=$(mkdir -p "$build_dir" && cd "$build_dir" && pwd)
+[ -n "$bundle" ] || build_dir=$(mkdir -p "$build_dir" && cd "$build_dir" && pwd)
+inputs=$repo/inputs
+[ -z "$bundle" ] || inputs=$bundle/inputs
 figures=$out/figures.env
 summary=$out/summary.md
 : >"$figures"
 start_s=$SECONDS
 failures=0
-cpu_build_pid="" mem_pid=""
-# Background helpers (the CPU build, the memory sampler) end with the script.
+cpu_build_pid="" mem_pid="" bundle_libs=""
+# Background helpers (the CPU build, the memory sampler) end with the script; with --bundle the
+# logs, metrics and work files become one tarball (also when a step fails or the GPU is missing).
 # shellcheck disable=SC2317  # called by the trap
 cleanup() {
   local pid
   for pid in $cpu_build_pid $mem_pid; do kill "$pid" 2>/dev/null || true; done
+  [ -z "$bundle_libs" ] || rm -rf "$bundle_libs"
+  if [ -n "$bundle" ] && [ -d "$out/logs" ]; then
+    (cd "$out" && mv ./*.jsonl ./*.csv logs/ 2>/dev/null; tar -czf logs.tar.gz logs && rm -rf logs work) || true
+  fi
 }
 trap cleanup EXIT
 
@@ -175,8 +210,212 @@ stage() {
 {
   echo "# ndmini GPU check"
   echo
-  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  if [ -n "$bundle" ]; then
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); bundle $(sed -n 's/^BUNDLE_COMMIT=//p' "$bundle/manifest.env") built $(sed -n 's/^BUNDLE_DATE=//p' "$bundle/manifest.env")"
+  else
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  fi
 } >"$summary"
+
+# gpt2_run PRECISION: a few steps in that precision; figures gpt2_PRECISION_*; MFU against the
+# peak the run calibrates in its own precision and against the GPU's dense bf16 peak.
+gpt2_run() {
+  local precision=$1 name=gpt2_t1024_$1
+  local gpt2=(train "$inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" --set "train.steps=$steps"
+    --set train.log_every=1 --set "train.precision=$precision" --set checkpoint.every=0)
+  local mem_log=$out/logs/gpu_memory_$precision.csv
+  if [ "$dry_run" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
+    # GPU memory in use, once a second, while the run lasts.
+    (while true; do
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1
+      sleep 1
+    done) >"$mem_log" &
+    mem_pid=$!
+  fi
+  stage "$name" "$gpt2_limit" "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" --metrics "$out/$name.jsonl" || true
+  if [ -n "$mem_pid" ]; then
+    kill "$mem_pid" 2>/dev/null || true
+    mem_pid=""
+  fi
+  [ "$dry_run" = 0 ] || return 0
+  local summary_line flops_per_token tokens_per_s mfu_bf16="" mem_max
+  summary_line=$(grep '"summary"' "$out/$name.jsonl" 2>/dev/null | tail -n 1 || true)
+  # field NAME: a number of the summary line.
+  field() { sed -nE "s/.*\"$1\":([-0-9.eE+]+).*/\1/p" <<<"$summary_line"; }
+  flops_per_token=$(sed -nE 's/^FLOPs per token +([0-9.eE+]+).*/\1/p' "$out/logs/gpt2_check.log" 2>/dev/null | head -n 1)
+  tokens_per_s=$(field tokens_per_s)
+  if [ -z "$summary_line" ] || [ -z "$tokens_per_s" ]; then
+    note "gpt2-124m T=$kGpt2SeqLen $precision: no summary line in $name.jsonl (logs/$name.log)"
+    failures=$((failures + 1))
+    return 0
+  fi
+  figure "gpt2_${precision}_tokens_per_s" "$tokens_per_s"
+  figure "gpt2_${precision}_median_step_ms" "$(field median_step_ms)"
+  figure "gpt2_${precision}_mfu_vs_measured_peak" "$(field mfu)"
+  figure "gpt2_${precision}_measured_peak_flops" "$(field peak_flops)"
+  figure "gpt2_${precision}_final_loss" "$(field final_loss)"
+  figure gpt2_flops_per_token "$flops_per_token"
+  if [ -n "$bf16_peak_tflops" ] && [ -n "$flops_per_token" ]; then
+    mfu_bf16=$(awk -v f="$flops_per_token" -v t="$tokens_per_s" -v p="$bf16_peak_tflops" \
+      'BEGIN { printf "%.4f", f * t / (p * 1e12) }')
+    figure gpt2_bf16_dense_peak_tflops "$bf16_peak_tflops"
+    figure "gpt2_${precision}_mfu_vs_bf16_dense_peak" "$mfu_bf16"
+  fi
+  mem_max=$(sort -n "$mem_log" 2>/dev/null | tail -n 1)
+  [ -z "$mem_max" ] || figure "gpt2_${precision}_gpu_memory_used_max_mib" "$mem_max"
+  note "gpt2-124m T=$kGpt2SeqLen $precision: $tokens_per_s tokens/s, median step $(field median_step_ms) ms," \
+    "MFU $(field mfu) of the measured $precision GEMM peak$([ -z "$mfu_bf16" ] || echo ", $mfu_bf16 of the ${bf16_peak_tflops} TFLOP/s dense bf16 peak")," \
+    "GPU memory up to ${mem_max:-?} MiB"
+}
+
+# ---- --bundle: a bare GPU machine, everything from the bundle ---------------------------------------
+# gpu_lib_dirs: the folders that may hold cuBLAS, cuBLASLt and NCCL here, in the order searched:
+# NDMINI_GPU_LIB_PATH, the CUDA toolkit, then pip's nvidia-* wheels wherever a Python keeps them.
+gpu_lib_dirs() {
+  local d lib
+  local -a candidates=()
+  IFS=: read -r -a candidates <<<"${NDMINI_GPU_LIB_PATH:-}"
+  candidates+=("${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
+  local -a sites=(/usr/local/lib/python3*/dist-packages /usr/local/lib/python3*/site-packages
+    /usr/lib/python3/dist-packages /opt/conda/lib/python3*/site-packages "$HOME"/.local/lib/python3*/site-packages)
+  if command -v python3 >/dev/null 2>&1; then
+    while read -r d; do sites+=("$d"); done < <(timeout 20 python3 -c \
+      'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null || true)
+  fi
+  for d in "${sites[@]}"; do candidates+=("$d"/nvidia/*/lib); done
+  for d in "${candidates[@]}"; do
+    [ -n "$d" ] || continue
+    for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+      if [ -e "$d/$lib" ]; then
+        readlink -f "$d"
+        break
+      fi
+    done
+  done | awk '!seen[$0]++'
+}
+
+if [ -n "$bundle" ]; then
+  # shellcheck disable=SC1091
+  . "$bundle/manifest.env"
+  # The libraries: the bundle's (the compressed ones unpacked outside it), then the machine's GPU libraries.
+  bundle_libs=$(mktemp -d "${TMPDIR:-/tmp}/ndmini-bundle-lib.XXXXXX")
+  for f in "$bundle"/lib/*.zst; do
+    [ -f "$f" ] || continue
+    target=$bundle_libs/$(basename "$f" .zst)
+    if [ -x "$bundle/bin/zstd" ] && LD_LIBRARY_PATH=$bundle/lib "$bundle/bin/zstd" -q -d -c "$f" >"$target" 2>/dev/null; then
+      :
+    elif command -v zstd >/dev/null 2>&1; then
+      zstd -q -d -c "$f" >"$target"
+    else
+      note "library check FAILED: no zstd to unpack $(basename "$f")"
+      figure status failed_libraries
+      exit 2
+    fi
+  done
+  mapfile -t gpu_dirs < <(gpu_lib_dirs)
+  lib_path=$bundle_libs:$bundle/lib
+  for d in "${gpu_dirs[@]}"; do lib_path=$lib_path:$d; done
+  export LD_LIBRARY_PATH=$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$bundle/bin:$PATH
+  note "bundle: $bundle ($(du -sh "$bundle" | cut -f1)); GPU library folders found: ${gpu_dirs[*]:-none}"
+
+  # 1. The libraries: glibc, then cuBLAS/cuBLASLt/NCCL against what the bundle was built with, then
+  # every bundled binary's libraries (only the driver, libcuda, may be missing: that is the GPU step's).
+  glibc_here=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+  figure glibc "$glibc_here"
+  if [ -n "$BUNDLE_GLIBC_REQUIRED" ] && [ -n "$glibc_here" ] &&
+    [ "$(printf '%s\n%s\n' "$BUNDLE_GLIBC_REQUIRED" "$glibc_here" | sort -V | head -n 1)" != "$BUNDLE_GLIBC_REQUIRED" ]; then
+    note "library check FAILED: this glibc is $glibc_here, the bundle needs $BUNDLE_GLIBC_REQUIRED or later"
+    figure status failed_libraries
+    exit 2
+  fi
+  lib_rc=0
+  "$bundle/bin/gpu_libs" --expect "cublas=$BUNDLE_CUBLAS" --expect "cublasLt=$BUNDLE_CUBLASLT" \
+    --expect "nccl=$BUNDLE_NCCL" "${gpu_dirs[@]}" >"$out/logs/gpu_libs.log" 2>&1 || lib_rc=$?
+  cat "$out/logs/gpu_libs.log"
+  sed -n 's/^gpu_libs: \([a-zA-Z]*\) *\([0-9.]*\) .*/\1_version=\2/p' "$out/logs/gpu_libs.log" >>"$figures"
+  missing=$(for f in "$bundle"/bin/*; do ldd "$f" 2>/dev/null | awk -v f="$(basename "$f")" '/not found/ { print f ": " $1 }'; done |
+    grep -v ': libcuda\.so' || true)
+  if [ "$lib_rc" -ne 0 ] || [ -n "$missing" ]; then
+    why=$(grep -h 'not found\|DIFFERS\|failed' "$out/logs/gpu_libs.log" | sed 's/^gpu_libs: //' | tr -s ' ' | tr '\n' ';' || true)
+    [ -z "$missing" ] || why="${why:+$why }ldd: $(tr '\n' ';' <<<"$missing")"
+    note "library check FAILED: ${why%;} (logs/gpu_libs.log)"
+    figure status failed_libraries
+    exit 2
+  fi
+  note "library check passed: cuBLAS, cuBLASLt, NCCL found (built with $BUNDLE_CUBLAS, $BUNDLE_CUBLASLT, $BUNDLE_NCCL); every bundled binary's libraries resolve (glibc $glibc_here, needs $BUNDLE_GLIBC_REQUIRED)"
+  figure library_check pass
+
+  # 2. The GPU: nvidia-smi where there is one, else the CUDA runtime's device count.
+  gpu_name=""
+  if [ "${NDMINI_CHECK_NO_GPU:-0}" = 1 ]; then
+    note "no NVIDIA GPU on this machine (NDMINI_CHECK_NO_GPU=1): nothing checked"
+    figure status skipped_no_gpu
+    exit "$kSkip"
+  fi
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    gpu_name=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+    timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv \
+      >"$out/gpu.csv" 2>&1 || true
+  fi
+  if [ -z "$gpu_name" ]; then
+    dev_rc=0
+    "$bundle/bin/gpu_libs" --devices >"$out/logs/gpu_devices.log" 2>&1 || dev_rc=$?
+    if [ "$dev_rc" -eq 0 ]; then
+      gpu_name="CUDA device (nvidia-smi gives no name)"
+    else
+      note "no NVIDIA GPU on this machine (nvidia-smi finds none; $(tail -n 1 "$out/logs/gpu_devices.log")): nothing checked"
+      figure status skipped_no_gpu
+      exit "$kSkip"
+    fi
+  fi
+  note "GPU: $gpu_name"
+  figure gpu "\"$gpu_name\""
+  case "$gpu_name" in *H100*SXM* | *H100\ 80GB\ HBM3* | *H200*) : "${bf16_peak_tflops:=989.4}" ;; esac
+
+  # 3. The runs, in the order of what matters most if the time runs out.
+  ndmini_gpu=$bundle/bin/ndmini
+  launch=("$bundle/bin/mpiexec.hydra" -launcher fork -n 1)
+  # shellcheck disable=SC2016  # expanded by the inner bash
+  in_work=(bash -c 'cd "$1" && shift && "$@"' _ "$out/work")
+  stage test_cublas 60 "$bundle/bin/test_cublas" || true
+  stage tiny_gpu 90 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" train "$inputs/tiny.toml" --set train.log_every=1 \
+    --set checkpoint.every=0 --metrics "$out/tiny_gpu.jsonl" || true
+  if compare_losses "$out/tiny_gpu.jsonl" "$bundle/cpu/tiny_cpu.jsonl" "$kLossTol" >"$out/logs/tiny_compare.log" 2>&1; then
+    figure tiny_losses_match pass
+    note "tiny deck, GPU vs the bundle's CPU losses: $(tail -n 1 "$out/logs/tiny_compare.log")"
+  else
+    figure tiny_losses_match fail
+    failures=$((failures + 1))
+    note "tiny deck, GPU vs the bundle's CPU losses DIFFER: $(tail -n 1 "$out/logs/tiny_compare.log") (logs/tiny_compare.log)"
+  fi
+  figure tiny_worst_rel_diff "$(sed -nE 's/.*worst relative difference ([^ ]+).*/\1/p' "$out/logs/tiny_compare.log")"
+  stage gpt2_check 30 "$ndmini_gpu" check "$inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" || true
+  figure gpt2_seq_len "$kGpt2SeqLen"
+  gpt2_run fp32
+  gpt2_run bf16
+  # Every collective the code issues on NCCL (all-reduce, all-gather, reduce-scatter, broadcast,
+  # send/recv, the grouped p2p of the cp ring, bf16 sums), on one rank, world and split communicators.
+  stage test_nccl_np1 90 env NDMINI_NCCL_TIMEOUT_S=60 "${launch[@]}" "$bundle/bin/test_nccl" || true
+  # MPI on device memory, on the path ndmini chooses for this MPI (direct or staged through pinned memory).
+  stage test_comm_np1 90 env OPENBLAS_NUM_THREADS=1 "${launch[@]}" "$bundle/bin/test_comm" || true
+  mpi_path=$(grep -ho 'MPI on device buffers: [^(;]*' "$out/logs/test_comm_np1.log" "$out/logs/tiny_gpu.log" 2>/dev/null | head -n 1 || true)
+  [ -z "$mpi_path" ] || { note "$mpi_path"; figure mpi_device_path "\"$mpi_path\""; }
+  for name in test_cublas test_nccl_np1 test_comm_np1; do
+    line=$(grep -E '^\[  (PASSED|FAILED) +\]|tests? ran' "$out/logs/$name.log" 2>/dev/null | tr '\n' ' ' || true)
+    [ -z "$line" ] || figure "${name}_gtest" "\"$line\""
+  done
+
+  figure check_s $((SECONDS - start_s))
+  if [ "$failures" -eq 0 ]; then
+    figure status pass
+    note "every check passed in $((SECONDS - start_s)) s"
+    exit 0
+  fi
+  figure status fail
+  note "$failures check(s) failed in $((SECONDS - start_s)) s; logs in logs.tar.gz"
+  exit 1
+fi
 
 # ---- the GPU ------------------------------------------------------------------------------
 gpu_name=""
@@ -264,7 +503,7 @@ stage ctest_unit 300 ctest --test-dir "$build_dir" -L unit -LE large -j 4 --outp
 [ "$dry_run" = 1 ] || ctest_counts "$out/logs/ctest_unit.log" ctest_unit
 
 # ---- the tiny deck: GPU against CPU -------------------------------------------------------------
-tiny=(train "$repo/inputs/tiny.toml" --set train.log_every=1 --set checkpoint.every=0)
+tiny=(train "$inputs/tiny.toml" --set train.log_every=1 --set checkpoint.every=0)
 # in_work CMD...: CMD run from work/ (runs may write files where they start).
 # shellcheck disable=SC2016  # expanded by the inner bash
 in_work=(bash -c 'cd "$1" && shift && "$@"' _ "$out/work")
@@ -295,58 +534,8 @@ fi
 [ "$dry_run" = 1 ] || figure tiny_worst_rel_diff "$(sed -nE 's/.*worst relative difference ([^ ]+).*/\1/p' "$out/logs/tiny_compare.log")"
 
 # ---- gpt2-124m at T = 1024, fp32 then bf16 ----------------------------------------------------------
-stage gpt2_check 60 "$ndmini_gpu" check "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" || true
+stage gpt2_check 60 "$ndmini_gpu" check "$inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" || true
 figure gpt2_seq_len "$kGpt2SeqLen"
-# gpt2_run PRECISION: a few steps in that precision; figures gpt2_PRECISION_*; MFU against the
-# peak the run calibrates in its own precision and against the GPU's dense bf16 peak.
-gpt2_run() {
-  local precision=$1 name=gpt2_t1024_$1
-  local gpt2=(train "$repo/inputs/gpt2-124m.toml" --set "model.seq_len=$kGpt2SeqLen" --set "train.steps=$steps"
-    --set train.log_every=1 --set "train.precision=$precision" --set checkpoint.every=0)
-  local mem_log=$out/logs/gpu_memory_$precision.csv
-  if [ "$dry_run" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
-    # GPU memory in use, once a second, while the run lasts.
-    (while true; do
-      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1
-      sleep 1
-    done) >"$mem_log" &
-    mem_pid=$!
-  fi
-  stage "$name" 200 "${in_work[@]}" "${launch[@]}" "$ndmini_gpu" "${gpt2[@]}" --metrics "$out/$name.jsonl" || true
-  if [ -n "$mem_pid" ]; then
-    kill "$mem_pid" 2>/dev/null || true
-    mem_pid=""
-  fi
-  [ "$dry_run" = 0 ] || return 0
-  local summary_line flops_per_token tokens_per_s mfu_bf16="" mem_max
-  summary_line=$(grep '"summary"' "$out/$name.jsonl" 2>/dev/null | tail -n 1 || true)
-  # field NAME: a number of the summary line.
-  field() { sed -nE "s/.*\"$1\":([-0-9.eE+]+).*/\1/p" <<<"$summary_line"; }
-  flops_per_token=$(sed -nE 's/^FLOPs per token +([0-9.eE+]+).*/\1/p' "$out/logs/gpt2_check.log" 2>/dev/null | head -n 1)
-  tokens_per_s=$(field tokens_per_s)
-  if [ -z "$summary_line" ] || [ -z "$tokens_per_s" ]; then
-    note "gpt2-124m T=$kGpt2SeqLen $precision: no summary line in $name.jsonl (logs/$name.log)"
-    failures=$((failures + 1))
-    return 0
-  fi
-  figure "gpt2_${precision}_tokens_per_s" "$tokens_per_s"
-  figure "gpt2_${precision}_median_step_ms" "$(field median_step_ms)"
-  figure "gpt2_${precision}_mfu_vs_measured_peak" "$(field mfu)"
-  figure "gpt2_${precision}_measured_peak_flops" "$(field peak_flops)"
-  figure "gpt2_${precision}_final_loss" "$(field final_loss)"
-  figure gpt2_flops_per_token "$flops_per_token"
-  if [ -n "$bf16_peak_tflops" ] && [ -n "$flops_per_token" ]; then
-    mfu_bf16=$(awk -v f="$flops_per_token" -v t="$tokens_per_s" -v p="$bf16_peak_tflops" \
-      'BEGIN { printf "%.4f", f * t / (p * 1e12) }')
-    figure gpt2_bf16_dense_peak_tflops "$bf16_peak_tflops"
-    figure "gpt2_${precision}_mfu_vs_bf16_dense_peak" "$mfu_bf16"
-  fi
-  mem_max=$(sort -n "$mem_log" 2>/dev/null | tail -n 1)
-  [ -z "$mem_max" ] || figure "gpt2_${precision}_gpu_memory_used_max_mib" "$mem_max"
-  note "gpt2-124m T=$kGpt2SeqLen $precision: $tokens_per_s tokens/s, median step $(field median_step_ms) ms," \
-    "MFU $(field mfu) of the measured $precision GEMM peak$([ -z "$mfu_bf16" ] || echo ", $mfu_bf16 of the ${bf16_peak_tflops} TFLOP/s dense bf16 peak")," \
-    "GPU memory up to ${mem_max:-?} MiB"
-}
 gpt2_run fp32
 gpt2_run bf16
 
