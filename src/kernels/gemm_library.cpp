@@ -173,6 +173,13 @@ std::vector<GemmLibrary> gemm_libraries(bool bf16) {
 #endif
 }
 
+bool bf16_products_emulated() { return gemm_libraries(true).front() == GemmLibrary::blas; }
+
+std::size_t emulated_linear_floats(std::size_t rows, std::size_t in, std::size_t out) {
+  // y = x W^T: x [rows, in], W [out, in]; dx = dy W: dy [rows, out]; dW = dy^T x.
+  return std::max({rows * in + out * in, rows * out + out * in, rows * out + rows * in});
+}
+
 void set_gemm_library(GemmClass cls, GemmLibrary library) {
   const std::vector<GemmLibrary> libs = gemm_libraries(false);
   bool available = false;
