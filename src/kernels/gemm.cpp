@@ -6,7 +6,8 @@
 // calls KokkosBlas::gemm (BLAS on the host), or oneDNN's matmul for the
 // classes of products use_onednn_fp32 below sends there in a build with oneDNN.
 // bf16 products (gemm_bf16*) go to cuBLAS (CUDA_R_16BF, fp32 accumulation)
-// or oneDNN, or are emulated through the fp32 route.
+// or oneDNN, or are emulated through the fp32 route (no oneDNN in the build,
+// or none of its bf16 products on this CPU).
 #include <string>
 #include <type_traits>
 
@@ -219,15 +220,15 @@ ConstSlice2D ones_row(std::size_t n) {
 
 // ---- bf16 products ----------------------------------------------------------
 
-#if !defined(NDMINI_HAVE_ONEDNN) && !defined(NDMINI_GEMM_CUBLAS)
+#if !defined(NDMINI_GEMM_CUBLAS)
 // The elements a strided batch of `count` matrices spans.
 template <class V>
 std::size_t batch_span(const V& x, std::size_t stride, int count) {
   return count > 0 ? (count - 1) * stride + x.span() : 0;
 }
 
-// Emulation without oneDNN: widen bf16 to fp32 (exact), multiply with the
-// fp32 route, which accumulates in fp32 as oneDNN and cuBLAS do.
+// Emulation where oneDNN has no bf16 product: widen bf16 to fp32 (exact),
+// multiply with the fp32 route, which accumulates in fp32 as oneDNN and cuBLAS do.
 View1D widened(const bf16* x, std::size_t n) {
   View1D w = uninitialized("ndmini::bf16_widened", n);
   real* wp = w.data();
@@ -243,7 +244,6 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
                   GemmClass cls) {
   check_shapes(transa, transb, a, b, c);
   if (count <= 0) return;
-  (void)cls;  // one bf16 library per build; the class picks the fp32 route of the emulation
   constexpr bool bf16_out = std::is_same_v<typename CView::non_const_value_type, bf16>;
 #if defined(NDMINI_GEMM_CUBLAS)
   release_handle_at_finalize();
@@ -252,14 +252,20 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
                static_cast<int>(c.extent(1)), k, alpha, cublas::Type::bf16, operand(a, stride_a), operand(b, stride_b),
                beta, bf16_out ? cublas::Type::bf16 : cublas::Type::f32, c.data(), static_cast<int>(c.stride(0)),
                static_cast<long long>(stride_c), count);
-#elif defined(NDMINI_HAVE_ONEDNN)  // never with cuBLAS: the build links oneDNN for host memory only
-  const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
-  use_rank_threads();
-  onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)), k, alpha,
-               onednn::Type::bf16, operand(a.data(), a.stride(0), stride_a), operand(b.data(), b.stride(0), stride_b),
-               beta, bf16_out ? onednn::Type::bf16 : onednn::Type::f32,
-               {c.data(), static_cast<int>(c.stride(0)), static_cast<long long>(stride_c)}, count);
+  (void)cls;
 #else
+#if defined(NDMINI_HAVE_ONEDNN)  // never with cuBLAS: the build links oneDNN for host memory only
+  if (gemm_library(cls, true) == GemmLibrary::onednn) {
+    const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
+    use_rank_threads();
+    onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)), k, alpha,
+                 onednn::Type::bf16, operand(a.data(), a.stride(0), stride_a),
+                 operand(b.data(), b.stride(0), stride_b), beta, bf16_out ? onednn::Type::bf16 : onednn::Type::f32,
+                 {c.data(), static_cast<int>(c.stride(0)), static_cast<long long>(stride_c)}, count);
+    return;
+  }
+#endif
+  // The class picks the fp32 route of the emulation.
   const View1D wa = widened(a.data(), batch_span(a, stride_a, count));
   const View1D wb = widened(b.data(), batch_span(b, stride_b, count));
   const ConstSlice2D fa(wa.data(), a.extent(0), a.extent(1)), fb(wb.data(), b.extent(0), b.extent(1));

@@ -78,11 +78,12 @@ bool host_products_on_one_thread(bool bf16) {
   if constexpr (kDeviceMemory) return false;
   if (bf16) {
 #ifdef NDMINI_HAVE_ONEDNN
-    use_rank_threads();
-    return Kokkos::DefaultHostExecutionSpace().concurrency() == 1;
-#else
-    return false;  // emulated through the fp32 route, with a widening pass on Kokkos' threads
+    if (onednn::has_bf16()) {
+      use_rank_threads();
+      return Kokkos::DefaultHostExecutionSpace().concurrency() == 1;
+    }
 #endif
+    return false;  // emulated through the fp32 route, with a widening pass on Kokkos' threads
   }
 #ifdef NDMINI_HOST_PANELS
   return Kokkos::DefaultHostExecutionSpace().concurrency() == 1;  // panels on Kokkos' threads
@@ -116,6 +117,7 @@ std::string describe_gemm_libraries() {
 #ifdef NDMINI_HAVE_ONEDNN
   use_rank_threads();
   s += " | " + onednn::describe();
+  if (!onednn::has_bf16()) s += " (no bf16 products on this CPU: bf16 emulated through the fp32 route)";
 #else
   s += " | no oneDNN: bf16 emulated through fp32 BLAS";
 #endif
@@ -161,12 +163,21 @@ const char* name_of(GemmClass cls) { return cls == GemmClass::linear ? "linear" 
 std::vector<GemmLibrary> gemm_libraries(bool bf16) {
   if constexpr (kDeviceMemory) return {GemmLibrary::cublas};
 #ifdef NDMINI_HAVE_ONEDNN
-  if (bf16) return {GemmLibrary::onednn};
+  // Without oneDNN's bf16 products (an AVX2 CPU) bf16 is widened and run
+  // through the fp32 route, BLAS by default: named "BLAS" here.
+  if (bf16) return {onednn::has_bf16() ? GemmLibrary::onednn : GemmLibrary::blas};
   return {GemmLibrary::blas, GemmLibrary::onednn};
 #else
   (void)bf16;
   return {GemmLibrary::blas};
 #endif
+}
+
+bool bf16_products_emulated() { return gemm_libraries(true).front() == GemmLibrary::blas; }
+
+std::size_t emulated_linear_floats(std::size_t rows, std::size_t in, std::size_t out) {
+  // y = x W^T: x [rows, in], W [out, in]; dx = dy W: dy [rows, out]; dW = dy^T x.
+  return std::max({rows * in + out * in, rows * out + out * in, rows * out + rows * in});
 }
 
 void set_gemm_library(GemmClass cls, GemmLibrary library) {

@@ -177,6 +177,20 @@ std::string describe() {
          ", ISA " + name + threads;
 }
 
+bool has_bf16() {
+  static const bool available = [] {
+    std::uint16_t a[16 * 16] = {}, b[16 * 16] = {};  // bf16 zeros
+    float c[16 * 16];
+    try {
+      gemm('N', 'N', 16, 16, 16, 1.0f, Type::bf16, {a, 16, 0}, {b, 16, 0}, 0.0f, Type::f32, {c, 16, 0}, 1);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
 void use_threads(int threads) {
   g_threads.store(threads, std::memory_order_relaxed);
   apply_threads();

@@ -45,6 +45,10 @@ struct Output {
 const std::string& gemm(char transa, char transb, int m, int n, int k, float alpha, Type in, Operand a, Operand b,
                         float beta, Type out, Output c, int count);
 
+// Whether oneDNN has a bf16 matrix product on this CPU (it needs AVX-512 at
+// least; an AVX2 machine has none): one 16 x 16 product tried once per process.
+bool has_bf16();
+
 // oneDNN's version, the instruction set it dispatches to on this CPU and,
 // with its OpenMP runtime, its threads: "oneDNN 2.6.3, ISA avx512_core_bf16,
 // 1 thread (OpenMP)".

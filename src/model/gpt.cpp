@@ -3,11 +3,13 @@
 // forward and a backward over given parameters and activations.
 #include "model/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "kernels/gemm_library.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ndmini {
@@ -76,6 +78,15 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   // (kernels/gemm.cpp), as long as the most rows: N.
   b.layers_bytes = TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() + N * sizeof(real) +
                    ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
+  // bf16 emulated through the fp32 route (no bf16 products on this CPU):
+  // the widened operands of the largest Linear product, allocated per product.
+  if (block.bf16 && kernels::bf16_products_emulated()) {
+    const std::size_t Cl = C / tp, Q = block.qkv() / N, F = block.hidden() / N;
+    std::size_t floats = std::max({kernels::emulated_linear_floats(N, C, Q), kernels::emulated_linear_floats(N, Cl, C),
+                                   kernels::emulated_linear_floats(N, C, F), kernels::emulated_linear_floats(N, F, C)});
+    if (has_head) floats = std::max(floats, kernels::emulated_linear_floats(N, C, m.vocab / tp));
+    b.layers_bytes += floats * sizeof(real);
+  }
   b.positions = Nr;
   if (has_head) {
     b.lnf_stats = Nr;

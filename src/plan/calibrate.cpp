@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "core/types.hpp"
+#include "kernels/gemm_library.hpp"
 #include "kernels/kernels.hpp"
 #include "layers/context_parallel.hpp"
 #include "model/gpt.hpp"
@@ -599,11 +600,8 @@ Calibration calibrate_cluster(MPI_Comm world, const CalibrationLimits& limits,
   samples.large_call_ms = intra.large_call_ms;
   samples.peak_fp32 = spec.peak_tflops_fp32 * 1e12;  // as written
   samples.peak_bf16 = spec.peak_tflops_bf16 * 1e12;
-#if defined(NDMINI_HAVE_ONEDNN) || defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
-  samples.native_bf16 = true;
-#else
-  samples.native_bf16 = false;
-#endif
+  // Native: bf16 on a library of its own (oneDNN, cuBLAS), not widened through the fp32 route.
+  samples.native_bf16 = kernels::gemm_libraries(true).front() != kernels::GemmLibrary::blas;
   for (std::string& w : calibration_warnings(samples, limits)) result.warnings.push_back(std::move(w));
   result.text = cluster_toml(
       spec,
