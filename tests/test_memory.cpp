@@ -37,7 +37,8 @@ using ndmini::test_support::train_tracked;
 
 namespace {
 
-// The tiny deck as the equivalence suite runs it, for 3 steps with the
+// The tiny deck as the equivalence suite runs it (its global batch cut to a
+// few micro-batches per rank: few_micro_batches), for 3 steps with the
 // validation loss at steps 0 and 2 (no GEMM calibration: its matrices are no training buffer).
 // precision "bf16-reduce": bf16 with comm.reduce_dtype = "bf16" (the bf16 copies gradient reductions take).
 Config deck(const Layout& layout, const std::string& precision) {
@@ -52,7 +53,9 @@ Config deck(const Layout& layout, const std::string& precision) {
                                   std::string("comm.reduce_dtype=") + (reduce ? "bf16" : "fp32")};
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
-  return load_config(std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", all);
+  const std::string tiny = std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml";
+  all.push_back(few_micro_batches(tiny, all, layout.ranks));
+  return load_config(tiny, all);
 }
 
 }  // namespace

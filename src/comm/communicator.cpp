@@ -91,10 +91,16 @@ void CommRequest::Impl::wait() {
     // The deadline counts from the start of the wait: a request issued early
     // and waited for late is not a hang.
     const detail::WaitScope scope(ledger_index);
-    if (scope.polls()) {
+    // On a node of more threads than cores, a rank spinning in MPI_Wait holds
+    // a core the rank it waits for needs: test and sleep instead (ledger.hpp).
+    const bool nap = moved_by_mpi() && detail::waits_share_cores();
+    if (scope.polls() || nap) {
       while (!test_backend()) {
         scope.poll([&] { abort_backend(); });  // does not return once the deadline passed
-        if (yield_while_polling()) std::this_thread::yield();
+        if (nap)
+          std::this_thread::sleep_for(detail::kSharedCoreNap);
+        else if (yield_while_polling())
+          std::this_thread::yield();
       }
     } else {
       wait_backend();  // the watchdog's monitor thread keeps the deadline

@@ -3,6 +3,9 @@
 // (see ledger.hpp for the protocol).
 #include "comm/ledger.hpp"
 
+#include <unistd.h>
+
+#include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -48,8 +51,9 @@ struct Watch {
   MPI_Comm diag = MPI_COMM_NULL;  // a duplicate of the world: diagnosis traffic never meets the job's
   int rank = 0, size = 1;
   double timeout_s = 0;
-  int peer_group = 0;      // ranks of one group issue the same collectives (set_peer_group)
-  Watch* outer = nullptr;  // the watchdog this one hides while alive (a train() inside a watched program)
+  int peer_group = 0;        // ranks of one group issue the same collectives (set_peer_group)
+  bool share_cores = false;  // waits_share_cores()
+  Watch* outer = nullptr;    // the watchdog this one hides while alive (a train() inside a watched program)
   // The monitor thread (MPI_THREAD_MULTIPLE only), stopped by the destructor.
   std::thread monitor;
   std::mutex mutex;
@@ -618,6 +622,11 @@ std::vector<LedgerEntry> ledger_entries() {
 
 bool watch_alive() { return g_watch.load() != nullptr; }
 
+bool waits_share_cores() {
+  const Watch* w = g_watch.load();
+  return w != nullptr && w->share_cores;
+}
+
 double watch_timeout_s() {
   const Watch* w = g_watch.load();
   return w != nullptr && !g_diagnosing ? w->timeout_s : 0.0;
@@ -669,6 +678,26 @@ void WaitScope::answer_alarm() const {
 
 }  // namespace detail
 
+namespace {
+// Collective over `world`: the ranks on this node (MPI_COMM_TYPE_SHARED)
+// times this rank's Kokkos host threads, against the node's online CPUs
+// (not this process's affinity mask: a launcher that binds each rank to a
+// core of its own does not oversubscribe).
+bool node_runs_more_threads_than_cores(MPI_Comm world) {
+  int rank = 0, local_ranks = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  if (node != MPI_COMM_NULL) {
+    MPI_Comm_size(node, &local_ranks);
+    MPI_Comm_free(&node);
+  }
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const long threads = static_cast<long>(local_ranks) * std::max(1, Kokkos::DefaultHostExecutionSpace().concurrency());
+  return cpus > 0 && threads > cpus;
+}
+}  // namespace
+
 // --- CollectiveWatchdog ---------------------------------------------------------
 
 CollectiveWatchdog::CollectiveWatchdog(MPI_Comm world, double timeout_s) : timeout_s_(timeout_s) {
@@ -679,6 +708,7 @@ CollectiveWatchdog::CollectiveWatchdog(MPI_Comm world, double timeout_s) : timeo
   MPI_Comm_rank(w->diag, &w->rank);
   MPI_Comm_size(w->diag, &w->size);
   w->timeout_s = timeout_s;
+  w->share_cores = node_runs_more_threads_than_cores(world);
   w->outer = detail::g_watch.load();
   detail::Watch* raw = w.release();
   detail::g_watch = raw;

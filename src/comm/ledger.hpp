@@ -26,6 +26,7 @@
 // with MPI_Abort. Each answering rank prints its own last entries.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -76,6 +77,15 @@ std::vector<LedgerEntry> ledger_entries();  // oldest first
 // The deadline of a wait in seconds; 0 when no watchdog is alive (or it is disabled).
 double watch_timeout_s();
 bool watch_alive();
+
+// Whether this rank's node runs more host threads than it has cores: its
+// ranks (MPI_COMM_TYPE_SHARED) times each rank's Kokkos host threads above
+// the node's online CPUs, found once by the watchdog alive (false without
+// one). There MPI_Wait's spin holds a core the rank waited for needs (8
+// ranks on 2 cores: steps 10x slower), so a wait for an MPI request sleeps
+// kSharedCoreNap between tests instead (CommRequest::Impl::wait).
+bool waits_share_cores();
+inline constexpr auto kSharedCoreNap = std::chrono::microseconds(50);
 
 // The calling thread waits for ledger entry `waiting` while it lives. With
 // a monitor thread, that thread enforces the deadline and answers alarms;

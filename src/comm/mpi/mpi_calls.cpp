@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "comm/mpi/mpi_calls.hpp"
 
+#include <thread>
+
 #include "comm/ledger.hpp"
 #include "core/error.hpp"
 
@@ -47,9 +49,13 @@ void watched(MPI_Comm comm, detail::CollOp op, std::int64_t bytes, const char* w
     MPI_Request request = MPI_REQUEST_NULL;
     issue(&request);
     const detail::WaitScope scope(index);
-    if (scope.polls()) {
+    const bool nap = detail::waits_share_cores();  // more threads than cores: sleep between tests (ledger.hpp)
+    if (scope.polls() || nap) {
       int done = 0;
-      while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) scope.poll([] {});
+      while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+        scope.poll([] {});
+        if (nap) std::this_thread::sleep_for(detail::kSharedCoreNap);
+      }
     } else {
       MPI_Wait(&request, MPI_STATUS_IGNORE);  // the watchdog's monitor thread keeps the deadline
     }

@@ -60,11 +60,13 @@ std::size_t PipelineRunner::most_grad_buffers(const StagePlan& plan, int stage, 
 }
 
 std::size_t PipelineRunner::most_buffer_bytes(const StagePlan& plan, int stage, int micro_batches, int max_in_flight,
-                                              std::size_t activation, bool bf16) {
+                                              std::size_t activation, bool bf16_wire) {
   const double grads = static_cast<double>(most_grad_buffers(plan, stage, micro_batches));
-  const double bytes = bf16 ? activation * sizeof(real) +
-                                  (grads + std::max(1, max_in_flight) + 1) * 2 * wire_slots(activation) * sizeof(bf16)
-                            : grads * activation * sizeof(real);
+  // Named bf16_wire, not bf16: a parameter of that name hid the type, and sizeof(bf16) was a bool's
+  // 1 byte, half a wire buffer's element.
+  const double bytes = bf16_wire ? activation * sizeof(real) + (grads + std::max(1, max_in_flight) + 1) * 2 *
+                                                                   wire_slots(activation) * sizeof(ndmini::bf16)
+                                 : grads * activation * sizeof(real);
   return static_cast<std::size_t>(std::min(9.0e18, bytes));
 }
 

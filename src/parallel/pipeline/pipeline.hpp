@@ -83,7 +83,7 @@ class PipelineRunner {
   // to receive into, and one per send in flight: a forward's until that
   // record's backward (at most max_in_flight) and the input gradients' above.
   static std::size_t most_buffer_bytes(const StagePlan& plan, int stage, int micro_batches, int max_in_flight,
-                                       std::size_t activation, bool bf16);
+                                       std::size_t activation, bool bf16_wire);
 
   // Milliseconds this stage waited for its neighbours in the last run.
   double bubble_ms() const { return bubble_ms_; }
