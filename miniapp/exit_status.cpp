@@ -45,7 +45,11 @@ int hand_over_stop_status(int rank, int status, bool signalled) {
   // the stop line first.
   if ((signalled && rank == 0) || late) {
     std::fflush(nullptr);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Test hook: NDMINI_TEST_HAND_OVER_PAUSE_MS lengthens the pause, so a test
+    // can act while the rank is inside it (tests/cli/fault_signal.sh, leaving).
+    long pause_ms = 200;
+    if (const char* hook = std::getenv("NDMINI_TEST_HAND_OVER_PAUSE_MS")) pause_ms = std::strtol(hook, nullptr, 10);
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     MPI_Abort(MPI_COMM_WORLD, status);
   }
   return status;
