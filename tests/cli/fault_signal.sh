@@ -241,8 +241,8 @@ for ((trial = 1; trial <= trials; trial++)); do
       sleep "$WINDOW_S.3"
       second_request "$second" $job "${pids[@]}"
     else
-      t_first=$(now)
       signal_every_process TERM $job "${pids[@]}"
+      t_first=$(now)  # the last copy sent: the copy window is counted from here
       # The stop save made and its line printed: rank 0 is then in its pause
       # before the hand-over (8 s by the hook). Not seen: the signal came too
       # late for a stop (the draws below), or the job went wrong (failed below).
@@ -263,7 +263,7 @@ for ((trial = 1; trial <= trials; trial++)); do
         fi
         second=$([ $((trial % 2)) -eq 1 ] && echo "every rank" || echo mpiexec)
         # After the copy window: the second request is a deliberate one.
-        sleep "$(awk -v a="$t_first" -v b="$(now)" -v w=$WINDOW_S 'BEGIN { r = a + w + 0.3 - b; printf "%.3f", r > 0 ? r : 0 }')"
+        sleep "$(awk -v a="$t_first" -v b="$(now)" -v w=$WINDOW_S 'BEGIN { r = a + w + 0.3 - b; printf "%.3f", (r > 0 ? r : 0) }')"
         kill -0 $job 2>/dev/null ||
           { wait $job || true; cat "$dir.0.txt"; fail "trial $trial: the job ended inside the hook's 8 s pause"; }
         target="every process ($order), stopped and saved, $held, again to $second"
