@@ -201,6 +201,12 @@ for ((trial = 1; trial <= trials; trial++)); do
       --metrics "$dir.0.jsonl" >"$dir.0.txt" 2>&1 &
     job=$!
     pids=($(ready_ranks $job)) || { wait $job || true; cat "$dir.0.txt"; fail "trial $trial: the job did not start"; }
+    if [ "$mode" = leaving ]; then
+      # The exit path is under test, not the moment: soon after the first save, so no draw comes too
+      # late however the machine's load has changed since the reference run.
+      until [ -f "$dir/latest" ] || ! kill -0 $job 2>/dev/null; do sleep 0.01; done
+      delay=$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", 0.3 * r / 32768 }')
+    fi
     sleep "$delay"
     where="latest $(cat "$dir/latest" 2>/dev/null || echo none)"
     alive=1
