@@ -54,7 +54,10 @@ int collective_status_of(int rank, Work&& work) {
 
 // The end of a training run, once Kokkos is finalised: a stop signal's
 // status (`signalled`, or a signal after the run's last agreement) is handed
-// to mpiexec through MPI_Abort. Returns the status otherwise.
+// to mpiexec through MPI_Abort, and then this never returns: rank 0 aborts,
+// the other ranks of a signalled run wait for that without finalising MPI
+// (a second request meanwhile aborts through end_job_at_once, and they
+// abort themselves should rank 0 not within a backstop). Returns the status otherwise.
 int hand_over_stop_status(int rank, int status, bool signalled);
 
 // A deliberate second stop request (core/signals.hpp's EndAtOnce): the whole

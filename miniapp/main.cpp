@@ -2,6 +2,7 @@
 // The ndmini executable. It initialises MPI and Kokkos, parses the command
 // line and runs the subcommand; everything else lives in the library.
 #include <csignal>
+#include <cstdlib>
 #include <optional>
 
 #include "command_line.hpp"
@@ -32,8 +33,17 @@ int main(int argc, char** argv) {
   Options options;
   if (const auto status = parse_command_line(argc, argv, runtime.rank(), runtime.world(), options)) return *status;
   switch (options.subcommand) {
-    case Subcommand::kTrain:
-      return run_train(runtime, options);
+    case Subcommand::kTrain: {
+      int status = run_train(runtime, options);  // a stopped run does not return from it
+      runtime.finalize();
+      // A stop signal during MPI_Finalize, after the last look at it: the run
+      // is complete and saved, MPI gone; the status still says it was asked.
+      if (const int sig = ndmini::stop_signal_received(); status == 0 && sig != 0)
+        status = ndmini::signal_exit_status(sig);
+      // Exit with the handlers still installed: a signal from here on is
+      // absorbed, never kills the rank (mpiexec read that as a failure, 15).
+      std::exit(status);
+    }
     case Subcommand::kCheck:
       stop_at_once(stop_signals);
       return run_check(runtime, options);

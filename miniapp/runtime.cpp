@@ -16,6 +16,7 @@ Runtime::Runtime(int& argc, char**& argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  mpi_up_ = true;
   // --kokkos-help goes to rank 0 only, so the list is printed once.
   std::vector<char*> kokkos_args = {argv[0]};
   for (int i = 1; i < argc; ++i) {
@@ -37,9 +38,12 @@ void Runtime::finalize_kokkos() {
   kokkos_up_ = false;
 }
 
-Runtime::~Runtime() {
+void Runtime::finalize() {
   finalize_kokkos();
-  MPI_Finalize();
+  if (mpi_up_) MPI_Finalize();
+  mpi_up_ = false;
 }
+
+Runtime::~Runtime() { finalize(); }
 
 }  // namespace ndmini::driver

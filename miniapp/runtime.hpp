@@ -20,11 +20,15 @@ class Runtime {
   // Ends Kokkos before the process ends, for what must come after it (a stop
   // signal's status handed over through MPI_Abort).
   void finalize_kokkos();
+  // Ends Kokkos, then MPI (what the destructor does), for a caller that
+  // exits without destroying this.
+  void finalize();
 
  private:
   int rank_ = 0, world_ = 1;
   bool kokkos_help_ = false;
   bool kokkos_up_ = false;
+  bool mpi_up_ = false;
 };
 
 }  // namespace ndmini::driver

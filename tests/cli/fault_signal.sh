@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Pre-emption (core/signals.hpp), a checkpoint saved after every step.
-# $1 = ranks, $2 = trials, $3 = "once", "cluster" or "twice"; $4 = "busy":
+# $1 = ranks, $2 = trials, $3 = "once", "cluster", "twice" or "leaving"; $4 = "busy":
 # one busy loop per core beside the job for the whole test.
 # once: SIGTERM or SIGUSR1 at a random moment (in a step or inside a save),
 #   sent to mpiexec (which forwards it to every rank), to one rank only, to
@@ -21,6 +21,15 @@
 #   to mpiexec alone: the job ends at once (MPI_Abort: mpiexec exits 143,
 #   the held rank taken down with the rest), `latest`, where there is one,
 #   verifies, and resuming from it gives the uninterrupted run bit for bit.
+# leaving: the first SIGTERM to every process as in cluster, and the second
+#   while the ranks are leaving after the stop save: the test hook
+#   NDMINI_TEST_HAND_OVER_PAUSE_MS keeps rank 0 for 8 s in its pause before
+#   it hands the status over (miniapp/exit_status.cpp), after the save and
+#   its line. Once that line is out and the copy window has passed, trial by
+#   trial: rank 0 held (SIGSTOP) in that pause or not, the deliberate second
+#   SIGTERM to every rank or to mpiexec alone. The job ends at once with 143
+#   (never 0), the stop save is `latest` and verifies, and resuming from it
+#   gives the uninterrupted run bit for bit.
 source "$(dirname "$0")/lib.sh"
 np=$1
 trials=$2
@@ -32,6 +41,9 @@ args=(train tiny.toml --set train.steps=$STEPS --set train.log_every=1 --set tra
 final=$(printf 'step_%08d' $STEPS)
 # core/signals.hpp's kCopyWindowSeconds, and a margin: the deliberate second request comes after it.
 WINDOW_S=2
+# leaving: rank 0's pause before the hand-over (the test hook), far longer than the copy window.
+job_env=()
+[ "$mode" = leaving ] && job_env=(NDMINI_TEST_HAND_OVER_PAUSE_MS=8000)
 # Both cores busy (a loaded node): the copies' spacing and the step's timing under contention.
 busy_pids=()
 if [ "$busy" = busy ]; then
@@ -76,6 +88,24 @@ signal_every_process() {
     sleep "${gaps[$i]}"
   done
   order="${names[*]}"
+}
+
+# second_request TARGET JOB RANK_PIDS...: the deliberate second SIGTERM to
+# "every rank" or "mpiexec"; the job must end at once (within 15 s: a bound
+# far below the collective timeout a held rank would otherwise end in).
+second_request() {
+  local target=$1 job=$2 w
+  shift 2
+  t1=$(now)
+  if [ "$target" = mpiexec ]; then kill -TERM "$job" 2>/dev/null || true; else kill -TERM "$@" 2>/dev/null || true; fi
+  for ((w = 0; w < 150; w++)); do
+    kill -0 "$job" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill_job "$job" "$@"
+  wait "$job" || true
+  cat "$dir.0.txt"
+  fail "trial $trial: the job did not end within 15 s of the deliberate second SIGTERM"
 }
 
 # kill_job JOB RANK_PIDS...: SIGCONT and SIGKILL what is left of a job (a test that failed).
@@ -151,7 +181,7 @@ in_save=0
 to_mpiexec=0 to_one=0 to_every=0 to_all=0
 for ((trial = 1; trial <= trials; trial++)); do
   dir=trial$trial
-  if [ "$mode" != twice ]; then
+  if [ "$mode" = once ] || [ "$mode" = cluster ]; then
     sig=$([ $((RANDOM % 2)) -eq 0 ] && echo TERM || echo USR1)
     status=$((128 + $(kill -l "$sig")))
     to=$((RANDOM % 4))  # 0: mpiexec, 1: one rank, 2: every rank, 3: every process
@@ -167,10 +197,16 @@ for ((trial = 1; trial <= trials; trial++)); do
     rm -rf "$dir" "$dir".*
     delay=$(awk -v r=$RANDOM -v s="$span" 'BEGIN { printf "%.3f", s * r / 32768 }')
     # mpiexec itself, not run (a function: $! would be a subshell).
-    "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" "$np" "$NDMINI" "${args[@]}" --set checkpoint.dir="$dir" \
+    env "${job_env[@]}" "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" "$np" "$NDMINI" "${args[@]}" --set checkpoint.dir="$dir" \
       --metrics "$dir.0.jsonl" >"$dir.0.txt" 2>&1 &
     job=$!
     pids=($(ready_ranks $job)) || { wait $job || true; cat "$dir.0.txt"; fail "trial $trial: the job did not start"; }
+    if [ "$mode" = leaving ]; then
+      # The exit path is under test, not the moment: soon after the first save, so no draw comes too
+      # late however the machine's load has changed since the reference run.
+      until [ -f "$dir/latest" ] || ! kill -0 $job 2>/dev/null; do sleep 0.01; done
+      delay=$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", 0.3 * r / 32768 }')
+    fi
     sleep "$delay"
     where="latest $(cat "$dir/latest" 2>/dev/null || echo none)"
     alive=1
@@ -181,7 +217,8 @@ for ((trial = 1; trial <= trials; trial++)); do
       span=$delay
       continue
     fi
-    if [ "$mode" != twice ]; then
+    t1=$(now)
+    if [ "$mode" = once ] || [ "$mode" = cluster ]; then
       case $to in
         0)
           target=mpiexec
@@ -201,30 +238,52 @@ for ((trial = 1; trial <= trials; trial++)); do
           ;;
       esac
       saving "$dir" && where="$where, during a save"
-    else
+    elif [ "$mode" = twice ]; then
       signal_every_process TERM $job "${pids[@]}"
       held=$((RANDOM % np))
       kill -STOP "${pids[$held]}" 2>/dev/null || true
       second=$([ $((trial % 2)) -eq 1 ] && echo "every rank" || echo mpiexec)
       target="every process ($order), rank $held held, after ${WINDOW_S}.3 s again to $second"
       sleep "$WINDOW_S.3"
-      t1=$(now)
-      if [ "$second" = mpiexec ]; then kill -TERM $job 2>/dev/null || true; else kill -TERM "${pids[@]}" 2>/dev/null || true; fi
-      # At once: a bound far below the collective timeout the held rank would otherwise end in.
-      for ((w = 0; w < 150; w++)); do
+      second_request "$second" $job "${pids[@]}"
+    else
+      signal_every_process TERM $job "${pids[@]}"
+      t_first=$(now)  # the last copy sent: the copy window is counted from here
+      # The stop save made and its line printed: rank 0 is then in its pause
+      # before the hand-over (8 s by the hook). Not seen: the signal came too
+      # late for a stop (the draws below), or the job went wrong (failed below).
+      stopped=0
+      for ((w = 0; w < 3000; w++)); do
+        grep -q "stopped after step" "$dir.0.txt" && { stopped=1; break; }
         kill -0 $job 2>/dev/null || break
-        sleep 0.1
+        sleep 0.01
       done
-      if kill -0 $job 2>/dev/null; then
+      if [ $stopped -eq 1 ]; then
+        held=none
+        if [ $(((trial - 1) % 4)) -lt 2 ]; then
+          for p in "${pids[@]}"; do [ "$(rank_of "$p" 2>/dev/null)" = 0 ] && held=$p; done
+          kill -STOP "$held" 2>/dev/null || true
+          held="rank 0 held in its pause"
+        else
+          held="none held"
+        fi
+        second=$([ $((trial % 2)) -eq 1 ] && echo "every rank" || echo mpiexec)
+        # After the copy window: the second request is a deliberate one.
+        sleep "$(awk -v a="$t_first" -v b="$(now)" -v w=$WINDOW_S 'BEGIN { r = a + w + 0.3 - b; printf "%.3f", (r > 0 ? r : 0) }')"
+        kill -0 $job 2>/dev/null ||
+          { wait $job || true; cat "$dir.0.txt"; fail "trial $trial: the job ended inside the hook's 8 s pause"; }
+        target="every process ($order), stopped and saved, $held, again to $second"
+        second_request "$second" $job "${pids[@]}"
+      elif kill -0 $job 2>/dev/null; then
         kill_job $job "${pids[@]}"
         wait $job || true
         cat "$dir.0.txt"
-        fail "trial $trial: the job did not end within 15 s of the deliberate second SIGTERM"
+        fail "trial $trial: no stop line within 30 s of the first SIGTERM"
       fi
     fi
     rc=0
     wait $job || rc=$?
-    [ "$mode" = twice ] && ended_in=$(seconds_since "$t1")
+    [ "$mode" = twice ] || [ "$mode" = leaving ] && ended_in=$(seconds_since "$t1")
     # Too late as well: a first signal after the last step (a short run on a
     # quiet machine) finds the run complete; it says so and exits 128 + N
     # with nothing left to save, so this draw tests nothing.
@@ -244,7 +303,7 @@ for ((trial = 1; trial <= trials; trial++)); do
     # Too late: the signal came after the last step (the run is complete, the
     # status still says it was signalled) or, the second one, after the job
     # had stopped at the step boundary.
-    if [ "$mode" != twice ] && [ $rc -eq $status ] && ! grep -q "stopped after step" "$dir.0.txt"; then
+    if { [ "$mode" = once ] || [ "$mode" = cluster ]; } && [ $rc -eq $status ] && ! grep -q "stopped after step" "$dir.0.txt"; then
       grep -q "\"step\":$((STEPS - 1))," "$dir.0.jsonl" ||
         { cat "$dir.0.txt"; fail "trial $trial: SIG$sig to $target: exit $rc, no stop line, and the run did not complete"; }
       echo "trial $trial: SIG$sig at $delay s came after the last step (exit $rc); drawing again"
@@ -255,9 +314,22 @@ for ((trial = 1; trial <= trials; trial++)); do
       echo "trial $trial: the job stopped at the boundary before the second signal; drawing again"
       continue
     fi
+    [ "$mode" = leaving ] && [ $stopped -eq 0 ] && { cat "$dir.0.txt"; fail "trial $trial: the job ended ($rc) without a stop line"; }
     break
   done
-  if [ "$mode" != twice ]; then
+  if [ "$mode" = leaving ]; then
+    [ $rc -eq 143 ] ||
+      { cat "$dir.0.txt"; fail "trial $trial: exit status $rc after the second SIGTERM in the exit path, expected 143"; }
+    grep -q "^ndmini: second signal (SIGTERM): ending the job at once with status 143" "$dir.0.txt" ||
+      { cat "$dir.0.txt"; fail "trial $trial: no line for the second signal"; }
+    line=$(grep "^ndmini: SIGTERM received: stopped after step" "$dir.0.txt")
+    saved=$(echo "$line" | sed -n "s|.*saved checkpoint $dir/step_0*\([0-9][0-9]*\) .*exit status 143\$|\1|p")
+    [ -n "$saved" ] || fail "trial $trial: the stop line names no saved checkpoint and status: $line"
+    [ "$(cat "$dir/latest")" = "$saved" ] || fail "trial $trial: latest is $(cat "$dir/latest"), the line says $saved"
+    no_debris "$dir"
+    "$NDMINI" ckpt verify "$dir" >/dev/null || fail "trial $trial: the stop save (step $saved) does not verify"
+    summary="exit $rc, $ended_in s after the second signal, latest (step $saved, the stop save) verifies"
+  elif [ "$mode" != twice ]; then
     ! grep -q "second signal" "$dir.0.txt" ||
       { cat "$dir.0.txt"; fail "trial $trial: a copy of the one request was taken for a second one"; }
     [ $rc -eq $status ] || { cat "$dir.0.txt"; fail "trial $trial: exit status $rc, expected $status (128 + SIG$sig)"; }
