@@ -622,8 +622,7 @@ void check_gqa_against_mha(bool bf16, double max_out, double max_grad) {
     for (const kn::AttentionShape shape : kGqaShapes)
       for (bool causal : {true, false}) {
         const FormScope scope(form);
-        SCOPED_TRACE(describe(shape) + (causal ? " causal" : " full") + (bf16 ? " bf16" : "") + ", " +
-                     form_name(form));
+        SCOPED_TRACE(describe(shape) + (causal ? " causal" : " full") + (bf16 ? " bf16" : "") + ", " + form_name(form));
         OneRank gqa(shape, causal, bf16), mha(as_mha(shape), causal, bf16);
         ASSERT_EQ(gqa.qkv.extent(1), static_cast<std::size_t>(shape.channels + 2 * shape.kv() * shape.head_size()));
         fill_uniform(gqa.qkv, 61, -1.5, 1.5);

@@ -139,8 +139,7 @@ struct Case {
     return "B " + std::to_string(global.batch) + " T " + std::to_string(global.seq_len) + " C " +
            std::to_string(global.channels) + " H " + std::to_string(global.heads) +
            (global.kv() != global.heads ? " KV " + std::to_string(global.kv()) : std::string()) +
-           (causal ? " causal" : " full") +
-           (bf16 ? " bf16" : "");
+           (causal ? " causal" : " full") + (bf16 ? " bf16" : "");
   }
 };
 
@@ -152,9 +151,8 @@ TEST_F(RingAttention, MatchesOneRankAttention) {
   // bf16: one rank under bf16 is the reference. kv_heads 0: multi-head;
   // then grouped-query attention (r = 2, with B = 2) and multi-query (r = 4).
   for (bool bf16 : {false, true})
-    for (const auto& [batch, c, channels, heads, kv_heads] :
-         {std::tuple{2, 3, 12, 3, 0}, std::tuple{1, 37, 10, 2, 0}, std::tuple{2, 3, 12, 4, 2},
-          std::tuple{1, 37, 16, 4, 1}})
+    for (const auto& [batch, c, channels, heads, kv_heads] : {std::tuple{2, 3, 12, 3, 0}, std::tuple{1, 37, 10, 2, 0},
+                                                              std::tuple{2, 3, 12, 4, 2}, std::tuple{1, 37, 16, 4, 1}})
       for (bool causal : {true, false}) {
         const kn::AttentionShape global{batch, 2 * cp * c, channels, heads, kv_heads};
         const int W = global.qkv_width();
@@ -191,8 +189,8 @@ TEST_F(RingAttention, MatchesOneRankAttention) {
         // A message holds k and v of the KV kv heads only: B x KV x T/cp x hs
         // values each, MHA's message (H heads) over r = H / KV.
         const std::int64_t value_bytes = bf16 ? 2 : sizeof(real);
-        const std::int64_t kv_bytes = 2 * static_cast<std::int64_t>(batch) * global.kv() * layout.local_len() *
-                                      global.head_size() * value_bytes;
+        const std::int64_t kv_bytes =
+            2 * static_cast<std::int64_t>(batch) * global.kv() * layout.local_len() * global.head_size() * value_bytes;
         const std::int64_t mha_kv_bytes =
             2 * static_cast<std::int64_t>(batch) * layout.local_len() * channels * value_bytes;
         EXPECT_EQ(kv_bytes * global.group(), mha_kv_bytes);

@@ -229,12 +229,29 @@ std::size_t batch_span(const V& x, std::size_t stride, int count) {
 
 // Emulation where oneDNN has no bf16 product: widen bf16 to fp32 (exact),
 // multiply with the fp32 route, which accumulates in fp32 as oneDNN and cuBLAS do.
-View1D widened(const bf16* x, std::size_t n) {
-  View1D w = uninitialized("ndmini::bf16_widened", n);
-  real* wp = w.data();
+// The widened A, B (and C) of a product share one buffer kept for the process,
+// grown to the largest product (the memory estimate counts it:
+// emulated_linear_floats) and released when Kokkos finalizes.
+View1D& widen_buffer() {
+  static View1D buffer;
+  return buffer;
+}
+real* widen_workspace(std::size_t n) {
+  View1D& buffer = widen_buffer();
+  if (buffer.extent(0) < n) {
+    static const bool hooked = [] {
+      Kokkos::push_finalize_hook([] { widen_buffer() = View1D(); });
+      return true;
+    }();
+    (void)hooked;
+    buffer = View1D();  // the old one freed first: the two never live together
+    buffer = uninitialized("ndmini::bf16_widened", n);
+  }
+  return buffer.data();
+}
+void widen_into(real* out, const bf16* x, std::size_t n) {
   Kokkos::parallel_for(
-      "ndmini::bf16_widen", Range(0, n), KOKKOS_LAMBDA(const std::size_t i) { wp[i] = static_cast<real>(x[i]); });
-  return w;
+      "ndmini::bf16_widen", Range(0, n), KOKKOS_LAMBDA(const std::size_t i) { out[i] = static_cast<real>(x[i]); });
 }
 #endif
 
@@ -259,25 +276,29 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
     const int k = static_cast<int>(transposed(transa) ? a.extent(0) : a.extent(1));
     use_rank_threads();
     onednn::gemm(transa[0], transb[0], static_cast<int>(c.extent(0)), static_cast<int>(c.extent(1)), k, alpha,
-                 onednn::Type::bf16, operand(a.data(), a.stride(0), stride_a),
-                 operand(b.data(), b.stride(0), stride_b), beta, bf16_out ? onednn::Type::bf16 : onednn::Type::f32,
+                 onednn::Type::bf16, operand(a.data(), a.stride(0), stride_a), operand(b.data(), b.stride(0), stride_b),
+                 beta, bf16_out ? onednn::Type::bf16 : onednn::Type::f32,
                  {c.data(), static_cast<int>(c.stride(0)), static_cast<long long>(stride_c)}, count);
     return;
   }
 #endif
   // The class picks the fp32 route of the emulation.
-  const View1D wa = widened(a.data(), batch_span(a, stride_a, count));
-  const View1D wb = widened(b.data(), batch_span(b, stride_b, count));
-  const ConstSlice2D fa(wa.data(), a.extent(0), a.extent(1)), fb(wb.data(), b.extent(0), b.extent(1));
+  const std::size_t na = batch_span(a, stride_a, count), nb = batch_span(b, stride_b, count);
+  const std::size_t nc = bf16_out ? batch_span(c, stride_c, count) : 0;
+  real* const wa = widen_workspace(na + nb + nc);
+  real* const wb = wa + na;
+  widen_into(wa, a.data(), na);
+  widen_into(wb, b.data(), nb);
+  const ConstSlice2D fa(wa, a.extent(0), a.extent(1)), fb(wb, b.extent(0), b.extent(1));
   if constexpr (bf16_out) {
     // C widened too (beta may read it), multiplied in fp32, rounded once.
-    const std::size_t n = batch_span(c, stride_c, count);
-    View1D wc = beta != 0 ? widened(c.data(), n) : uninitialized("ndmini::bf16_widened", n);
-    product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, Slice2D(wc.data(), c.extent(0), c.extent(1)),
-            stride_c, count, cls);
+    real* const wc = wb + nb;
+    if (beta != 0) widen_into(wc, c.data(), nc);
+    product(transa, transb, alpha, fa, stride_a, fb, stride_b, beta, Slice2D(wc, c.extent(0), c.extent(1)), stride_c,
+            count, cls);
     // Only the matrices' own elements: what lies between them belongs to someone else.
     bf16* cp = c.data();
-    const real* wcp = wc.data();
+    const real* wcp = wc;
     const std::size_t rows = c.extent(0), cols = c.extent(1), ld = c.stride(0);
     Kokkos::parallel_for(
         "ndmini::bf16_narrow", Range(0, count * rows * cols), KOKKOS_LAMBDA(const std::size_t i) {

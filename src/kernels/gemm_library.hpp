@@ -70,14 +70,14 @@ enum class GemmLibrary { blas, onednn, cublas };
 enum class GemmClass { linear, heads };
 inline constexpr GemmClass kGemmClasses[] = {GemmClass::linear, GemmClass::heads};
 const char* name_of(GemmLibrary library);  // "BLAS", "oneDNN", "cuBLAS"
-// Whether bf16 products are emulated here: widened to fp32 (into buffers of
+// Whether bf16 products are emulated here: widened to fp32 (into a buffer of
 // their own, as large as the operands) and run through the fp32 route.
 bool bf16_products_emulated();
 // The floats an emulated bf16 product of a Linear layer with `rows` rows,
 // `in` inputs and `out` outputs widens at once, the largest of its forward
 // and its two backward products (operands only: C is fp32 in all three).
 std::size_t emulated_linear_floats(std::size_t rows, std::size_t in, std::size_t out);
-const char* name_of(GemmClass cls);        // "linear", "heads"
+const char* name_of(GemmClass cls);  // "linear", "heads"
 
 // The libraries this build can run products of a precision on, the default
 // first (the one a run takes when nothing is timed): a CUDA build cuBLAS;

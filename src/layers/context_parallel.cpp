@@ -88,7 +88,7 @@ ContextParallelAttention::Buffers ContextParallelAttention::buffer_sizes(const k
     b.dout_bf16 = part;
     b.scratch_bf16 = b.scratch;
   }
-  if (cp > 1) {  // the ring carries k and v of the kv heads only
+  if (cp > 1) {                           // the ring carries k and v of the kv heads only
     b.kv = bf16 ? kv_part : 2 * kv_part;  // bf16: 2 kv_part values, two to a float
     b.dkv = b.dkv_in = 2 * kv_part;
     if (bf16) b.dkv_wire = 2 * kv_part;
@@ -160,8 +160,9 @@ void ContextParallelAttention::check(const Saved& saved, std::size_t rows, std::
   if (held < qkvh_size(shape_) || saved.lse.extent(0) < lse_size(shape_))
     throw Error("ContextParallelAttention: Saved buffers smaller than qkvh_size() / lse_size()");
   if (rows != static_cast<std::size_t>(shape_.batch) * shape_.seq_len || out_cols != C || qkv_cols != W)
-    throw Error("ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, (H + 2 KV) hs] of the "
-                "local shape");
+    throw Error(
+        "ContextParallelAttention: activations are not [B*T/cp, C] and [B*T/cp, (H + 2 KV) hs] of the "
+        "local shape");
 }
 
 void ContextParallelAttention::forward(Slice2D out, ConstSlice2D qkv, const Saved& saved) {
@@ -185,9 +186,9 @@ void ContextParallelAttention::forward_ring(T* qkvh, const Saved& saved) {
     using Rows = decltype(chunk_rows(static_cast<const T*>(qkvh), 0, 0, 0));
     const T* q = qkvh;
     for (int j = 0; j < shape_.group(); ++j)
-      block_forward(query_rows(heads_.data(), 0, j, hs), query_rows(saved.lse.data(), 0, j, 1),
-                    query_rows(q, 0, j, hs), Rows{qkvh + shape_.k_offset(), stride, T_len},
-                    Rows{qkvh + shape_.v_offset(), stride, T_len}, {shape_.batch * shape_.kv(), hs, 0, 0, causal_, 0});
+      block_forward(query_rows(heads_.data(), 0, j, hs), query_rows(saved.lse.data(), 0, j, 1), query_rows(q, 0, j, hs),
+                    Rows{qkvh + shape_.k_offset(), stride, T_len}, Rows{qkvh + shape_.v_offset(), stride, T_len},
+                    {shape_.batch * shape_.kv(), hs, 0, 0, causal_, 0});
     return;
   }
   const int cp = comm_->size(), r = comm_->rank(), next = (r + 1) % cp, prev = (r + cp - 1) % cp;
@@ -315,7 +316,8 @@ void ContextParallelAttention::backward_step(int src, const T* qkvh, const T* kv
         block_backward(query_rows(dqkvh_.data(), qh, j, hs), chunk_rows(dkv, kh, stride, hs),
                        chunk_rows(dkv + kv_part, kh, stride, hs), query_rows(qkvh, qh, j, hs),
                        chunk_rows(kv, kh, stride, hs), chunk_rows(kv + kv_part, kh, stride, hs),
-                       query_rows(dout_heads, qh, j, hs), query_rows(static_cast<const real*>(saved.lse.data()), qh, j, 1),
+                       query_rows(dout_heads, qh, j, hs),
+                       query_rows(static_cast<const real*>(saved.lse.data()), qh, j, 1),
                        query_rows(static_cast<const real*>(delta_.data()), qh, j, 1), block(qh, src, kh));
       req.test();
     }

@@ -120,7 +120,7 @@ struct BlockSizes {
   std::size_t attention_out() const { return rows * (channels / tp); }  // [N, C/tp]: atty, datty
   std::size_t qkv() const { return rows * (qkv_width / tp); }           // [N, (H + 2KV) hs/tp]: qkv, dqkv
   std::size_t hidden() const { return rows * (ffn / tp); }              // [N, F/tp]: fch, fch_gelu, dfc
-  std::size_t kv_part() const { return attention.kv_part_size(); }     // one of k, v here: the ring's unit
+  std::size_t kv_part() const { return attention.kv_part_size(); }      // one of k, v here: the ring's unit
   // Head-major q of H/tp heads, then k and v of kv_heads/tp heads.
   std::size_t qkvh() const { return ContextParallelAttention::qkvh_size(attention); }
   std::size_t lse() const { return ContextParallelAttention::lse_size(attention); }  // log-sum-exp per query row

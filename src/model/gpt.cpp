@@ -67,6 +67,16 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
   }
 }
 
+std::size_t GptModel::emulated_bf16_floats(const ModelConfig& m, const BlockSizes& block, bool has_head) {
+  if (!block.bf16 || !kernels::bf16_products_emulated()) return 0;
+  const std::size_t N = block.rows, C = block.channels, tp = block.tp;
+  const std::size_t Cl = C / tp, Q = block.qkv() / N, F = block.hidden() / N;
+  std::size_t floats = std::max({kernels::emulated_linear_floats(N, C, Q), kernels::emulated_linear_floats(N, Cl, C),
+                                 kernels::emulated_linear_floats(N, C, F), kernels::emulated_linear_floats(N, F, C)});
+  if (has_head) floats = std::max(floats, kernels::emulated_linear_floats(N, C, m.vocab / tp));
+  return floats;
+}
+
 GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp,
                                          bool sequence_parallel, int cp, Precision precision) {
   const bool sp = sequence_parallel && tp > 1;
@@ -79,14 +89,10 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   b.layers_bytes = TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() + N * sizeof(real) +
                    ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
   // bf16 emulated through the fp32 route (no bf16 products on this CPU):
-  // the widened operands of the largest Linear product, allocated per product.
-  if (block.bf16 && kernels::bf16_products_emulated()) {
-    const std::size_t Cl = C / tp, Q = block.qkv() / N, F = block.hidden() / N;
-    std::size_t floats = std::max({kernels::emulated_linear_floats(N, C, Q), kernels::emulated_linear_floats(N, Cl, C),
-                                   kernels::emulated_linear_floats(N, C, F), kernels::emulated_linear_floats(N, F, C)});
-    if (has_head) floats = std::max(floats, kernels::emulated_linear_floats(N, C, m.vocab / tp));
-    b.layers_bytes += floats * sizeof(real);
-  }
+  // the widened operands of the largest Linear product (kernels/gemm.cpp
+  // keeps one buffer, grown to the largest product).
+  b.emulated_bf16 = emulated_bf16_floats(m, block, has_head);
+  b.layers_bytes += b.emulated_bf16 * sizeof(real);
   b.positions = Nr;
   if (has_head) {
     b.lnf_stats = Nr;

@@ -168,12 +168,15 @@ class GptModel {
   // With SP, sums the partial gradients of tp-replicated tensors over tp.
   void sum_replicated_grads(real* grads, std::size_t n, Precision wire) { tp_.sum_replicated_grads(grads, n, wire); }
 
+  // The floats the emulated bf16 products widen at most (0 where bf16 runs on a library of its own).
+  static std::size_t emulated_bf16_floats(const ModelConfig& m, const BlockSizes& block, bool has_head);
   // The buffers a GptModel allocates for itself (its constructor allocates
   // these; the memory estimate adds them up): the layers' scratch, the
   // positions, and on the head stage the head's, in floats.
   struct Buffers {
-    std::size_t layers_bytes = 0;  // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
-    std::size_t positions = 0;     // tokens
+    std::size_t layers_bytes = 0;   // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
+    std::size_t emulated_bf16 = 0;  // floats of the emulated bf16 products' widened operands (in layers_bytes)
+    std::size_t positions = 0;      // tokens
     // Head stage only; lnf_stats: the final norm's rstd, lnf_mean its mean (LayerNorm only).
     std::size_t lnf = 0, lnf_stats = 0, lnf_mean = 0, logits = 0, losses = 0, head_dln = 0;
     std::size_t lnf_bf16 = 0, dlogits_bf16 = 0;  // head stage under bf16: the LM head's operands
