@@ -315,6 +315,12 @@ void bf16_product(const char* transa, const char* transb, real alpha, ConstBf16S
 
 void set_host_gemm_route(HostGemmRoute route) { g_route = route; }
 
+void release_emulated_bf16() {
+#if !defined(NDMINI_GEMM_CUBLAS)
+  widen_buffer() = View1D();
+#endif
+}
+
 void gemm_bf16(const char* transa, const char* transb, real alpha, ConstBf16Slice2D a, ConstBf16Slice2D b, real beta,
                Slice2D c) {
   bf16_product(transa, transb, alpha, a, 0, b, 0, beta, c, 0, 1, GemmClass::linear);

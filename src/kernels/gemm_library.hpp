@@ -77,6 +77,9 @@ bool bf16_products_emulated();
 // `in` inputs and `out` outputs widens at once, the largest of its forward
 // and its two backward products (operands only: C is fp32 in all three).
 std::size_t emulated_linear_floats(std::size_t rows, std::size_t in, std::size_t out);
+// Frees the buffer the emulated products widen into (the model's end; the next
+// emulated product allocates it again).
+void release_emulated_bf16();
 const char* name_of(GemmClass cls);  // "linear", "heads"
 
 // The libraries this build can run products of a precision on, the default

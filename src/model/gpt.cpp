@@ -125,6 +125,8 @@ BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int t
   return b;
 }
 
+GptModel::~GptModel() { kernels::release_emulated_bf16(); }
+
 ParamLayout GptModel::param_layout(int shards) const {
   return gpt_param_layout(cfg_, chunks_, tp_.size(), tp_.rank(), shards);
 }

@@ -120,6 +120,8 @@ class GptModel {
   // then carry bf16 values) and keeps their inputs in bf16.
   GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp = nullptr,
            bool sequence_parallel = false, Communicator* cp = nullptr, Precision precision = Precision::fp32);
+  // Releases the emulated bf16 products' buffer (kernels/gemm.cpp): it lives as long as the model.
+  ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
