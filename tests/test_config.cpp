@@ -193,6 +193,19 @@ TEST(Config, PrecisionIsFp32ByDefaultOrBf16) {
   expect_error(with_model("[train]\nprecision = \"fp16\"\n"), {"train.precision", "\"fp16\"", "fp32", "bf16"});
 }
 
+// perf.gemm_route = "onednn" is taken exactly where the products can run on
+// oneDNN (this test sees the library's own NDMINI_HAVE_ONEDNN), refused with
+// the fix elsewhere. The deck's checks once lacked the definition, so every
+// build refused it.
+TEST(Config, GemmRouteOnednnIsTakenWhereTheBuildHasIt) {
+#ifdef NDMINI_HAVE_ONEDNN
+  EXPECT_EQ(parse_config(kModel, "deck.toml", {"perf.gemm_route=onednn"}).perf.gemm_route, GemmRoute::onednn);
+#else
+  expect_error(kModel, {"perf.gemm_route", "this build has no oneDNN"}, {"perf.gemm_route=onednn"});
+#endif
+  EXPECT_EQ(parse_config(kModel, "deck.toml", {"perf.gemm_route=blas"}).perf.gemm_route, GemmRoute::blas);
+}
+
 // One name table per enum parses the deck and prints the value: every name a
 // deck may give reads back as the value whose name it is.
 TEST(Config, EnumNamesParseAndPrintTheSame) {
