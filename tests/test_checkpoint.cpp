@@ -786,6 +786,35 @@ TEST_F(Checkpoint, AsyncSaveIsByteIdenticalToSync) {
   }
 }
 
+// An async save's prune renames the checkpoints it drops aside, so the
+// commit does not wait for their blocks to be freed; a thread of rank 0
+// removes them, and once the AsyncSave is gone the folder holds what a sync
+// save with the same keep leaves (here keep 1: the new step and `latest`).
+TEST_F(Checkpoint, AsyncSavePrunesInTheBackground) {
+  save(1, 10, Split::kFirstDim, 1);
+  save(2, 20, Split::kFirstDim, 2);  // two steps on disk, one of them dropped below
+  if (rank() == 0) fs::create_directories(root_ + "/.step_00000001.pruned");  // left by a run that died
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto blocks = make_model(Split::kFirstDim, 30, true);
+  auto async_slabs = slabs(blocks);
+  {
+    ndmini::io::AsyncSave pending(MPI_COMM_WORLD, root_, info_for(3), async_slabs, 1);
+    pending.finish();
+    EXPECT_EQ(ndmini::io::latest_step(MPI_COMM_WORLD, root_), std::optional<std::int64_t>(3));
+    if (rank() == 0) {  // committed steps are gone from the listing at once
+      EXPECT_FALSE(fs::exists(root_ + "/step_00000001"));
+      EXPECT_FALSE(fs::exists(root_ + "/step_00000002"));
+    }
+  }
+  if (rank() == 0) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(root_)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000003"}));
+  }
+  EXPECT_EQ(load_and_count(3, 30), 0u);
+}
+
 // An async save's failure in its background phases (write, close) or in
 // those finish() runs, on any rank, reaches every rank from finish() as a
 // sync save's would, and is undone the same way.

@@ -140,7 +140,10 @@ void save_checkpoint(MPI_Comm comm, const std::string& root_dir, const Checkpoin
 // waits for the thread, agrees on its outcome, sums the digests and does the
 // rest of the protocol (rank 0: metadata, manifest, rename, `latest`, prune),
 // so the checkpoint is byte for byte the one save_checkpoint writes. Until
-// finish() returns, `latest` names the previous checkpoint. The slabs'
+// finish() returns, `latest` names the previous checkpoint. The checkpoints
+// the prune drops are renamed aside (".step_N.pruned") and removed by a
+// thread of rank 0 that the destructor waits for: destroy a finished
+// AsyncSave before the next save (which checks the free space). The slabs'
 // memory must stay allocated and unchanged until the thread is done.
 // Errors: as save_checkpoint, from the constructor or finish(), on every rank.
 // Destroyed unfinished (the run failed elsewhere), it waits for the thread

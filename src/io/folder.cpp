@@ -74,14 +74,22 @@ bool is_stale_name(const std::string& name) {
     const std::size_t n = std::strlen(suffix);
     return name.size() > n && name.compare(name.size() - n, n, suffix) == 0;
   };
-  return name.rfind(".step_", 0) == 0 && (ends_with(".tmp") || ends_with(".old"));
+  return name.rfind(".step_", 0) == 0 && (ends_with(".tmp") || ends_with(".old") || ends_with(".pruned"));
+}
+
+bool is_set_aside_name(const std::string& name) {
+  const std::string suffix = ".pruned";
+  return name.rfind(".step_", 0) == 0 && name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Folders of saves that never committed (and replaced steps never removed),
-// and the marker's temporary names.
-void remove_stale(const fs::path& root) {
+// and the marker's temporary names; with keep_set_aside, not the steps
+// prune set aside (remove_set_aside's, in the background).
+void remove_stale(const fs::path& root, bool keep_set_aside = false) {
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
+    if (keep_set_aside && is_set_aside_name(name)) continue;
     if (is_stale_name(name) || name == std::string(kLatestName) + ".tmp" || name == std::string(kLatestName) + ".prev")
       fs::remove_all(entry.path());
   }
@@ -91,6 +99,7 @@ void remove_stale(const fs::path& root) {
 
 std::string tmp_dirname(std::int64_t step) { return "." + checkpoint_dirname(step) + ".tmp"; }
 std::string old_dirname(std::int64_t step) { return "." + checkpoint_dirname(step) + ".old"; }
+std::string set_aside_dirname(std::int64_t step) { return "." + checkpoint_dirname(step) + ".pruned"; }
 
 std::string marker_tmp_name() { return std::string(kLatestName) + ".tmp"; }
 
@@ -143,14 +152,40 @@ void require_free_space(const fs::path& root, std::uint64_t needed, const std::s
                                    " are free; free some space or set checkpoint.dir to a larger file system");
 }
 
-void prune(const fs::path& root, std::int64_t step, int keep) {
+void prune(const fs::path& root, std::int64_t step, int keep, PruneMode mode) {
   std::vector<std::int64_t> older;
   for (auto s : committed_steps(root))
     if (s < step) older.push_back(s);
   const std::size_t keep_older = static_cast<std::size_t>(keep - 1);
-  if (older.size() > keep_older)
-    for (std::size_t i = 0; i < older.size() - keep_older; ++i) fs::remove_all(root / checkpoint_dirname(older[i]));
-  remove_stale(root);
+  if (older.size() > keep_older) {
+    for (std::size_t i = 0; i < older.size() - keep_older; ++i) {
+      const fs::path dropped = root / checkpoint_dirname(older[i]);
+      if (mode == PruneMode::set_aside) {
+        fs::remove_all(root / set_aside_dirname(older[i]));  // a leftover of an earlier run: rename cannot replace it
+        fs::rename(dropped, root / set_aside_dirname(older[i]));
+      } else {
+        fs::remove_all(dropped);
+      }
+    }
+  }
+  remove_stale(root, mode == PruneMode::set_aside);
+}
+
+std::string remove_set_aside(const fs::path& root) noexcept {
+  std::string failed;
+  try {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      if (!is_set_aside_name(entry.path().filename().string())) continue;
+      std::error_code removing;
+      fs::remove_all(entry.path(), removing);
+      if (removing && failed.empty()) failed = "cannot remove '" + entry.path().string() + "': " + removing.message();
+    }
+    if (ec) failed = "cannot list '" + root.string() + "': " + ec.message();
+  } catch (const std::exception& e) {  // a path or message allocation
+    if (failed.empty()) failed = e.what();
+  }
+  return failed;
 }
 
 namespace {

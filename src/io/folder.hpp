@@ -42,9 +42,20 @@ std::uint64_t needed_bytes(std::uint64_t data_bytes, std::size_t tensors);
 // `what` says what for ("to save checkpoint step 8").
 void require_free_space(const std::filesystem::path& root, std::uint64_t needed, const std::string& what);
 
+// How prune disposes of the steps it drops: removed there and then, or only
+// renamed out of the way (set_aside: a rename per step, so the caller's
+// critical path does not wait for a checkpoint's blocks to be freed), left
+// for remove_set_aside() to remove in the background.
+enum class PruneMode { remove, set_aside };
 // Keeps the step just saved and the newest keep-1 committed steps below it,
 // and removes debris. Steps above the one just saved belong to a run this one
 // was resumed away from; they stay.
-void prune(const std::filesystem::path& root, std::int64_t step, int keep);
+void prune(const std::filesystem::path& root, std::int64_t step, int keep, PruneMode mode = PruneMode::remove);
+// The name a step set aside by prune has until it is removed ("." first:
+// debris to every reader; any writer of the folder removes it).
+std::string set_aside_dirname(std::int64_t step);
+// Removes every step set aside in root. Never throws: returns what failed
+// ("" when nothing did); what is left is debris the next writer removes.
+std::string remove_set_aside(const std::filesystem::path& root) noexcept;
 
 }  // namespace ndmini::io::detail

@@ -18,6 +18,7 @@
 // puts back what it moved, so `latest` and the older checkpoints are as before.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -296,7 +297,7 @@ void write_latest(Save& s) {
 
 // After the commit: the replaced step and the old marker go, and all but the
 // newest `keep` checkpoints. A failure here leaves the new checkpoint valid.
-void prune_folder(Save& s, int keep) {
+void prune_folder(Save& s, int keep, PruneMode mode) {
   const auto t0 = Clock::now();
   agree_on_errors(s.comm, [&] {
     if (s.rank != 0) return;
@@ -304,7 +305,7 @@ void prune_folder(Save& s, int keep) {
       std::error_code ec;
       fs::remove_all(s.root / old_dirname(s.info.step), ec);
       fs::remove(s.root / marker_prev_name(), ec);
-      prune(s.root, s.info.step, keep);
+      prune(s.root, s.info.step, keep, mode);
     } catch (const std::exception& e) {
       throw Error("checkpoint step " + std::to_string(s.info.step) + " was saved, but removing old checkpoints in '" +
                   s.root.string() + "' failed: " + e.what());
@@ -348,8 +349,8 @@ void commit(Save& s) {
 }
 
 // After the commit (or its rollback): old checkpoints pruned, the times.
-void conclude(Save& s, int keep, Clock::time_point t_start) {
-  prune_folder(s, keep);
+void conclude(Save& s, int keep, Clock::time_point t_start, PruneMode mode = PruneMode::remove) {
+  prune_folder(s, keep, mode);
   s.times.total = seconds_since(t_start);
   if (s.options.times) *s.options.times = slowest_times(s.comm, s.times);
 }
@@ -383,6 +384,9 @@ struct AsyncSave::State {
   std::atomic<bool> written{false};  // the writer is done (successfully or not)
   std::string error;                 // the writer's failure, read after it is joined
   bool finished = false;
+  // After the commit, rank 0: removes the checkpoints the prune set aside.
+  std::thread remover;
+  std::string remover_error;
 };
 
 AsyncSave::AsyncSave(MPI_Comm comm, const std::string& root_dir, const CheckpointInfo& info,
@@ -413,7 +417,12 @@ AsyncSave::~AsyncSave() {
   // Not finished (an error elsewhere ends the run): the data may still be
   // being written; wait for it, commit nothing. The temporary folder is
   // debris the next writer of the folder removes.
-  if (s_ && s_->writer.joinable()) s_->writer.join();
+  if (!s_) return;
+  if (s_->writer.joinable()) s_->writer.join();
+  if (s_->remover.joinable()) s_->remover.join();
+  if (!s_->remover_error.empty())
+    std::fprintf(stderr, "ndmini: warning: removing old checkpoints after saving step %lld: %s; delete them\n",
+                 static_cast<long long>(s_->save.info.step), s_->remover_error.c_str());
 }
 
 std::int64_t AsyncSave::step() const { return s_->save.info.step; }
@@ -439,7 +448,14 @@ double AsyncSave::finish() {
   } catch (const Error& e) {
     roll_back(s, e);
   }
-  conclude(s, s_->keep, s_->start);
+  // The dropped checkpoints are renamed aside here and removed by a thread
+  // of rank 0 while training goes on: freeing a checkpoint's blocks takes
+  // about as long as copying the state (the destructor waits for it).
+  conclude(s, s_->keep, s_->start, PruneMode::set_aside);
+  if (s.rank == 0) {
+    State* st = s_.get();
+    st->remover = std::thread([st] { st->remover_error = remove_set_aside(st->save.root); });
+  }
   return waited;
 }
 

@@ -207,6 +207,9 @@ class Trainer {
   // first: its thread reads ckpt_'s copies.
   io::SaveTimes async_times_;
   std::unique_ptr<io::AsyncSave> async_save_;
+  // The last one committed, kept while its thread removes the checkpoints
+  // its prune dropped: destroyed (waited for) before the next save.
+  std::unique_ptr<io::AsyncSave> committed_async_save_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<PipelineRunner> runner_;
   std::unique_ptr<MicroBatchFeed> feed_, val_feed_;
@@ -372,6 +375,7 @@ void Trainer::save(std::int64_t step) {
   finish_async_save();  // one host copy: the previous save is written first
   const auto t0 = Clock::now();
   ckpt_->from_device(model_->store(), *opt_);
+  committed_async_save_.reset();  // its old checkpoints removed (during the copy) before this save's space check
   io::CheckpointInfo info{step,
                           static_cast<std::int64_t>(step * tokens_per_step_),
                           cfg_.train.seed,
@@ -416,7 +420,8 @@ void Trainer::finish_async_save() {
   if (!async_save_) return;
   const ProfileRegion region("ndmini::checkpoint commit");
   const auto t0 = Clock::now();
-  const std::unique_ptr<io::AsyncSave> s = std::move(async_save_);
+  committed_async_save_ = std::move(async_save_);
+  const std::unique_ptr<io::AsyncSave>& s = committed_async_save_;
   const double waited_ms = 1e3 * s->finish();
   result_.io_ms += ms_since(t0);
   const double written_ms = 1e3 * (async_times_.write + async_times_.flush);
@@ -595,6 +600,7 @@ TrainResult Trainer::finish() {
     save(pending_save_);
   }
   finish_async_save();  // the last save committed before the report
+  committed_async_save_.reset();
   if (opts_.capture != nullptr) {
     const ParamStore& store = model_->store();
     opts_.capture->final_params = gather_global(cfg_.model, store, store.shard_params(), comm_);
