@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The ndmini executable. It initialises MPI and Kokkos, parses the command
-// line and runs the subcommand; everything else lives in the library.
+// The ndmini executable. It initialises MPI, parses the command line,
+// initialises Kokkos and runs the subcommand; everything else lives in the
+// library.
 #include <csignal>
 #include <cstdlib>
 #include <optional>
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
 
   Options options;
   if (const auto status = parse_command_line(argc, argv, runtime.rank(), runtime.world(), options)) return *status;
+  runtime.start_kokkos();  // after the parse: --version and --help need no device
   switch (options.subcommand) {
     case Subcommand::kTrain: {
       int status = run_train(runtime, options);  // a stopped run does not return from it

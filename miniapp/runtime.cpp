@@ -18,18 +18,24 @@ Runtime::Runtime(int& argc, char**& argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
   mpi_up_ = true;
   // --kokkos-help goes to rank 0 only, so the list is printed once.
-  std::vector<char*> kokkos_args = {argv[0]};
+  kokkos_args_ = {argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--kokkos-help") {
       kokkos_help_ = true;
       if (rank_ != 0) continue;
     }
-    if (a.rfind("--kokkos-", 0) == 0) kokkos_args.push_back(argv[i]);
+    if (a.rfind("--kokkos-", 0) == 0) kokkos_args_.push_back(argv[i]);
   }
-  int kokkos_argc = static_cast<int>(kokkos_args.size());
-  kokkos_args.push_back(nullptr);
-  Kokkos::initialize(kokkos_argc, kokkos_args.data());
+  if (kokkos_help_) start_kokkos();
+}
+
+void Runtime::start_kokkos() {
+  if (kokkos_up_) return;
+  std::vector<char*> args = kokkos_args_;
+  int argc = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  Kokkos::initialize(argc, args.data());
   kokkos_up_ = true;
 }
 

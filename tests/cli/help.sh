@@ -40,4 +40,17 @@ grep -qF -- "--kokkos-help" kokkos.txt || fail "--kokkos-help did not print Kokk
 run 1 --kokkos-disable-warnings check tiny.toml >out.txt 2>&1 || { cat out.txt; fail "a --kokkos-* option was refused"; }
 grep -qF "deck OK" out.txt || fail "check did not run with a --kokkos-* option"
 run 1 check tiny.toml --kokkos-disable-warnings >out.txt 2>&1 || { cat out.txt; fail "a --kokkos-* option was refused"; }
-echo "ok: --help is ndmini's alone; --kokkos-help and --kokkos-* options work"
+
+# --version and --help start no Kokkos (a GPU build answers them where no
+# device is): a tool library that cannot load is reported when Kokkos
+# starts (Kokkos 3.4 reads KOKKOS_PROFILE_LIBRARY, 4.x KOKKOS_TOOLS_LIBS),
+# and only a command that runs starts it.
+tools=(env KOKKOS_PROFILE_LIBRARY=/nonexistent/libkp.so KOKKOS_TOOLS_LIBS=/nonexistent/libkp.so)
+"${tools[@]}" "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" 1 "$NDMINI" check tiny.toml >probe.txt 2>&1 || true
+grep -q "libkp.so" probe.txt || { cat probe.txt; fail "Kokkos did not report the missing tool library: no probe"; }
+for args in "--version" "--help" "train --help" "--build-info"; do
+  # shellcheck disable=SC2086
+  "${tools[@]}" "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" 1 "$NDMINI" $args >out.txt 2>&1 || fail "$args exited non-zero"
+  ! grep -q "libkp.so" out.txt || { cat out.txt; fail "$args started Kokkos"; }
+done
+echo "ok: --help is ndmini's alone; --kokkos-help and --kokkos-* options work; --version and --help start no Kokkos"
