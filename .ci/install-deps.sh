@@ -2,6 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Installs what ndmini needs on Debian 12 from Debian's own packages
 # (Kokkos 3.4 comes inside Trilinos). Runs as root, or through sudo.
+# --tests: also what the test suite's independent reference needs (PyTorch
+# and h5py for tests/cli/pytorch_reference.sh, which skips without them).
 set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config clang-format
@@ -14,6 +16,14 @@ packages=(
   libgtest-dev libbenchmark-dev
   python3  # bench/scaling and its ctest -L harness tests (matplotlib optional: the figure)
 )
+case "${1:-}" in
+  --tests) packages+=(python3-torch python3-h5py python3-numpy) ;;
+  "") ;;
+  *)
+    echo "install-deps.sh: unknown option '$1' (--tests: also the test suite's PyTorch reference)" >&2
+    exit 2
+    ;;
+esac
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()

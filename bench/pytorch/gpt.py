@@ -5,13 +5,17 @@ for side-by-side speed and convergence comparisons (bench/README.md).
 
 It reads the same deck TOML as ndmini and trains the same model (docs/model.md):
 GPT-2 blocks, pre-LayerNorm (eps 1e-5), tanh GELU, tied wte, learned positions,
-AdamW (0.9, 0.95, eps 1e-8, decay on 2-D tensors) with ndmini's warm-up +
-cosine schedule and global-norm clipping, on ndmini's synthetic token stream.
-By default the parameters start from ndmini's own initial values (its
-counter-based RNG, reproduced here in numpy), so in fp32 the losses follow
-ndmini's to rounding.
+or the architecture the deck's model keys give (model.family = "llama":
+RMSNorm, RoPE as Hugging Face's Llama rotates, SwiGLU, grouped-query
+attention, no biases, an untied lm_head), AdamW (0.9, 0.95, eps 1e-8, decay
+on 2-D tensors) with ndmini's warm-up + cosine schedule and global-norm
+clipping, on ndmini's synthetic token stream. By default the parameters start
+from ndmini's own initial values (its counter-based RNG, reproduced here in
+numpy); --init-from reads them from an ndmini checkpoint instead (h5py). In
+fp32 the losses follow ndmini's to rounding (tests/cli/pytorch_reference.sh).
 
     python3 bench/pytorch/gpt.py inputs/small.toml --precision bf16 --threads 1 --steps 8
+    python3 bench/pytorch/gpt.py inputs/llama-tiny.toml --init-from ck/step_00000000 --steps 3
 
 The last line of stdout is one JSON object with "summary": true (the keys of
 ndmini's metrics summary that apply: tokens_per_s, median_step_ms, final_loss,
@@ -80,7 +84,26 @@ def read_deck(path, overrides):
     if m["channels"] % m["heads"]:
         sys.exit(f"gpt.py: error: model.channels = {m['channels']} is not a multiple of "
                  f"model.heads = {m['heads']}")
+    resolve_architecture(m)
     return deck
+
+
+def resolve_architecture(m):
+    """The architecture keys as ndmini resolves them (src/config/config.cpp): GPT-2's
+    defaults, model.family = "llama" setting Llama's where the deck gives none."""
+    llama = m.get("family", "gpt2") == "llama"
+    defaults = {"norm": "rmsnorm" if llama else "layernorm", "norm_eps": 1e-5,
+                "position": "rope" if llama else "learned", "rope_theta": 10000.0,
+                "mlp": "swiglu" if llama else "gelu", "ffn_hidden": 0, "kv_heads": 0,
+                "tie_embeddings": not llama, "bias": not llama}
+    for key, value in defaults.items():
+        m.setdefault(key, value)
+    if m["mlp"] == "swiglu" and not m["ffn_hidden"]:
+        sys.exit("gpt.py: error: model.mlp = \"swiglu\" needs model.ffn_hidden")
+    m["ffn"] = m["ffn_hidden"] or 4 * m["channels"]
+    m["kv"] = m["kv_heads"] or m["heads"]
+    if m["heads"] % m["kv"]:
+        sys.exit(f"gpt.py: error: model.kv_heads = {m['kv']} does not divide model.heads = {m['heads']}")
 
 
 # ---- ndmini's counter-based RNG (src/core/rng.hpp), vectorised in numpy ------
@@ -163,18 +186,80 @@ class SyntheticData:
 
 # ---- the model (docs/model.md) ----------------------------------------------
 
-class Attention(nn.Module):
-    def __init__(self, C, H):
+def norm_layer(m):
+    if m["norm"] == "rmsnorm":
+        return RMSNorm(m["channels"], m["norm_eps"])
+    return LayerNorm(m["channels"], m["norm_eps"], m["bias"])
+
+
+class LayerNorm(nn.Module):
+    """nn.LayerNorm with its bias optional (PyTorch 1.13's has no bias=)."""
+
+    def __init__(self, C, eps, bias):
         super().__init__()
-        self.C, self.H = C, H
-        self.c_attn = nn.Linear(C, 3 * C)  # rows: all q, then all k, then all v
-        self.c_proj = nn.Linear(C, C)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+        self.bias = nn.Parameter(torch.zeros(C)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, C, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_tables(T, hs, theta):
+    """cos and sin [T, hs] as Hugging Face's Llama computes them (fp32 angles)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    freqs = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        C, H, KV = m["channels"], m["heads"], m["kv"]
+        self.m, self.C, self.H, self.KV, self.hs = m, C, H, KV, C // H
+        if KV == H:
+            self.c_attn = nn.Linear(C, 3 * C, bias=m["bias"])  # rows: all q, then all k, then all v
+        else:  # grouped-query attention: k and v of KV heads, each shared by H / KV query heads
+            self.c_q = nn.Linear(C, C, bias=m["bias"])
+            self.c_k = nn.Linear(C, KV * self.hs, bias=m["bias"])
+            self.c_v = nn.Linear(C, KV * self.hs, bias=m["bias"])
+        self.c_proj = nn.Linear(C, C, bias=m["bias"])
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (z.view(B, T, self.H, C // self.H).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.H))
+        hs = self.hs
+        if self.KV == self.H:
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:
+            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
+        q = q.view(B, T, self.H, hs).transpose(1, 2)
+        k, v = (z.view(B, T, self.KV, hs).transpose(1, 2) for z in (k, v))
+        if self.m["position"] == "rope":
+            cos, sin = rope_tables(T, hs, self.m["rope_theta"])
+            q = q * cos.to(q.dtype) + rotate_half(q) * sin.to(q.dtype)
+            k = k * cos.to(k.dtype) + rotate_half(k) * sin.to(k.dtype)
+        if self.KV != self.H:  # query head h reads key/value head h // (H / KV)
+            k, v = (z.repeat_interleave(self.H // self.KV, dim=1) for z in (k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
@@ -182,22 +267,30 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, C):
+    def __init__(self, m):
         super().__init__()
-        self.c_fc = nn.Linear(C, 4 * C)
-        self.c_proj = nn.Linear(4 * C, C)
+        C, hidden, bias = m["channels"], m["ffn"], m["bias"]
+        self.swiglu = m["mlp"] == "swiglu"
+        if self.swiglu:  # down(silu(gate(x)) * up(x))
+            self.c_gate = nn.Linear(C, hidden, bias=bias)
+            self.c_up = nn.Linear(C, hidden, bias=bias)
+        else:
+            self.c_fc = nn.Linear(C, hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, C, bias=bias)
 
     def forward(self, x):
+        if self.swiglu:
+            return self.c_proj(F.silu(self.c_gate(x)) * self.c_up(x))
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
-    def __init__(self, C, H):
+    def __init__(self, m):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(C, eps=1e-5)
-        self.attn = Attention(C, H)
-        self.ln_2 = nn.LayerNorm(C, eps=1e-5)
-        self.mlp = MLP(C)
+        self.ln_1 = norm_layer(m)
+        self.attn = Attention(m)
+        self.ln_2 = norm_layer(m)
+        self.mlp = MLP(m)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -208,18 +301,25 @@ class GPT(nn.Module):
     def __init__(self, m):
         super().__init__()
         C = m["channels"]
+        self.m = m
         self.wte = nn.Embedding(m["vocab"], C)
-        self.wpe = nn.Embedding(m["seq_len"], C)
-        self.h = nn.ModuleList(Block(C, m["heads"]) for _ in range(m["layers"]))
-        self.ln_f = nn.LayerNorm(C, eps=1e-5)
+        if m["position"] == "learned":
+            self.wpe = nn.Embedding(m["seq_len"], C)
+        self.h = nn.ModuleList(Block(m) for _ in range(m["layers"]))
+        self.ln_f = norm_layer(m)
+        if not m["tie_embeddings"]:
+            self.lm_head = nn.Linear(C, m["vocab"], bias=False)
 
     def forward(self, tokens, targets):
         """The mean cross-entropy over the tokens (computed in fp32)."""
         T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
+        x = self.wte(tokens)
+        if self.m["position"] == "learned":
+            x = x + self.wpe(torch.arange(T, device=tokens.device))
         for block in self.h:
             x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # the LM head is tied to wte
+        head = self.wte.weight if self.m["tie_embeddings"] else self.lm_head.weight
+        logits = F.linear(self.ln_f(x), head)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -228,6 +328,32 @@ def ndmini_name(torch_name):
     if torch_name in ("wte.weight", "wpe.weight"):
         return torch_name.split(".")[0]
     return torch_name.replace(".", "/")
+
+
+def load_parameters(model, folder):
+    """Every parameter from an ndmini checkpoint folder (step_NNNNNNNN/checkpoint.h5:
+    /model/<name>, docs/checkpoint-format.md); the names and shapes must match."""
+    try:
+        import h5py
+    except ModuleNotFoundError:
+        sys.exit("gpt.py: error: --init-from needs h5py (Debian: python3-h5py)")
+    path = os.path.join(folder, "checkpoint.h5")
+    if not os.path.isfile(path):
+        sys.exit(f"gpt.py: error: --init-from {folder}: no checkpoint.h5 there (give a step_NNNNNNNN folder)")
+    with h5py.File(path, "r") as f, torch.no_grad():
+        names = set()
+        f["model"].visit(lambda n: names.add(n) if isinstance(f["model"][n], h5py.Dataset) else None)
+        for name, p in model.named_parameters():
+            full = ndmini_name(name)
+            if full not in names:
+                sys.exit(f"gpt.py: error: {path} has no tensor model/{full}: the deck's architecture differs")
+            values = f["model"][full][()]
+            if tuple(values.shape) != tuple(p.shape):
+                sys.exit(f"gpt.py: error: model/{full} is {list(values.shape)} in {path}, {list(p.shape)} here")
+            p.copy_(torch.from_numpy(values))
+            names.discard(full)
+        if names:
+            sys.exit(f"gpt.py: error: {path} holds tensors this model lacks: {', '.join(sorted(names)[:4])}")
 
 
 def init_parameters(model, m, seed, how):
@@ -272,9 +398,16 @@ class Trainer:
         groups = [{"params": [p for _, p in params if p.dim() == 2], "weight_decay": self.t["weight_decay"]},
                   {"params": [p for _, p in params if p.dim() != 2], "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=self.t["lr"], betas=(0.9, 0.95), eps=1e-8)
-        # ndmini stores the key bias's gradient as an exact zero (it cannot change any output).
+        # ndmini stores the key bias's gradient as an exact zero (it cannot change any output:
+        # without RoPE it adds q . b_k to every score of a softmax row).
         C = self.m["channels"]
-        self.key_bias_grads = [(b.attn.c_attn.bias, slice(C, 2 * C)) for b in self.model.h]
+        self.key_bias_grads = []
+        if self.m["bias"] and self.m["position"] == "learned":
+            for b in self.model.h:
+                if self.m["kv"] == self.m["heads"]:
+                    self.key_bias_grads.append((b.attn.c_attn.bias, slice(C, 2 * C)))
+                else:
+                    self.key_bias_grads.append((b.attn.c_k.bias, slice(None)))
 
     def loss(self, inputs, targets):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
@@ -320,6 +453,9 @@ def main():
                     help="override a deck key, as ndmini's --set (repeatable)")
     ap.add_argument("--init", choices=("ndmini", "torch"), default="ndmini",
                     help="initial parameters: ndmini's RNG (default; same values as ndmini) or torch's")
+    ap.add_argument("--init-from", metavar="FOLDER",
+                    help="initial parameters from an ndmini checkpoint step folder (needs h5py), e.g. "
+                         "ck/step_00000000 of a run with checkpoint.at_start = true")
     ap.add_argument("--metrics", help="write one JSON object per step, then the summary, to this file")
     ap.add_argument("--quiet", action="store_true", help="print only the summary line")
     args = ap.parse_args()
@@ -336,13 +472,16 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(t["seed"])
     trainer = Trainer(deck, args.precision)
-    init_parameters(trainer.model, deck["model"], t["seed"], args.init)
+    if args.init_from:
+        load_parameters(trainer.model, args.init_from)
+    else:
+        init_parameters(trainer.model, deck["model"], t["seed"], args.init)
     tokens_per_step = t["global_batch"] * deck["model"]["seq_len"]
     if not args.quiet:
         print(f"pytorch {torch.__version__} | {args.precision} | {torch.get_num_threads()} thread(s) | "
               f"params {sum(p.numel() for p in trainer.model.parameters())} | steps {t['steps']} | "
               f"global batch {t['global_batch']} x {deck['model']['seq_len']} tokens, micro-batch "
-              f"{t['micro_batch']} | init {args.init}", flush=True)
+              f"{t['micro_batch']} | init {args.init_from or args.init}", flush=True)
 
     metrics = open(args.metrics, "w") if args.metrics else None
     step_ms, last_val = [], (None, None)

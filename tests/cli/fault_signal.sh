@@ -15,8 +15,8 @@
 #   checkpoint saved, and no "second signal"; that checkpoint is `latest`
 #   and verifies; resuming from it to the end gives losses, parameters and
 #   AdamW state bitwise those of an uninterrupted run.
-# twice: the first SIGTERM to every process as in cluster; one rank is then
-#   held (SIGSTOP) so that the step boundary cannot come first, and after
+# twice: one rank held (SIGSTOP) so that the step boundary cannot come
+#   first, then the first SIGTERM to every process as in cluster, and after
 #   the copy window (2 s) a deliberate second SIGTERM goes to every rank or
 #   to mpiexec alone: the job ends at once (MPI_Abort: mpiexec exits 143,
 #   the held rank taken down with the rest), `latest`, where there is one,
@@ -239,9 +239,13 @@ for ((trial = 1; trial <= trials; trial++)); do
       esac
       saving "$dir" && where="$where, during a save"
     elif [ "$mode" = twice ]; then
-      signal_every_process TERM $job "${pids[@]}"
+      # Held first, so that the step boundary cannot come before the second
+      # request however fast the steps are (held after the first signal, the
+      # hold came too late in 5 draws in a row on a quiet machine); the held
+      # rank's copies stay pending, the others get both requests.
       held=$((RANDOM % np))
       kill -STOP "${pids[$held]}" 2>/dev/null || true
+      signal_every_process TERM $job "${pids[@]}"
       second=$([ $((trial % 2)) -eq 1 ] && echo "every rank" || echo mpiexec)
       target="every process ($order), rank $held held, after ${WINDOW_S}.3 s again to $second"
       sleep "$WINDOW_S.3"

@@ -74,10 +74,10 @@ step_losses() {
   grep '"step"' "$1" | sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/'
 }
 
-# No debris: a checkpoint folder holds no .step_*.tmp or .step_*.old.
+# No debris: a checkpoint folder holds no .step_*.tmp, .step_*.old or .step_*.pruned.
 no_debris() {
   local dir=$1
-  if ls -a "$dir" | grep -Eq '^\.step_.*\.(tmp|old)$'; then fail "debris left in $dir: $(ls -a "$dir" | tr '\n' ' ')"; fi
+  if ls -a "$dir" | grep -Eq '^\.step_.*\.(tmp|old|pruned)$'; then fail "debris left in $dir: $(ls -a "$dir" | tr '\n' ' ')"; fi
 }
 
 # own_lines FILE: the lines of ndmini's output, without the notice Kokkos'
