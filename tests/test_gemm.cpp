@@ -308,6 +308,14 @@ TEST(GemmLibrary, WarnsWhenOpenBlasRunsAnOldKernel) {
   EXPECT_EQ(kn::blas_kernel_warning("Cooperlake", avx512_bf16), "");
   EXPECT_EQ(kn::blas_kernel_warning("SkylakeX", avx512), "");
   EXPECT_EQ(kn::blas_kernel_warning("Haswell", avx2), "");
+  // The warning matters only where a class of the run goes to BLAS.
+  kn::GemmRouteReport route;
+  EXPECT_TRUE(kn::route_uses_blas(route));  // the default: BLAS everywhere
+  for (auto& precision : route.library)
+    for (auto& library : precision) library = kn::GemmLibrary::onednn;
+  EXPECT_FALSE(kn::route_uses_blas(route));
+  route.library[1][1] = kn::GemmLibrary::blas;
+  EXPECT_TRUE(kn::route_uses_blas(route));
   EXPECT_EQ(kn::blas_kernel_warning("Zen", avx2), "");
   EXPECT_EQ(kn::blas_kernel_warning("Prescott", kn::CpuFeatures{}), "");
   EXPECT_EQ(kn::blas_kernel_warning("", avx512_bf16), "");

@@ -231,9 +231,18 @@ std::string bf16_slower_note(const GemmRouteReport& r) {
          "faster on this machine";
 }
 
+bool route_uses_blas(const GemmRouteReport& r) {
+  for (const auto& precision : r.library)
+    for (GemmLibrary library : precision)
+      if (library == GemmLibrary::blas) return true;
+  return false;
+}
+
 std::string gemm_machine_lines() {
   std::string s = describe_gemm_libraries() + "\n";
-  const std::string warning = blas_kernel_warning(openblas_core(), cpu_features());
+  // Before a route is chosen (ndmini check), the default route: BLAS.
+  const std::string warning =
+      !g_reported || route_uses_blas(g_report) ? blas_kernel_warning(openblas_core(), cpu_features()) : "";
   if (!warning.empty()) s += "warning: " + warning + "\n";
   if (g_reported) {
     const std::string note = bf16_slower_note(g_report);

@@ -113,6 +113,10 @@ std::string describe_gemm_route();
 // (on the route it takes) is below the fp32 rate of the fp32 route chosen;
 // "" otherwise. Pure function of the report, so it is testable for any CPU.
 std::string bf16_slower_note(const GemmRouteReport& report);
+// Whether the route sends any class of either precision to BLAS: where it
+// sends none, an old OpenBLAS kernel slows no product of the run and its
+// warning is left out.
+bool route_uses_blas(const GemmRouteReport& report);
 
 // What a run's banner and `ndmini check` print: describe_gemm_libraries(),
 // then the warning if there is one ("warning: ...") and the bf16 note
