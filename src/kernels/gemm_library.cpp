@@ -64,7 +64,10 @@ std::string blas_kernel_warning(const std::string& core, const CpuFeatures& cpu)
 void use_rank_threads() {
   static const bool once = [] {
 #ifdef NDMINI_HAVE_ONEDNN
-    onednn::use_threads(Kokkos::DefaultHostExecutionSpace().concurrency());
+    // One thread: oneDNN's own split of a product over threads reorders its
+    // sums (with AMX a 1536x384x1024 TN bf16 product differed between 1 and
+    // 2 threads), and a rank's results must not depend on its thread count.
+    onednn::use_threads(1);
 #endif
 #ifdef NDMINI_HOST_PANELS
     if (openblas_set_num_threads) openblas_set_num_threads(1);
@@ -80,7 +83,7 @@ bool host_products_on_one_thread(bool bf16) {
 #ifdef NDMINI_HAVE_ONEDNN
     if (onednn::has_bf16()) {
       use_rank_threads();
-      return Kokkos::DefaultHostExecutionSpace().concurrency() == 1;
+      return true;  // oneDNN on one thread
     }
 #endif
     return false;  // emulated through the fp32 route, with a widening pass on Kokkos' threads

@@ -49,7 +49,8 @@ std::string blas_kernel_warning(const std::string& openblas_core, const CpuFeatu
 std::string openblas_core();
 
 // The products on the rank's own host threads (Kokkos' host concurrency: 1
-// in a Serial build), not every core of the node: oneDNN's OpenMP threads,
+// in a Serial build), not every core of the node: oneDNN on one thread (its
+// own split over threads changes a product's bits with the thread count),
 // and, where fp32 products run in panels on Kokkos' threads, BLAS on one
 // thread per panel (else N Kokkos threads would each start N BLAS threads).
 // Idempotent, called before the first product and by
