@@ -185,7 +185,8 @@ cudart=$(ldd "$dir/bin/ndmini" | awk '/libcudart/ { print $3 }')
 for f in "$dir"/lib/*; do
   if [ "$(du -k "$f" | cut -f1)" -gt "$zstd_above_kib" ]; then zstd -q -10 -T"$jobs" --rm "$f"; fi
 done
-(cd "$dir" && find . -type f | sort | xargs ls -l | awk '{ print $5, $9 }') >"$dir/files.txt"
+# files.txt lists every other file of the bundle with its size (not itself, which is being written).
+(cd "$dir" && find . -type f ! -path ./files.txt | sort | xargs ls -l | awk '{ print $5, $9 }') >"$dir/files.txt"
 size_kib=$(du -sk "$dir" | cut -f1)
 step "bundle $dir: $((size_kib / 1024)) MiB, $(find "$dir" -type f | wc -l) files; built with cuBLAS $(ver cublas), NCCL $(ver nccl), glibc >= $glibc_required"
 if [ "$size_kib" -gt $((60 * 1024)) ]; then
