@@ -112,7 +112,8 @@ mkdir -p "$work/tiny-cpu"
 # ---- 3. the bundle ---------------------------------------------------------------------------
 cp "$work/cuda/miniapp/ndmini" "$dir/bin/ndmini"
 # The host ndmini is not needed on the GPU machine (its losses are carried); BUNDLE_HOST=1 adds it
-# (with oneDNN and Debian's Kokkos, about 12 MiB more) for bundle_proof.sh's training run.
+# for bundle_proof.sh's training run (oneDNN, OpenBLAS, LAPACK, libgfortran, Debian's Kokkos:
+# about 21 MiB more, 55 MiB in all, near the 60 MiB limit).
 [ "${BUNDLE_HOST:-0}" != 1 ] || cp "$host_build/miniapp/ndmini" "$dir/bin/ndmini-host"
 for t in test_cublas test_nccl test_comm; do
   f=$(find "$work/cuda" -name "$t" -type f -perm -u+x | head -n 1)
