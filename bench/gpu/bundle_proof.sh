@@ -53,8 +53,11 @@ t0=$SECONDS
 
 if [ ! -x "$root/usr/bin/bash" ]; then
   command -v debootstrap >/dev/null || skip "no debootstrap (apt-get install debootstrap) and no Debian root at $root"
-  mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb \(http[^ ]*debian\) .*/\1/p' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | head -n 1)}
+  # Only apt's own files (*.list, *.sources), those that exist: Debian 12 has no sources.list, and
+  # a missing file made sed exit 2, which set -e -o pipefail turned into a silent exit 2.
+  mirror=${DEBIAN_MIRROR:-$(for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [ ! -f "$f" ] || sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb \(http[^ ]*debian\) .*/\1/p' "$f"
+  done | head -n 1)}
   mirror=${mirror:-http://deb.debian.org/debian}
   echo "bundle_proof: debootstrap --variant=minbase bookworm $root $mirror"
   debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
@@ -130,7 +133,7 @@ if ! grep -q 'library check FAILED' "$root/tmp/proof-check1.log" || ! grep -q 'l
   cat "$root/tmp/proof-check1.log"
   fail "check.sh --bundle exited 2 without saying which library is missing"
 fi
-echo "bundle_proof: 2. without cuBLAS/NCCL: exit 2, \"$(grep -m1 -o 'library check FAILED[^:]*' "$root/tmp/proof-check1.log")\""
+echo "bundle_proof: 2. without cuBLAS/NCCL: exit 2, \"$(grep -m1 -o 'library check FAILED: [^;]*' "$root/tmp/proof-check1.log")\""
 
 # 3. with the stand-ins where pip puts them: the library check passes, then exit 77 at the GPU step.
 mkdir -p "$pip_site/cublas/lib" "$pip_site/nccl/lib"
