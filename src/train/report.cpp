@@ -275,6 +275,11 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
   std::printf("  tokens/s/rank      %.0f\n", r.tokens_per_s / world);
   std::printf("  MFU                %.1f%% of %.1f GFLOP/s per rank (%s)\n", 100 * r.mfu, r.peak.flops_per_rank / 1e9,
               r.peak.source.c_str());
+  // A measured peak covers every product the calibration timed; a given one may not.
+  if (r.mfu > 1)
+    std::printf(
+        "                     above 100%%: the run multiplied faster than this peak%s\n",
+        r.peak.run_flops.empty() ? "; perf.peak_gflops = 0 measures it" : " (a busy machine during the calibration)");
   std::printf(
       "  memory/rank        %.1f MiB model state, %.1f MiB activations in flight at most, "
       "%s%.1f MiB estimated in all, %.1f MiB peak RSS (rank 0)\n",

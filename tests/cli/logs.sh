@@ -78,4 +78,9 @@ for got, w, what in zip(line, want, ("step 0", "steps 1-3", "steps 4-5")):
         sys.exit(f"FAIL: the line's loss {got} is not the mean of {what}, {w:.6f}")
 print("ok: progress losses are the window means", line)
 PY
-echo "ok: header, step records and progress lines"
+# An MFU above 100% (a given peak below the run's speed) is flagged with the fix; a sane one is not.
+grep -q "above 100%" out.txt && { grep -A1 "  MFU" out.txt; fail "MFU flagged above 100% with a measured peak"; }
+run 1 train tiny.toml --set train.steps=3 --set perf.peak_gflops=0.001 >low.txt 2>&1 || { cat low.txt; fail "training failed"; }
+grep -q "above 100%: the run multiplied faster than this peak; perf.peak_gflops = 0 measures it" low.txt ||
+  { grep -A1 "  MFU" low.txt; fail "no flag for an MFU above 100%"; }
+echo "ok: header, step records and progress lines; an MFU above 100% is flagged"
