@@ -12,8 +12,9 @@
 // Accounting, per communicator, reset by the caller each step:
 //   calls, bytes (this rank's payload: the full buffer for all-reduce and
 //   broadcast, the gathered size for all-gather and reduce-scatter, the
-//   message for send/recv), ms (issue to completion), and exposed_ms (time the
-//   caller was blocked: the whole call when blocking, the wait when not).
+//   message for send/recv, sent plus received for all-to-all-v), ms (issue
+//   to completion), and exposed_ms (time the caller was blocked: the whole
+//   call when blocking, the wait when not).
 //   Non-blocking calls count calls and bytes at issue, ms and exposed_ms at
 //   completion (exposed_ms then also holds the issue and any test() calls).
 //

@@ -58,7 +58,8 @@ int mpi_count(std::size_t count, const char* call) {
   return static_cast<int>(count);
 }
 
-// Several point-to-point requests completed together.
+// Several requests completed together: point-to-point transfers, the
+// pieces of a large all-reduce, or one all-to-all-v with its arguments.
 class MpiRequests final : public CommRequest::Impl {
  public:
   std::vector<MPI_Request> requests;
@@ -93,8 +94,10 @@ MPI_Datatype bits_of() {
 // displacements, receive counts, receive displacements, n each.
 constexpr std::size_t kAllToAllArrays = 4;
 
-// MPI_Ialltoallv's int counts and displacements (the block after the
-// last must still start below INT_MAX: its displacement is an int too).
+// MPI_Ialltoallv's counts and displacements as ints: each must fit, or the
+// call is refused. (MPI 4's MPI_Ialltoallv_c takes MPI_Count, but not every
+// MPI this code builds with has it; at 2^31 elements per block a rank would
+// hold 8 GiB of fp32 tokens for one peer.)
 std::vector<int> mpi_all_to_all_args(const AllToAllCounts& c, const char* call) {
   const std::size_t n = c.send_counts.size();
   std::vector<int> out;
