@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Collectives over ndmini's own comm layer, the way nccl-tests reports them:
 // all-reduce (blocking, and issued non-blocking then waited), all-gather,
-// reduce-scatter, broadcast and send/recv (a ring exchange through
-// Communicator::batch_p2p) on every mesh axis of more than one rank, from
+// reduce-scatter, broadcast, send/recv (a ring exchange through
+// Communicator::batch_p2p) and all-to-all (Communicator::all_to_all_v with
+// equal blocks, as nccl-tests' alltoall) on every mesh axis of more than one rank, from
 // 4 B to 256 MiB, plus a memcpy (Kokkos::deep_copy) in the same run for
 // scale. Every benchmark checks its result on the first and the last
 // iteration; a wrong element is an error, not a slow number.
@@ -17,11 +18,13 @@
 //
 // Definitions (nccl-tests' PERFORMANCE.md): S is the size of the benchmark
 // name in bytes -- the buffer for all-reduce and broadcast, the full gathered
-// (or scattered) buffer for all-gather and reduce-scatter, one message for
+// (or scattered) buffer for all-gather and reduce-scatter, one rank's send
+// buffer (n blocks of S/n, its own included) for all-to-all, one message for
 // send/recv and memcpy. t is the slowest rank's time per iteration, averaged
 // over iterations (Google Benchmark's Time column). algbw = S / t; busbw =
-// algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and
-// reduce-scatter, x 1 for broadcast, send/recv and memcpy, n the axis size.
+// algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather, reduce-scatter
+// and all-to-all (each rank's link carries all but its own block, as
+// nccl-tests counts it), x 1 for broadcast, send/recv and memcpy, n the axis size.
 // t_avg/t_min/t_max are the mean per-rank times, averaged/min/max over ranks.
 //
 // Overlap (overlap/AXIS/SIZE/mpi_calls and .../progress_thread, 1 MiB and
@@ -57,7 +60,7 @@ constexpr std::size_t kMinBytes = 4;
 constexpr std::size_t kDefaultMaxBytes = std::size_t{256} << 20;
 constexpr double kGB = 1e9;  // bandwidths in GB/s, as nccl-tests prints them
 
-enum class Op { all_reduce, all_reduce_nb, all_gather, reduce_scatter, broadcast, sendrecv, memcpy };
+enum class Op { all_reduce, all_reduce_nb, all_gather, reduce_scatter, broadcast, sendrecv, all_to_all, memcpy };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -73,6 +76,8 @@ const char* op_name(Op op) {
       return "broadcast";
     case Op::sendrecv:
       return "sendrecv";
+    case Op::all_to_all:
+      return "all_to_all_v";
     case Op::memcpy:
       return "memcpy";
   }
@@ -87,6 +92,7 @@ double bus_factor(Op op, int n) {
       return 2.0 * (n - 1) / n;
     case Op::all_gather:
     case Op::reduce_scatter:
+    case Op::all_to_all:
       return static_cast<double>(n - 1) / n;
     default:
       return 1.0;
@@ -177,6 +183,7 @@ struct Case {
   std::size_t bytes;
   int n = 1, rank = 0;
   View1D a, b, pristine;
+  AllToAllCounts blocks;  // all-to-all: n equal blocks each way
 
   Case(Op op_, Communicator* c, std::size_t bytes_) : op(op_), comm(c), bytes(bytes_) {
     if (comm != nullptr) {
@@ -206,12 +213,15 @@ struct Case {
         fill(a, rank);
         break;
       case Op::sendrecv:
+      case Op::all_to_all:
       case Op::memcpy:
         a = View1D("ndmini::bench_send", count);
         b = View1D("ndmini::bench_recv", count);
         fill(a, rank);
         break;
     }
+    if (op == Op::all_to_all)
+      blocks = AllToAllCounts::packed(std::vector<std::size_t>(n, count / n), std::vector<std::size_t>(n, count / n));
   }
 
   // Untimed preparation of one iteration: in-place all-reduce needs its input back.
@@ -243,6 +253,9 @@ struct Case {
             .wait();
         break;
       }
+      case Op::all_to_all:
+        comm->all_to_all_v(a.data(), b.data(), blocks);
+        break;
       case Op::memcpy:
         Kokkos::deep_copy(b, a);
         break;
@@ -276,6 +289,11 @@ struct Case {
         case Op::sendrecv:
           want = value((rank + n - 1) % n, i);
           break;
+        case Op::all_to_all: {
+          const std::size_t per = count / n;  // block i / per came from that rank's block `rank`
+          want = value(static_cast<int>(i / per), static_cast<std::size_t>(rank) * per + i % per);
+          break;
+        }
         case Op::memcpy:
           want = value(rank, i);
           break;
@@ -421,11 +439,13 @@ void register_all() {
       f.axes.push_back(std::make_unique<Communicator>(f.mesh->axis(a), axis_name(a), backend));
 
   const std::size_t top = max_bytes();
-  for (Op op : {Op::all_reduce, Op::all_reduce_nb, Op::all_gather, Op::reduce_scatter, Op::broadcast, Op::sendrecv}) {
+  for (Op op : {Op::all_reduce, Op::all_reduce_nb, Op::all_gather, Op::reduce_scatter, Op::broadcast, Op::sendrecv,
+                Op::all_to_all}) {
     for (auto& comm : f.axes) {
       for (std::size_t bytes = kMinBytes; bytes <= top; bytes *= 2) {
         const std::size_t count = bytes / sizeof(real);
-        if ((op == Op::all_gather || op == Op::reduce_scatter) && count % comm->size() != 0) continue;
+        if ((op == Op::all_gather || op == Op::reduce_scatter || op == Op::all_to_all) && count % comm->size() != 0)
+          continue;
         const std::string name = std::string(op_name(op)) + "/" + comm->name() + "/" + std::to_string(bytes);
         Communicator* c = comm.get();
         benchmark::RegisterBenchmark(name.c_str(), [op, c, bytes](benchmark::State& s) { run_case(s, op, c, bytes); })

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -621,6 +622,197 @@ TEST_P(CommTest, Bf16SumsRoundTheSameOnEveryRankAndEveryRun) {
       rounded += float_of_bits(want) != float_of_bits(rounding_operand(0, i)) + float_of_bits(rounding_operand(1, i));
     }
   if (n == 2) EXPECT_GT(rounded, count / 4) << "the operands are meant to round";
+}
+
+// --- Variable all-to-all -------------------------------------------------------
+
+// Elements rank s sends rank d in a group of n: 0, 5 or 10 (so some pairs
+// exchange nothing), and nothing at all from the last rank of a group of two or more.
+std::size_t a2a_count(int s, int d, int n) {
+  if (n > 1 && s == n - 1) return 0;
+  return static_cast<std::size_t>((s + d + 1) % 3) * 5;
+}
+
+// The bits of element j of the block rank s sends rank d: distinct per
+// (s, d, j) and a finite number both as an fp32 integer and as bf16 bits.
+std::uint16_t a2a_bits(int s, int d, std::size_t j) {
+  return static_cast<std::uint16_t>((s << 12) | (d << 8) | static_cast<int>(j & 0xff));
+}
+constexpr std::uint16_t kGapBits = 0x7777;  // what lies between the received blocks, untouched
+
+template <class T>
+T a2a_element(std::uint16_t bits) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16::from_bits(bits);
+  else
+    return static_cast<real>(bits);
+}
+
+// Rank `me`'s layout: blocks one element apart, sent in reverse rank order
+// and received in rank order after a leading gap, so every displacement matters.
+AllToAllCounts a2a_layout(int me, int n) {
+  AllToAllCounts c;
+  for (auto* v : {&c.send_counts, &c.send_displs, &c.recv_counts, &c.recv_displs}) v->resize(n);
+  std::size_t at = 0;
+  for (int d = n - 1; d >= 0; --d) {
+    c.send_counts[d] = a2a_count(me, d, n);
+    c.send_displs[d] = at;
+    at += c.send_counts[d] + 1;
+  }
+  at = 1;
+  for (int s = 0; s < n; ++s) {
+    c.recv_counts[s] = a2a_count(s, me, n);
+    c.recv_displs[s] = at;
+    at += c.recv_counts[s] + 1;
+  }
+  return c;
+}
+
+// Bytes this rank sends plus receives, by the formula (its own block included).
+std::int64_t a2a_bytes(int me, int n, std::size_t element) {
+  std::size_t elements = 0;
+  for (int r = 0; r < n; ++r) elements += a2a_count(me, r, n) + a2a_count(r, me, n);
+  return static_cast<std::int64_t>(elements * element);
+}
+
+template <class T>
+Kokkos::View<T*, MemSpace> device_of(const std::vector<T>& host) {
+  Kokkos::View<T*, MemSpace> v("comm_test_a2a", host.size());
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < host.size(); ++i) h(i) = host[i];
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+// One all-to-all-v of T over `c`, blocking or not: the received buffer
+// against the reference bit for bit (gaps included), and the accounting.
+template <class T>
+void check_all_to_all_v(Communicator& c, bool blocking) {
+  const int n = c.size(), me = c.rank();
+  const AllToAllCounts layout = a2a_layout(me, n);
+  std::vector<T> send(layout.send_displs[0] + layout.send_counts[0] + 1, a2a_element<T>(kGapBits));
+  for (int d = 0; d < n; ++d)
+    for (std::size_t j = 0; j < layout.send_counts[d]; ++j)
+      send[layout.send_displs[d] + j] = a2a_element<T>(a2a_bits(me, d, j));
+  std::vector<T> want(layout.recv_displs[n - 1] + layout.recv_counts[n - 1] + 1, a2a_element<T>(kGapBits));
+  for (int s = 0; s < n; ++s)
+    for (std::size_t j = 0; j < a2a_count(s, me, n); ++j)
+      want[layout.recv_displs[s] + j] = a2a_element<T>(a2a_bits(s, me, j));
+  const auto send_v = device_of(send);
+  const auto recv_v = device_of(std::vector<T>(want.size(), a2a_element<T>(kGapBits)));
+
+  c.reset_stats();
+  if (blocking) {
+    c.all_to_all_v(send_v.data(), recv_v.data(), layout);
+  } else {
+    CommRequest r = c.iall_to_all_v(send_v.data(), recv_v.data(), layout);
+    EXPECT_EQ(c.stats().calls, 1);  // counted at issue
+    r.wait();
+  }
+  auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), recv_v);
+  ASSERT_EQ(got.extent(0), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(std::memcmp(&got(i), &want[i], sizeof(T)), 0) << "element " << i << " of rank " << me;
+  EXPECT_EQ(c.stats().calls, 1);
+  EXPECT_EQ(c.stats().bytes, a2a_bytes(me, n, sizeof(T)));
+  EXPECT_GT(c.stats().ms, 0.0);
+  if (blocking) EXPECT_DOUBLE_EQ(c.stats().exposed_ms, c.stats().ms);
+  EXPECT_LE(c.stats().exposed_ms, c.stats().ms);
+}
+
+TEST_P(CommTest, AllToAllVMovesUnevenBlocksBitwise) {
+  for (bool blocking : {true, false}) {
+    SCOPED_TRACE(blocking ? "blocking" : "non-blocking");
+    check_all_to_all_v<real>(*comm_, blocking);
+    check_all_to_all_v<bf16>(*comm_, blocking);
+  }
+  // Nothing to move anywhere: every rank still calls, and it completes.
+  const std::vector<std::size_t> zeros(comm_->size(), 0);
+  comm_->reset_stats();
+  comm_->all_to_all_v<real>(nullptr, nullptr, AllToAllCounts::packed(zeros, zeros));
+  EXPECT_EQ(comm_->stats().calls, 1);
+  EXPECT_EQ(comm_->stats().bytes, 0);
+}
+
+TEST_P(CommTest, AllToAllVRefusesBadLayouts) {
+  const std::size_t n = comm_->size();
+  View1D buf("buf", 1);
+  AllToAllCounts short_one = AllToAllCounts::packed(std::vector<std::size_t>(n, 0), std::vector<std::size_t>(n, 0));
+  short_one.recv_displs.pop_back();
+  EXPECT_THROW(comm_->all_to_all_v(buf.data(), buf.data(), short_one), Error);
+  // More elements than MPI's int counts: refused before anything is read or
+  // sent (the buffers are far too small), on every rank alike.
+  std::vector<std::size_t> huge(n, 0);
+  huge[comm_->rank()] = static_cast<std::size_t>(std::numeric_limits<int>::max()) + 1;
+  EXPECT_THROW(comm_->all_to_all_v(buf.data(), buf.data(), AllToAllCounts::packed(huge, huge)), Error);
+  comm_->all_reduce(buf.data(), 1);  // the group is still in step
+}
+
+// The signature the hang diagnosis compares (detail::spmd_signature) of
+// c's newest ledger entry, as every rank of `group` has it (rank order).
+std::vector<std::string> newest_signatures(const Communicator& c, MPI_Comm group) {
+  const auto mine = c.recent_collectives();
+  std::string sig;
+  for (const auto& e : detail::ledger_entries())
+    if (!mine.empty() && e.index == mine.back().index) sig = detail::spmd_signature(c.name(), e, "");
+  constexpr int kChars = 96;
+  sig.resize(kChars, ' ');
+  int size = 1;
+  MPI_Comm_size(group, &size);
+  std::vector<char> all(static_cast<std::size_t>(size) * kChars);
+  MPI_Allgather(sig.data(), kChars, MPI_CHAR, all.data(), kChars, MPI_CHAR, group);
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.emplace_back(all.data() + r * kChars, kChars);
+  return out;
+}
+
+TEST_P(CommTest, AllToAllVLedgersAgreeAcrossUnevenCountsButNotOtherCalls) {
+  const int n = comm_->size(), me = comm_->rank();
+  const AllToAllCounts layout = a2a_layout(me, n);
+  View1D send("send", 64), recv("recv", 64);
+  comm_->all_to_all_v(send.data(), recv.data(), layout);
+  const auto ledger = comm_->recent_collectives();
+  ASSERT_EQ(ledger.size(), 1u);
+  EXPECT_EQ(ledger[0].op, "all_to_all_v");
+  EXPECT_EQ(ledger[0].bytes, a2a_bytes(me, n, sizeof(real)));  // the ledger still shows this rank's bytes
+  if (n > 1) {
+    std::int64_t lo = ledger[0].bytes, hi = ledger[0].bytes;
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT64_T, MPI_MIN, mpi_);
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT64_T, MPI_MAX, mpi_);
+    ASSERT_LT(lo, hi) << "the ranks are meant to move different amounts";
+  }
+  const auto same = newest_signatures(*comm_, mpi_);
+  for (int r = 1; r < n; ++r) EXPECT_EQ(same[r], same[0]) << "rank " << r << " against rank 0";
+
+  // Next, rank 0 calls an all-reduce where the others call an all-to-all-v
+  // (each on a group of its own, named as this one, so nothing waits): its
+  // entry differs from theirs, which still agree among themselves.
+  MPI_Comm self = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_SELF, &self);
+  {
+    Communicator alone(self, comm_->name());
+    View1D a("a", 16), b("b", 16);
+    const std::size_t own = static_cast<std::size_t>(me % 4) + 1;  // bytes differ between ranks
+    if (me == 0)
+      alone.all_reduce(a.data(), 4);
+    else
+      alone.all_to_all_v(a.data(), b.data(), AllToAllCounts::packed({own}, {own}));
+    const auto sigs = newest_signatures(alone, mpi_);
+    for (int r = 1; r < n; ++r) {
+      EXPECT_NE(sigs[r], sigs[0]) << "rank " << r << " against rank 0's all-reduce";
+      EXPECT_EQ(sigs[r], sigs[n - 1]) << "rank " << r << " against rank " << n - 1;
+    }
+  }
+  MPI_Comm_free(&self);
+  // A collective of fixed size still compares its bytes.
+  detail::LedgerEntry e;
+  e.op = detail::CollOp::all_reduce;
+  e.bytes = 4;
+  detail::LedgerEntry f = e;
+  f.bytes = 8;
+  EXPECT_NE(detail::spmd_signature("dp", e, ""), detail::spmd_signature("dp", f, ""));
+  e.op = f.op = detail::CollOp::all_to_all_v;
+  EXPECT_EQ(detail::spmd_signature("dp", e, ""), detail::spmd_signature("dp", f, ""));
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, CommTest, ::testing::Values("world", "split", "world_watched", "split_watched"),

@@ -84,12 +84,19 @@ struct Communicator::BackendImpl {
   virtual void recv(real* buf, std::size_t count, int peer, int tag) = 0;
   virtual std::unique_ptr<CommRequest::Impl> iall_gather(const real* send, real* recv, std::size_t count_per_rank) = 0;
   virtual std::unique_ptr<CommRequest::Impl> batch_p2p(const std::vector<P2POp>& ops) = 0;
+  // The variable all-to-all of fp32 and of bf16 values (the Communicator's
+  // blocking form waits for it); `counts` has one entry per rank.
+  virtual std::unique_ptr<CommRequest::Impl> iall_to_all_v(const real* send, real* recv,
+                                                           const AllToAllCounts& counts) = 0;
+  virtual std::unique_ptr<CommRequest::Impl> iall_to_all_v(const bf16* send, bf16* recv,
+                                                           const AllToAllCounts& counts) = 0;
 };
 
 // A backend that writes each sum once, as member templates over the element
 // type (all_reduce_of<T>, reduce_scatter_of<T>, iall_reduce_of<T>,
-// ireduce_scatter_of<T>, T = real or bf16), derives from this: it turns the
-// fp32 and bf16 overrides into calls of those templates.
+// ireduce_scatter_of<T>, T = real or bf16), and the variable all-to-all
+// (iall_to_all_v_of<T>), derives from this: it turns the fp32 and bf16
+// overrides into calls of those templates.
 template <class Backend>
 struct SumsOverElementType : Communicator::BackendImpl {
   void all_reduce(real* buf, std::size_t count, ReduceOp op) override { self().all_reduce_of(buf, count, op); }
@@ -113,6 +120,14 @@ struct SumsOverElementType : Communicator::BackendImpl {
   std::unique_ptr<CommRequest::Impl> ireduce_scatter(const bf16* send, bf16* recv,
                                                      std::size_t count_per_rank) override {
     return self().ireduce_scatter_of(send, recv, count_per_rank);
+  }
+  std::unique_ptr<CommRequest::Impl> iall_to_all_v(const real* send, real* recv,
+                                                   const AllToAllCounts& counts) override {
+    return self().iall_to_all_v_of(send, recv, counts);
+  }
+  std::unique_ptr<CommRequest::Impl> iall_to_all_v(const bf16* send, bf16* recv,
+                                                   const AllToAllCounts& counts) override {
+    return self().iall_to_all_v_of(send, recv, counts);
   }
 
  private:

@@ -440,6 +440,74 @@ CommRequest Communicator::batch_p2p(const std::vector<P2POp>& ops) {
                              detail::bytes_of(count), [&] { return impl_->batch_p2p(ops); });
 }
 
+namespace {
+
+std::size_t sum_of(const std::vector<std::size_t>& counts) {
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  return total;
+}
+
+std::vector<std::size_t> prefix_sums(const std::vector<std::size_t>& counts) {
+  std::vector<std::size_t> displs(counts.size());
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    displs[r] = at;
+    at += counts[r];
+  }
+  return displs;
+}
+
+}  // namespace
+
+AllToAllCounts AllToAllCounts::packed(std::vector<std::size_t> send_counts, std::vector<std::size_t> recv_counts) {
+  AllToAllCounts c;
+  c.send_displs = prefix_sums(send_counts);
+  c.recv_displs = prefix_sums(recv_counts);
+  c.send_counts = std::move(send_counts);
+  c.recv_counts = std::move(recv_counts);
+  return c;
+}
+
+std::size_t AllToAllCounts::send_total() const { return sum_of(send_counts); }
+std::size_t AllToAllCounts::recv_total() const { return sum_of(recv_counts); }
+
+void Communicator::check_layout(const AllToAllCounts& counts) const {
+  const auto n = static_cast<std::size_t>(size_);
+  require(counts.send_counts.size() == n && counts.send_displs.size() == n && counts.recv_counts.size() == n &&
+              counts.recv_displs.size() == n,
+          "Communicator '" + name_ + "': an all-to-all-v needs one count and one displacement per rank of its " +
+              std::to_string(size_) + " (send: " + std::to_string(counts.send_counts.size()) + " and " +
+              std::to_string(counts.send_displs.size()) + ", receive: " + std::to_string(counts.recv_counts.size()) +
+              " and " + std::to_string(counts.recv_displs.size()) + ")");
+}
+
+template <class T>
+void Communicator::all_to_all_v(const T* send, T* recv, const AllToAllCounts& counts) {
+  check_layout(counts);
+  if (skip("all_to_all_v")) return;
+  detail::blocking(
+      {stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_to_all_v,
+      detail::bytes_of<T>(counts.send_total() + counts.recv_total()),
+      // Only a non-blocking form in the backends: the blocking call waits for it.
+      [&] { impl_->iall_to_all_v(send, recv, counts)->wait(); },
+      [&] { return impl_->iall_to_all_v(send, recv, counts); });
+}
+
+template <class T>
+CommRequest Communicator::iall_to_all_v(const T* send, T* recv, const AllToAllCounts& counts) {
+  check_layout(counts);
+  if (skip("all_to_all_v")) return CommRequest();
+  return detail::nonblocking({stats_, ledger_id_, seq_, !impl_->orders_with_compute()}, detail::CollOp::all_to_all_v,
+                             detail::bytes_of<T>(counts.send_total() + counts.recv_total()),
+                             [&] { return impl_->iall_to_all_v(send, recv, counts); });
+}
+
+template void Communicator::all_to_all_v<real>(const real*, real*, const AllToAllCounts&);
+template void Communicator::all_to_all_v<bf16>(const bf16*, bf16*, const AllToAllCounts&);
+template CommRequest Communicator::iall_to_all_v<real>(const real*, real*, const AllToAllCounts&);
+template CommRequest Communicator::iall_to_all_v<bf16>(const bf16*, bf16*, const AllToAllCounts&);
+
 CommRequest Communicator::isend(const real* buf, std::size_t count, int peer, int tag) {
   return batch_p2p({{P2POp::Kind::send, const_cast<real*>(buf), count, peer, tag}});
 }

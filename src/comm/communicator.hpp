@@ -12,8 +12,9 @@
 // Accounting, per communicator, reset by the caller each step:
 //   calls, bytes (this rank's payload: the full buffer for all-reduce and
 //   broadcast, the gathered size for all-gather and reduce-scatter, the
-//   message for send/recv), ms (issue to completion), and exposed_ms (time the
-//   caller was blocked: the whole call when blocking, the wait when not).
+//   message for send/recv, sent plus received for all-to-all-v), ms (issue
+//   to completion), and exposed_ms (time the caller was blocked: the whole
+//   call when blocking, the wait when not).
 //   Non-blocking calls count calls and bytes at issue, ms and exposed_ms at
 //   completion (exposed_ms then also holds the issue and any test() calls).
 //
@@ -71,13 +72,28 @@ struct P2POp {
   int tag = 0;  // MPI matches on it; NCCL matches in issue order (tags ignored)
 };
 
+// The layout of a variable all-to-all (Communicator::all_to_all_v): element
+// counts and displacements, one entry per rank of the communicator, in its
+// rank order. send_counts[r] elements from send + send_displs[r] go to rank
+// r; recv_counts[r] elements from rank r land at recv + recv_displs[r], and
+// must equal rank r's send_counts[rank()] (exchange the counts first).
+struct AllToAllCounts {
+  std::vector<std::size_t> send_counts, send_displs;
+  std::vector<std::size_t> recv_counts, recv_displs;
+
+  // Blocks back to back in rank order: each displacement is the sum of the counts before it.
+  static AllToAllCounts packed(std::vector<std::size_t> send_counts, std::vector<std::size_t> recv_counts);
+  std::size_t send_total() const;
+  std::size_t recv_total() const;
+};
+
 // One entry of the collective ledger (see above).
 struct CollectiveRecord {
   std::uint64_t index;  // among this rank's collectives on all communicators, from 0
   std::uint64_t seq;    // among this communicator's collectives, from 0
   std::string op;       // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "p2p",
-                        // "all_reduce_scalar"
-  std::int64_t bytes;   // as counted in CommStats
+                        // "all_reduce_scalar", "all_to_all_v"
+  std::int64_t bytes;   // as counted in CommStats (the hang diagnosis compares them, except all_to_all_v's)
   bool blocking;
   bool complete;
 };
@@ -181,6 +197,23 @@ class Communicator {
   // pipeline stage's send and receive cannot deadlock); one request completes
   // them all. Accounted as one call; bytes are those sent plus received.
   CommRequest batch_p2p(const std::vector<P2POp>& ops);
+
+  // Variable all-to-all (expert parallelism's token dispatch and combine),
+  // T = real or bf16 (bf16 activations travel as 2 bytes a value). Every rank
+  // of the group calls it, zero counts included, with the layout of `counts`
+  // (AllToAllCounts above); send and recv must not overlap, and recv is
+  // written only inside its blocks. A pure copy: the result does not depend
+  // on timing or on the backend's order of transfers. MPI: MPI_Ialltoallv
+  // (counts and displacements must fit MPI's int, else Error before anything
+  // moves); NCCL: one group of ncclSend/ncclRecv. `counts` may go once the
+  // call returns. Accounted as one call of bytes sent plus received (all
+  // blocks, this rank's own included); its ledger entry keeps the bytes, but
+  // the hang diagnosis leaves them out when it compares ranks, which
+  // legitimately move different amounts.
+  template <class T>
+  void all_to_all_v(const T* send, T* recv, const AllToAllCounts& counts);
+  template <class T>
+  CommRequest iall_to_all_v(const T* send, T* recv, const AllToAllCounts& counts);
   CommRequest isend(const real* buf, std::size_t count, int peer, int tag = 0);
   CommRequest irecv(real* buf, std::size_t count, int peer, int tag = 0);
 
@@ -211,6 +244,8 @@ class Communicator {
   struct BackendImpl;  // MPI or NCCL
 
  private:
+  // Throws Error unless `counts` has one entry per rank of the group.
+  void check_layout(const AllToAllCounts& counts) const;
   // Consumes the fault-injection switch: true when this call is to be skipped.
   bool skip(const char* op);
   // True when sums are dropped (drop_sums_for_fault_injection) or this call is skipped.

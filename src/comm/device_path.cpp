@@ -9,6 +9,7 @@
 #endif
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/mpi/mpi_backend.hpp"
 #include "core/error.hpp"
 
 #ifdef NDMINI_HAVE_NCCL
@@ -336,6 +338,27 @@ class StagedMpiBackend final : public SumsOverElementType<StagedMpiBackend> {
     const T* hs = s.in(send, size_ * count_per_rank);
     auto r = mpi_->ireduce_scatter(hs, s.out(recv, count_per_rank), count_per_rank);
     return std::make_unique<StagedRequest>(std::move(r), std::move(s));
+  }
+
+  // The blocks keep their displacements on the host: the copies span from
+  // each buffer's start to the end of its last block.
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> iall_to_all_v_of(const T* send, T* recv, const AllToAllCounts& counts) {
+    require_mpi_all_to_all_counts(counts);  // refuse before copying what MPI cannot take
+    Staging s(pool_);
+    const T* hs = s.in(send, span(counts.send_counts, counts.send_displs));
+    const std::size_t recv_span = span(counts.recv_counts, counts.recv_displs);
+    // recv is written only inside its blocks: where they leave gaps, the
+    // device's values travel there and back unchanged.
+    T* hr = counts.recv_total() == recv_span ? s.out(recv, recv_span) : s.in_out(recv, recv_span);
+    auto r = mpi_->iall_to_all_v(hs, hr, counts);
+    return std::make_unique<StagedRequest>(std::move(r), std::move(s));
+  }
+  static std::size_t span(const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs) {
+    std::size_t end = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r)
+      if (counts[r] > 0) end = std::max(end, displs[r] + counts[r]);
+    return end;
   }
 
   // The gathered buffer on the host, this rank's block already in place (an

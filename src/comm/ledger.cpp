@@ -114,6 +114,18 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return out;
 }
 
+}  // namespace
+
+std::string spmd_signature(const std::string& comm_name, const LedgerEntry& e, const std::string& what) {
+  const std::string head = comm_name + "/" + coll_op_name(e.op) + what;
+  // An all-to-all-v moves what each rank's data asks for (tokens routed to
+  // experts): its peers differ in bytes by design, so only the call is compared.
+  if (e.op == CollOp::all_to_all_v) return head;
+  return head + "/" + std::to_string(e.bytes);
+}
+
+namespace {
+
 // --- Reports: one rank's ledger as text, sent to the coordinator -----------
 
 struct Report {
@@ -150,11 +162,7 @@ struct Report {
     const CommInfo& c = comm(e.comm);
     return c.name + group_text(c.world_ranks);
   }
-  // What SPMD ranks agree on at each position: the axis, operation and size
-  // (not the group: the two dp groups of a 4-rank job are different groups).
-  std::string signature(const LedgerEntry& e) const {
-    return comm(e.comm).name + "/" + coll_op_name(e.op) + what(e) + "/" + std::to_string(e.bytes);
-  }
+  std::string signature(const LedgerEntry& e) const { return spmd_signature(comm(e.comm).name, e, what(e)); }
 };
 
 std::string serialize(const Watch& w, std::int64_t waiting, double waited_s) {
@@ -568,6 +576,8 @@ const char* coll_op_name(CollOp op) {
       return "barrier";
     case CollOp::setup:
       return "setup";
+    case CollOp::all_to_all_v:
+      return "all_to_all_v";
   }
   return "?";
 }

@@ -45,6 +45,7 @@ enum class CollOp : std::uint8_t {
   all_reduce_scalar,
   barrier,
   setup,  // a blocking call with no non-blocking form (communicator creation)
+  all_to_all_v,
 };
 const char* coll_op_name(CollOp op);
 
@@ -73,6 +74,13 @@ std::uint64_t ledger_record(int comm, std::uint64_t seq, CollOp op, std::int64_t
                             const char* what = nullptr);
 void ledger_complete(std::uint64_t index);
 std::vector<LedgerEntry> ledger_entries();  // oldest first
+
+// What SPMD peers must agree on at each position of their ledgers, as the
+// diagnosis compares them: the communicator's name (not its group: the two
+// dp groups of a 4-rank job are different groups), the operation, a raw
+// call's purpose (`what`, ": the step agreement" or empty) and the bytes --
+// except for all_to_all_v, whose bytes follow each rank's data.
+std::string spmd_signature(const std::string& comm_name, const LedgerEntry& e, const std::string& what);
 
 // The deadline of a wait in seconds; 0 when no watchdog is alive (or it is disabled).
 double watch_timeout_s();

@@ -4,11 +4,13 @@
 # collective (hang_driver.cpp); the job must exit non-zero within the
 # timeout plus the diagnosis' grace (and start-up), and the message must name
 # that rank and the collective it did not issue, and every answering rank's
-# ledger. Usage: hang.sh NP SKIP (environment: HANG_DRIVER, MPIEXEC,
-# MPIEXEC_NUMPROC_FLAG).
+# ledger. Usage: hang.sh NP SKIP [a2a] (environment: HANG_DRIVER, MPIEXEC,
+# MPIEXEC_NUMPROC_FLAG). With a2a the skipped collective is a variable
+# all-to-all whose bytes differ between ranks (they must not count as a divergence).
 set -euo pipefail
 np=$1
 skip=$2
+op=${3:-all_reduce}
 timeout_s=3
 step=3
 # Start-up on a busy 2-core machine takes seconds; the bound is still far
@@ -24,8 +26,10 @@ out=$(mktemp "${TMPDIR:-/tmp}/ndmini-hang.XXXXXX")
 trap 'rm -f "$out"' EXIT
 start=$(date +%s)
 rc=0
+args=()
+[ "$op" = a2a ] && args=(--a2a)
 "$MPIEXEC" "$MPIEXEC_NUMPROC_FLAG" "$np" "$HANG_DRIVER" --timeout "$timeout_s" --skip-rank "$skip" \
-  --skip-step "$step" --steps 6 >"$out" 2>&1 || rc=$?
+  --skip-step "$step" --steps 6 "${args[@]}" >"$out" 2>&1 || rc=$?
 elapsed=$(($(date +%s) - start))
 cat "$out"
 echo "exit $rc after ${elapsed} s"
@@ -38,7 +42,9 @@ grep -q "hang_driver: all" "$out" && fail "the job ran to its end"
 # rank's collective #6.
 want="first divergence at collective #$((2 * step)) of each rank: rank $skip issued 'world' #$step (all_reduce_scalar, 8 B) where"
 grep -qF -- "$want" "$out" || fail "expected the verdict: $want"
-grep -qF -- "issued 'dp' #$step (all_reduce, 4096 B)" "$out" || fail "expected the collective it skipped: 'dp' #$step"
+skipped="issued 'dp' #$step (all_reduce, 4096 B)"
+[ "$op" = a2a ] && skipped="issued 'dp' #$step (all_to_all_v, "
+grep -qF -- "$skipped" "$out" || fail "expected the collective it skipped: $skipped"
 grep -qF "collective timeout:" "$out" || fail "expected the timeout line"
 for r in $(seq 0 $((np - 1))); do
   grep -q "ndmini: rank $r ledger: " "$out" || fail "expected rank $r's ledger"

@@ -5,7 +5,9 @@
 // skips its 'dp' all-reduce (Communicator::skip_next_for_fault_injection).
 // Its partner then waits in 'dp' while it waits in 'world': the watchdog
 // must name it and end the job. Reaching the end is a failure (exit 2).
-//   mpiexec -n 4 comm_hang_driver --timeout 3 --skip-rank 2 --skip-step 3 --steps 6
+// With --a2a the 'dp' collective is a variable all-to-all whose bytes differ
+// between the ranks of a pair: the verdict must still be the skip, not those.
+//   mpiexec -n 4 comm_hang_driver --timeout 3 --skip-rank 2 --skip-step 3 --steps 6 [--a2a]
 #include <mpi.h>
 
 #include <cstdio>
@@ -26,6 +28,15 @@ double arg(int argc, char** argv, const char* name, double fallback) {
   return fallback;
 }
 
+bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+// Elements rank s of a pair sends rank d with --a2a: every rank a different amount.
+std::size_t a2a_count(int s, int d) { return static_cast<std::size_t>((s + 1) * 3 + d); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,10 +53,20 @@ int main(int argc, char** argv) {
   {
     ndmini::CollectiveWatchdog watchdog(MPI_COMM_WORLD, timeout_s);
     ndmini::Communicator dp(pairs, "dp"), all(world, "world");
-    std::vector<float> grads(kCount, 1.0f);
+    std::vector<float> grads(kCount, 1.0f), routed(kCount);
+    std::vector<std::size_t> send_counts, recv_counts;
+    for (int r = 0; r < dp.size(); ++r) {
+      send_counts.push_back(a2a_count(dp.rank(), r));
+      recv_counts.push_back(a2a_count(r, dp.rank()));
+    }
+    const auto layout = ndmini::AllToAllCounts::packed(send_counts, recv_counts);
+    const bool a2a = flag(argc, argv, "--a2a");
     for (int step = 0; step < steps; ++step) {
       if (rank == skip_rank && step == skip_step) dp.skip_next_for_fault_injection();
-      dp.all_reduce(grads.data(), kCount);
+      if (a2a)
+        dp.all_to_all_v(grads.data(), routed.data(), layout);
+      else
+        dp.all_reduce(grads.data(), kCount);
       all.all_reduce_scalar(1.0);
     }
     if (rank == 0) std::printf("hang_driver: all %d steps completed\n", steps);

@@ -58,10 +58,12 @@ int mpi_count(std::size_t count, const char* call) {
   return static_cast<int>(count);
 }
 
-// Several point-to-point requests completed together.
+// Several requests completed together: point-to-point transfers, the
+// pieces of a large all-reduce, or one all-to-all-v with its arguments.
 class MpiRequests final : public CommRequest::Impl {
  public:
   std::vector<MPI_Request> requests;
+  std::vector<int> arguments;  // arrays MPI reads until completion (MPI_Ialltoallv's counts and displacements)
   bool moved_by_mpi() const override { return true; }
   bool mpi_transfer_done() const override {
     return std::all_of(requests.begin(), requests.end(), MpiRequest::transfer_done);
@@ -80,6 +82,30 @@ class MpiRequests final : public CommRequest::Impl {
     return flag != 0;
   }
 };
+
+// The MPI datatype that moves T's bits (no arithmetic on them).
+template <class T>
+MPI_Datatype bits_of() {
+  static_assert(sizeof(bf16) == sizeof(std::uint16_t), "bf16 travels as 16 bits");
+  return std::is_same_v<T, bf16> ? MPI_UINT16_T : MPI_FLOAT;
+}
+
+// MPI_Ialltoallv's arguments laid end to end: send counts, send
+// displacements, receive counts, receive displacements, n each.
+constexpr std::size_t kAllToAllArrays = 4;
+
+// MPI_Ialltoallv's counts and displacements as ints: each must fit, or the
+// call is refused. (MPI 4's MPI_Ialltoallv_c takes MPI_Count, but not every
+// MPI this code builds with has it; at 2^31 elements per block a rank would
+// hold 8 GiB of fp32 tokens for one peer.)
+std::vector<int> mpi_all_to_all_args(const AllToAllCounts& c, const char* call) {
+  const std::size_t n = c.send_counts.size();
+  std::vector<int> out;
+  out.reserve(kAllToAllArrays * n);
+  for (const std::vector<std::size_t>* v : {&c.send_counts, &c.send_displs, &c.recv_counts, &c.recv_displs})
+    for (std::size_t x : *v) out.push_back(mpi_count(x, call));
+  return out;
+}
 
 // MPI_Allreduce and MPI_Bcast of more than kMaxPieceBytes are sent as
 // several calls of at most that size, issued together (non-blocking) or one
@@ -282,6 +308,22 @@ class MpiBackend final : public SumsOverElementType<MpiBackend> {
               "MPI_Ireduce_scatter_block");
     return r;
   }
+  // MPI_Ialltoallv rather than a pair of MPI_Isend/MPI_Irecv per peer: the
+  // library's own schedule (MPICH: pairwise or throttled exchanges, not 2n
+  // requests at once on a large group), one request, and the collective's
+  // context, so its messages never match a batch_p2p's on the same group.
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> iall_to_all_v_of(const T* send, T* recv, const AllToAllCounts& counts) {
+    auto r = std::make_unique<MpiRequests>();
+    r->arguments = mpi_all_to_all_args(counts, "MPI_Ialltoallv");  // kept alive with the request
+    const std::size_t n = counts.send_counts.size();
+    const int* a = r->arguments.data();
+    r->requests.push_back(MPI_REQUEST_NULL);
+    mpi_check(MPI_Ialltoallv(send, a, a + n, bits_of<T>(), recv, a + 2 * n, a + 3 * n, bits_of<T>(), comm_,
+                             &r->requests.back()),
+              "MPI_Ialltoallv");
+    return r;
+  }
   // In-place all-gather (this rank's block already sits in recv, as NCCL
   // allows) must be spelled MPI_IN_PLACE: MPI forbids aliased buffers.
   const void* gather_send(const real* send, const real* recv, std::size_t count_per_rank) const {
@@ -293,6 +335,8 @@ class MpiBackend final : public SumsOverElementType<MpiBackend> {
 };
 
 }  // namespace
+
+void require_mpi_all_to_all_counts(const AllToAllCounts& counts) { mpi_all_to_all_args(counts, "MPI_Ialltoallv"); }
 
 std::unique_ptr<Communicator::BackendImpl> make_mpi_backend(MPI_Comm comm, int rank) {
   return std::make_unique<MpiBackend>(comm, rank);

@@ -38,6 +38,10 @@ class MpiRequest final : public CommRequest::Impl {
   bool test_backend() override;
 };
 
+// Throws Error unless every count and displacement of `counts` fits
+// MPI_Ialltoallv's int (the staged path asks before it copies anything).
+void require_mpi_all_to_all_counts(const AllToAllCounts& counts);
+
 // The MPI backend on `comm`, where this process is `rank`.
 std::unique_ptr<Communicator::BackendImpl> make_mpi_backend(MPI_Comm comm, int rank);
 

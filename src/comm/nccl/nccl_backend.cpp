@@ -242,6 +242,29 @@ class NcclBackend final : public SumsOverElementType<NcclBackend> {
       return ncclReduceScatter(send, recv, count_per_rank, nccl_type<T>(), ncclSum, comm_, stream_);
     });
   }
+  // NCCL has no all-to-all-v: one group of a send and a receive per peer, in
+  // rank order, as batch_p2p. Zero-count pairs are left out on both sides
+  // (a receive count is its peer's send count), as PyTorch's NCCL
+  // all-to-all does.
+  template <class T>
+  std::unique_ptr<CommRequest::Impl> iall_to_all_v_of(const T* send, T* recv, const AllToAllCounts& counts) {
+    return issue("ncclGroupEnd", [&] {
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (std::size_t r = 0; r < counts.send_counts.size(); ++r) {
+        const int peer = static_cast<int>(r);
+        ncclResult_t rc = ncclSuccess;
+        if (counts.send_counts[r] > 0)
+          rc = ncclSend(send + counts.send_displs[r], counts.send_counts[r], nccl_type<T>(), peer, comm_, stream_);
+        if (rc == ncclSuccess && counts.recv_counts[r] > 0)
+          rc = ncclRecv(recv + counts.recv_displs[r], counts.recv_counts[r], nccl_type<T>(), peer, comm_, stream_);
+        if (rc != ncclSuccess) {
+          ncclGroupEnd();  // close the group before reporting, or NCCL stays inside it
+          check(rc, "ncclSend/ncclRecv");
+        }
+      }
+      return ncclGroupEnd();
+    });
+  }
 
   // Enqueues one NCCL call on the communication stream, after everything
   // already enqueued on the compute stream (the kernels that wrote its
