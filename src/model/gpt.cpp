@@ -65,7 +65,9 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
 
   if (chunks_.back().head) {
     if (sizes.lnf > 0) lnf_.fp32 = uninitialized("ndmini::lnf", sizes.lnf);
-    lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_mean);
+    // None under RMSNorm: a zero-length View is still an allocation (128
+    // bytes here), which the estimate does not count.
+    if (sizes.lnf_mean > 0) lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_mean);
     lnf_rstd_ = uninitialized("ndmini::lnf_rstd", sizes.lnf_stats);
     logits_ = uninitialized("ndmini::logits", sizes.logits);
     losses_ = uninitialized("ndmini::losses", sizes.losses);
