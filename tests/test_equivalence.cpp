@@ -235,6 +235,21 @@ Bounds pipeline_bounds(const Bounds& b, int boundaries) {
 // The most boundaries of the suite's layouts (interleaved pp = 4 x 2).
 constexpr int kMostBoundaries = 7;
 
+// The settings of a layout's run (`overrides`) and of its one-rank
+// reference (`model`): the layout's model keys and micro-batch, and `extra`
+// on both; the layout's degrees on the run only.
+struct Settings {
+  std::vector<std::string> model, overrides;
+};
+Settings settings_of(const Layout& layout, const std::vector<std::string>& extra, const Deck& deck_of) {
+  Settings s{layout.model, joined(layout)};
+  s.model.push_back(micro_batch_of(layout, deck_of));
+  s.overrides.push_back(s.model.back());
+  s.model.insert(s.model.end(), extra.begin(), extra.end());
+  s.overrides.insert(s.overrides.end(), extra.begin(), extra.end());
+  return s;
+}
+
 // Every layout of this world size against one rank, both run with `extra`
 // (e.g. the precision) on top of the deck; the layouts also with
 // `layout_extra` (what one rank has nothing to apply to: comm.reduce_dtype).
@@ -245,14 +260,10 @@ void expect_every_layout_matches_one_rank(const std::vector<std::string>& extra,
   for (const Layout& layout : layouts()) {
     if (layout.ranks != world_size() || (runs != nullptr && !runs(layout))) continue;
     ++tested;
-    std::vector<std::string> model = layout.model, overrides = joined(layout);
-    model.push_back(micro_batch_of(layout, deck_of));
-    overrides.push_back(model.back());
-    model.insert(model.end(), extra.begin(), extra.end());
-    overrides.insert(overrides.end(), layout_extra.begin(), layout_extra.end());
-    overrides.insert(overrides.end(), extra.begin(), extra.end());
-    const TrainedRun run = train_with(deck(with_eval(overrides, deck_of), deck_of), MPI_COMM_WORLD);
-    const Distance d = distance(run, reference(model, deck_of), deck_of);
+    Settings s = settings_of(layout, extra, deck_of);
+    s.overrides.insert(s.overrides.end(), layout_extra.begin(), layout_extra.end());
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, deck_of), deck_of), MPI_COMM_WORLD);
+    const Distance d = distance(run, reference(s.model, deck_of), deck_of);
     const bool bf16 = std::find(extra.begin(), extra.end(), "train.precision=bf16") != extra.end();
     const Bounds bound = bf16 ? pipeline_bounds(base, pipeline_boundaries(layout)) : base;
     if (world_rank() == 0)
@@ -316,17 +327,13 @@ TEST(Equivalence, Bf16BoundsCatchADroppedSum) {
   if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
   for (const Layout& layout : layouts()) {
     if (layout.ranks != world_size()) continue;
-    std::vector<std::string> model = layout.model, overrides = joined(layout);
-    model.push_back(micro_batch_of(layout));
-    overrides.push_back(model.back());
-    model.insert(model.end(), kBf16.begin(), kBf16.end());
-    overrides.insert(overrides.end(), kBf16.begin(), kBf16.end());
+    Settings s = settings_of(layout, kBf16, kTinyDeck);
     const std::string group = summed_group(layout);
-    overrides.insert(overrides.end(),
-                     {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
-    const TrainedRun run = train_with(deck(with_eval(overrides)), MPI_COMM_WORLD);
+    s.overrides.insert(s.overrides.end(),
+                       {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
+    const TrainedRun run = train_with(deck(with_eval(s.overrides)), MPI_COMM_WORLD);
     const std::string what = label(layout) + ", " + group + "'s sums dropped";
-    expect_far_outside(distance(run, reference(model)), pipeline_bounds(kBf16Bounds, pipeline_boundaries(layout)), 10,
+    expect_far_outside(distance(run, reference(s.model)), pipeline_bounds(kBf16Bounds, pipeline_boundaries(layout)), 10,
                        what.c_str(), true);
   }
 }
@@ -436,16 +443,12 @@ TEST(EquivalenceLlama, Bf16BoundsCatchADroppedSum) {
     const std::string group = summed_group(layout);
     if (group == "tied_wte") continue;
     ++tested;
-    std::vector<std::string> model = layout.model, overrides = joined(layout);
-    model.push_back(micro_batch_of(layout, kLlamaDeck));
-    overrides.push_back(model.back());
-    model.insert(model.end(), kBf16.begin(), kBf16.end());
-    overrides.insert(overrides.end(), kBf16.begin(), kBf16.end());
-    overrides.insert(overrides.end(),
-                     {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
-    const TrainedRun run = train_with(deck(with_eval(overrides, kLlamaDeck), kLlamaDeck), MPI_COMM_WORLD);
+    Settings s = settings_of(layout, kBf16, kLlamaDeck);
+    s.overrides.insert(s.overrides.end(),
+                       {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, kLlamaDeck), kLlamaDeck), MPI_COMM_WORLD);
     const std::string what = "llama " + label(layout) + ", " + group + "'s sums dropped";
-    expect_far_outside(distance(run, reference(model, kLlamaDeck), kLlamaDeck),
+    expect_far_outside(distance(run, reference(s.model, kLlamaDeck), kLlamaDeck),
                        pipeline_bounds(kLlamaBf16Bounds, pipeline_boundaries(layout)), 10, what.c_str(), true);
   }
   EXPECT_GT(tested, 0);

@@ -138,6 +138,17 @@ TEST(Model, GradientMatchesFiniteDifferences) {
 
 namespace {
 
+// m with Llama's architecture keys (model.family = "llama" in a deck).
+ModelConfig llama_of(ModelConfig m) {
+  m.family = ModelFamily::llama;
+  m.norm = NormKind::rmsnorm;
+  m.position = PositionKind::rope;
+  m.mlp = MlpKind::swiglu;
+  m.bias = false;
+  m.tie_embeddings = false;
+  return m;
+}
+
 // The tiny model as a Llama: RMSNorm, RoPE, SwiGLU (F = 20), 4 query heads
 // of size 4 sharing 2 key/value heads, no biases, untied head.
 ModelConfig tiny_llama() {
@@ -146,13 +157,7 @@ ModelConfig tiny_llama() {
   m.heads = 4;
   m.kv_heads = 2;
   m.ffn_hidden = 20;
-  m.family = ModelFamily::llama;
-  m.norm = NormKind::rmsnorm;
-  m.position = PositionKind::rope;
-  m.mlp = MlpKind::swiglu;
-  m.bias = false;
-  m.tie_embeddings = false;
-  return m;
+  return llama_of(m);
 }
 
 }  // namespace
@@ -306,15 +311,7 @@ ModelConfig small_of(bool llama) {
   m.ffn_hidden = 12;
   m.vocab = 11;
   m.seq_len = 6;
-  if (llama) {
-    m.family = ModelFamily::llama;
-    m.norm = NormKind::rmsnorm;
-    m.position = PositionKind::rope;
-    m.mlp = MlpKind::swiglu;
-    m.bias = false;
-    m.tie_embeddings = false;
-  }
-  return m;
+  return llama ? llama_of(m) : m;
 }
 
 std::int64_t sum_of_global_tensors(const ModelConfig& m) {

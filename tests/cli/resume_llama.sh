@@ -25,19 +25,9 @@ for name in wpe h/0/attn/c_attn/weight h/0/ln_1/bias h/0/attn/c_q/bias ln_f/bias
   if grep -q "^/$name " tensors.txt; then fail "the checkpoint holds /model/$name, which a Llama has not"; fi
 done
 
-resume_from() {  # resume_from NAME NP SETTINGS...: resume the tp x pp run's step 4 into folder NAME
-  local name=$1 np=$2
-  shift 2
-  rm -rf "$name"
-  mkdir -p "$name"
-  cp -r tp_pp/step_00000004 "$name/"
-  echo 4 >"$name/latest"
-  run "$np" train llama.toml "${common[@]}" "$@" --set checkpoint.dir="$name" --resume 4 --metrics "$name.jsonl" \
-    >"$name.txt" 2>&1 || { cat "$name.txt"; fail "resuming the Llama checkpoint as $name failed"; }
-  grep -q "resumed from $name/step_00000004 at step 4" "$name.txt" || { cat "$name.txt"; fail "$name did not resume at step 4"; }
-}
-resume_from dp_shard 2 --set parallel.dp_shard=2
-resume_from one 1
+# The tp x pp run's step 4, resumed in folders of their own.
+resume_copy tp_pp 4 dp_shard 2 llama.toml "${common[@]}" --set parallel.dp_shard=2
+resume_copy tp_pp 4 one 1 llama.toml "${common[@]}"
 
 step_losses tp_pp.jsonl | awk '$1 >= 4' >want.txt
 [ "$(wc -l <want.txt)" -eq 4 ] || fail "the tp x pp run did not log steps 4..7"
