@@ -90,7 +90,6 @@ int run_check(const Runtime& runtime, const Options& o) {
     const Config cfg = load_deck(o);
     // Resolve first: a bad layout is one error, not a report that ends in one.
     const RunLayout layout = resolve_layout(cfg, o.check_world);
-    require_trainable_architecture(cfg.model);  // train's refusal, before its sizes
     // Sizes before anything else: check never allocates what the deck describes.
     const int node_ranks = ranks_on_node(runtime, o.check_world);
     agree_on_errors(MPI_COMM_WORLD, [&] { require_memory_fits(cfg, layout, node_ranks); });

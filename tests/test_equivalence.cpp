@@ -12,6 +12,9 @@
 // validation loss of steps 0, 5 and 9 (relative 1e-5, as the loss).
 // Also: a checkpoint written by one layout loads bit-exactly into another
 // (resharding on load), and FSDP holds 1/N of the model state of DP.
+// The Llama deck (EquivalenceLlama: RMSNorm, RoPE, SwiGLU, grouped-query
+// attention, untied head) runs the same layouts for 4 steps, in fp32 and
+// bf16, with its own controls.
 //
 // Under bf16 mixed precision the same comparison runs against one rank
 // under bf16, with bounds set from measurement (a layout's sums in another
@@ -55,17 +58,32 @@ using namespace ndmini::equivalence;
 
 namespace {
 
-// The tiny deck, with micro_batch 1 so up to 8 data-parallel ranks fit
-// (layouts of fewer take larger ones: micro_batch_of), and a peak given (no GEMM calibration at every start: the MFU it
-// feeds is not compared).
-const std::string kTiny = std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml";
-std::vector<std::string> deck_overrides(const std::vector<std::string>& overrides) {
-  std::vector<std::string> all = {"train.steps=10", "train.micro_batch=1", "train.log_every=100",
-                                  "perf.peak_gflops=30"};
+// A deck of the suite, and how long it trains: the tiny deck (GPT-2) 10
+// steps, validation at 0, 5 and 9; the Llama deck (RMSNorm, RoPE, SwiGLU,
+// 8 query heads sharing 4 key/value heads, untied head, no biases) 4 steps,
+// validation at 0, 2 and 3, to keep the suite's time.
+struct Deck {
+  std::string path;
+  int steps, eval_every;
+  const char* name;
+};
+const Deck kTinyDeck{std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", 10, 5, ""};
+const Deck kLlamaDeck{std::string(NDMINI_SOURCE_DIR) + "/inputs/llama-tiny.toml", 4, 2, " llama"};
+// The validation losses either deck computes (steps 0, eval_every, last).
+constexpr std::size_t kEvaluations = 3;
+
+// The deck with micro_batch 1 so up to 8 data-parallel ranks fit (layouts of
+// fewer take larger ones: micro_batch_of), and a peak given (no GEMM
+// calibration at every start: the MFU it feeds is not compared).
+std::vector<std::string> deck_overrides(const std::vector<std::string>& overrides, const Deck& d) {
+  std::vector<std::string> all = {"train.steps=" + std::to_string(d.steps), "train.micro_batch=1",
+                                  "train.log_every=100", "perf.peak_gflops=30"};
   all.insert(all.end(), overrides.begin(), overrides.end());
   return all;
 }
-Config deck(const std::vector<std::string>& overrides) { return load_config(kTiny, deck_overrides(overrides)); }
+Config deck(const std::vector<std::string>& overrides, const Deck& d = kTinyDeck) {
+  return load_config(d.path, deck_overrides(overrides, d));
+}
 
 // A layout's micro-batch (a --set value), for its run and its one-rank
 // reference alike: the deck's global batch (the same sequences, so the bf16
@@ -73,10 +91,10 @@ Config deck(const std::vector<std::string>& overrides) { return load_config(kTin
 // as still accumulate gradients and fill the pipeline (max(2, pp)). The
 // collectives of each micro-batch are most of a layout's time on
 // oversubscribed cores. A layout that sets its own micro-batch keeps it.
-std::string micro_batch_of(const Layout& layout) {
+std::string micro_batch_of(const Layout& layout, const Deck& deck_of = kTinyDeck) {
   for (const std::string& d : layout.degrees)
     if (d.rfind("train.micro_batch=", 0) == 0) return d;
-  const Config cfg = deck(joined(layout));
+  const Config cfg = deck(joined(layout), deck_of);
   const ParallelDims d = resolve_layout(cfg, layout.ranks).dims;
   const int per_micro_batch = cfg.train.global_batch / (d.dp_replicate * d.dp_shard * std::max(2, d.pp));
   const int micro_batch = std::max(1, per_micro_batch);
@@ -97,20 +115,19 @@ TrainedRun train_with(const Config& cfg, MPI_Comm comm, TrainOptions opts = {}) 
   return run;
 }
 
-// The validation loss on: steps 0, 5 and 9 each evaluate one held-out global batch.
-const std::vector<std::string> kEval = {"train.eval_every=5", "train.eval_batches=1"};
-
-std::vector<std::string> with_eval(std::vector<std::string> v) {
-  v.insert(v.end(), kEval.begin(), kEval.end());
+// The validation loss on: steps 0, eval_every and the last each evaluate one held-out global batch.
+std::vector<std::string> with_eval(std::vector<std::string> v, const Deck& d = kTinyDeck) {
+  v.insert(v.end(), {"train.eval_every=" + std::to_string(d.eval_every), "train.eval_batches=1"});
   return v;
 }
 
-// The one-rank run of the tiny deck with `model` overrides (e.g. more layers,
+// The one-rank run of the deck with `model` overrides (e.g. more layers,
 // a layout's global batch) and the validation loss on, computed once.
-const TrainedRun& reference(const std::vector<std::string>& model = {}) {
-  static std::map<std::vector<std::string>, TrainedRun> runs;
-  auto it = runs.find(model);
-  if (it == runs.end()) it = runs.emplace(model, train_with(deck(with_eval(model)), MPI_COMM_SELF)).first;
+const TrainedRun& reference(const std::vector<std::string>& model = {}, const Deck& d = kTinyDeck) {
+  static std::map<std::pair<std::string, std::vector<std::string>>, TrainedRun> runs;
+  auto it = runs.find({d.path, model});
+  if (it == runs.end())
+    it = runs.emplace(std::make_pair(d.path, model), train_with(deck(with_eval(model, d), d), MPI_COMM_SELF)).first;
   return it->second;
 }
 
@@ -149,14 +166,14 @@ struct Distance {
   std::string grads_tensor, params_tensor;
 };
 
-Distance distance(const TrainedRun& run, const TrainedRun& ref) {
+Distance distance(const TrainedRun& run, const TrainedRun& ref, const Deck& deck_of = kTinyDeck) {
   Distance d;
-  EXPECT_EQ(ref.result.losses.size(), 10u);
+  EXPECT_EQ(ref.result.losses.size(), static_cast<std::size_t>(deck_of.steps));
   EXPECT_EQ(run.result.losses.size(), ref.result.losses.size());
   for (std::size_t s = 0; s < std::min(ref.result.losses.size(), run.result.losses.size()); ++s)
     d.loss = std::max(d.loss, std::abs(run.result.losses[s] - ref.result.losses[s]) / ref.result.losses[s]);
   // The validation loss (forward only; pipelines through PipelineRunner::evaluate).
-  EXPECT_EQ(ref.result.val_losses.size(), 3u);
+  EXPECT_EQ(ref.result.val_losses.size(), kEvaluations);
   EXPECT_EQ(run.result.val_losses.size(), ref.result.val_losses.size());
   for (std::size_t k = 0; k < std::min(ref.result.val_losses.size(), run.result.val_losses.size()); ++k) {
     EXPECT_EQ(run.result.val_losses[k].first, ref.result.val_losses[k].first);
@@ -218,30 +235,42 @@ Bounds pipeline_bounds(const Bounds& b, int boundaries) {
 // The most boundaries of the suite's layouts (interleaved pp = 4 x 2).
 constexpr int kMostBoundaries = 7;
 
+// The settings of a layout's run (`overrides`) and of its one-rank
+// reference (`model`): the layout's model keys and micro-batch, and `extra`
+// on both; the layout's degrees on the run only.
+struct Settings {
+  std::vector<std::string> model, overrides;
+};
+Settings settings_of(const Layout& layout, const std::vector<std::string>& extra, const Deck& deck_of) {
+  Settings s{layout.model, joined(layout)};
+  s.model.push_back(micro_batch_of(layout, deck_of));
+  s.overrides.push_back(s.model.back());
+  s.model.insert(s.model.end(), extra.begin(), extra.end());
+  s.overrides.insert(s.overrides.end(), extra.begin(), extra.end());
+  return s;
+}
+
 // Every layout of this world size against one rank, both run with `extra`
-// (e.g. the precision) on top of the tiny deck; the layouts also with
+// (e.g. the precision) on top of the deck; the layouts also with
 // `layout_extra` (what one rank has nothing to apply to: comm.reduce_dtype).
 void expect_every_layout_matches_one_rank(const std::vector<std::string>& extra, const Bounds& base,
                                           const std::vector<std::string>& layout_extra = {},
-                                          bool (*runs)(const Layout&) = nullptr) {
+                                          bool (*runs)(const Layout&) = nullptr, const Deck& deck_of = kTinyDeck) {
   int tested = 0;
   for (const Layout& layout : layouts()) {
     if (layout.ranks != world_size() || (runs != nullptr && !runs(layout))) continue;
     ++tested;
-    std::vector<std::string> model = layout.model, overrides = joined(layout);
-    model.push_back(micro_batch_of(layout));
-    overrides.push_back(model.back());
-    model.insert(model.end(), extra.begin(), extra.end());
-    overrides.insert(overrides.end(), layout_extra.begin(), layout_extra.end());
-    overrides.insert(overrides.end(), extra.begin(), extra.end());
-    const TrainedRun run = train_with(deck(with_eval(overrides)), MPI_COMM_WORLD);
-    const Distance d = distance(run, reference(model));
+    Settings s = settings_of(layout, extra, deck_of);
+    s.overrides.insert(s.overrides.end(), layout_extra.begin(), layout_extra.end());
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, deck_of), deck_of), MPI_COMM_WORLD);
+    const Distance d = distance(run, reference(s.model, deck_of), deck_of);
     const bool bf16 = std::find(extra.begin(), extra.end(), "train.precision=bf16") != extra.end();
     const Bounds bound = bf16 ? pipeline_bounds(base, pipeline_boundaries(layout)) : base;
     if (world_rank() == 0)
       std::printf(
-          "[equivalence]%s%s %d ranks, %-72s loss %.1e | val loss %.1e | step-0 grads %.1e (%s) | params %.1e (%s)\n",
-          extra.empty() ? "" : " bf16", layout_extra.empty() ? "" : " reduce_dtype=bf16", layout.ranks,
+          "[equivalence]%s%s%s %d ranks, %-72s loss %.1e | val loss %.1e | step-0 grads %.1e (%s) | params %.1e "
+          "(%s)\n",
+          deck_of.name, bf16 ? " bf16" : "", layout_extra.empty() ? "" : " reduce_dtype=bf16", layout.ranks,
           label(layout).c_str(), d.loss, d.val_loss, d.grads, d.grads_tensor.c_str(), d.params,
           d.params_tensor.c_str());
     EXPECT_LE(d.loss, bound.loss) << label(layout);
@@ -298,17 +327,13 @@ TEST(Equivalence, Bf16BoundsCatchADroppedSum) {
   if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
   for (const Layout& layout : layouts()) {
     if (layout.ranks != world_size()) continue;
-    std::vector<std::string> model = layout.model, overrides = joined(layout);
-    model.push_back(micro_batch_of(layout));
-    overrides.push_back(model.back());
-    model.insert(model.end(), kBf16.begin(), kBf16.end());
-    overrides.insert(overrides.end(), kBf16.begin(), kBf16.end());
+    Settings s = settings_of(layout, kBf16, kTinyDeck);
     const std::string group = summed_group(layout);
-    overrides.insert(overrides.end(),
-                     {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
-    const TrainedRun run = train_with(deck(with_eval(overrides)), MPI_COMM_WORLD);
+    s.overrides.insert(s.overrides.end(),
+                       {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
+    const TrainedRun run = train_with(deck(with_eval(s.overrides)), MPI_COMM_WORLD);
     const std::string what = label(layout) + ", " + group + "'s sums dropped";
-    expect_far_outside(distance(run, reference(model)), pipeline_bounds(kBf16Bounds, pipeline_boundaries(layout)), 10,
+    expect_far_outside(distance(run, reference(s.model)), pipeline_bounds(kBf16Bounds, pipeline_boundaries(layout)), 10,
                        what.c_str(), true);
   }
 }
@@ -356,6 +381,77 @@ TEST(Equivalence, ComparisonCanFail) {
   const TrainedRun other = train_with(deck({"train.seed=4321"}), MPI_COMM_SELF);
   EXPECT_GT(worst(other.capture.final_params, reference().capture.final_params).first, 1e-2);
   EXPECT_GT(std::abs(other.result.losses.back() - reference().result.losses.back()), 1e-3);
+}
+
+// ---- the Llama deck -----------------------------------------------------------
+// The same layouts with Llama's blocks (kLlamaDeck): tp splits q by query
+// heads and k, v by key/value heads, the cp ring carries the kv heads only
+// and RoPE turns each load-balanced chunk by its true positions (with SP at
+// the positions of the gathered rows), SwiGLU's gate and up are
+// column-parallel, the untied head's lm_head lives on the last stage (no
+// tied-embedding sum). fp32 within kFp32Bounds (measured at most: loss
+// 7.7e-9, validation loss 4.0e-9, step-0 gradients 3.7e-7, parameters
+// 1.5e-6 over 1, 2, 4 and 8 ranks).
+// bf16: about 3x the largest distance measured over every layout without a
+// pipeline on 1, 2, 4 and 8 ranks (ctest -R test_equivalence_llama -V
+// prints them): loss 3.3e-5 and validation loss 3.3e-5 (dp_shard x tp = 4
+// with SP), step-0 gradients 3.4e-3 (tp); parameters 6.1e-3 (tp = 4),
+// 2.5x, as the dropped sums below need no wider. The pipelines' bounds grow
+// with their boundaries as GPT-2's (pipeline_bounds); measured at most
+// (interleaved pp = 4 x 2, 7 boundaries) loss 7.2e-5, validation loss
+// 4.3e-5, step-0 gradients 5.0e-3, parameters 1.2e-2, under a third of theirs.
+constexpr Bounds kLlamaBf16Bounds{1e-4, 1e-4, 1e-2, 1.5e-2};
+
+TEST(EquivalenceLlama, EveryLayoutMatchesOneRank) {
+  expect_every_layout_matches_one_rank({}, kFp32Bounds, {}, nullptr, kLlamaDeck);
+}
+
+TEST(EquivalenceLlama, EveryLayoutMatchesOneRankUnderBf16) {
+  expect_every_layout_matches_one_rank(kBf16, kLlamaBf16Bounds, {}, nullptr, kLlamaDeck);
+}
+
+TEST(EquivalenceLlama, ComparisonCanFail) {
+  if (world_size() > 2) GTEST_SKIP() << "one-rank runs: checked on 1 and 2 ranks";
+  // Another seed: far outside the fp32 bounds, and the bf16 ones.
+  const TrainedRun other = train_with(deck(with_eval({"train.seed=4321"}, kLlamaDeck), kLlamaDeck), MPI_COMM_SELF);
+  expect_far_outside(distance(other, reference({}, kLlamaDeck), kLlamaDeck), kFp32Bounds, 100, "llama, another seed",
+                     true);
+  const TrainedRun other_bf16 =
+      train_with(deck(with_eval({"train.seed=4321", "train.precision=bf16"}, kLlamaDeck), kLlamaDeck), MPI_COMM_SELF);
+  expect_far_outside(distance(other_bf16, reference(kBf16, kLlamaDeck), kLlamaDeck),
+                     pipeline_bounds(kLlamaBf16Bounds, kMostBoundaries), 10, "llama bf16, another seed", true);
+  // A layout that skipped the bf16 rounding altogether (the one-rank fp32
+  // run): in 4 steps its parameters stay inside their bound (measured
+  // 7.1e-3), but its loss and validation loss do not (measured 1.8e-4 and
+  // 1.7e-4, 1.8x and 1.7x their bounds).
+  const Distance fp32 = distance(reference({}, kLlamaDeck), reference(kBf16, kLlamaDeck), kLlamaDeck);
+  if (world_rank() == 0)
+    std::printf("[equivalence] control llama fp32 against bf16: loss %.1e | val loss %.1e | params %.1e\n", fp32.loss,
+                fp32.val_loss, fp32.params);
+  EXPECT_GT(fp32.loss, 1.5 * kLlamaBf16Bounds.loss);
+  EXPECT_GT(fp32.val_loss, 1.5 * kLlamaBf16Bounds.val_loss);
+}
+
+// Every 2-rank layout of the Llama deck with the sums of its group dropped
+// on every rank (as Bf16BoundsCatchADroppedSum): far outside the bf16
+// bounds. Not the pipelines alone: an untied head has no tied sum to drop.
+TEST(EquivalenceLlama, Bf16BoundsCatchADroppedSum) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  int tested = 0;
+  for (const Layout& layout : layouts()) {
+    if (layout.ranks != world_size()) continue;
+    const std::string group = summed_group(layout);
+    if (group == "tied_wte") continue;
+    ++tested;
+    Settings s = settings_of(layout, kBf16, kLlamaDeck);
+    s.overrides.insert(s.overrides.end(),
+                       {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=" + group});
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, kLlamaDeck), kLlamaDeck), MPI_COMM_WORLD);
+    const std::string what = "llama " + label(layout) + ", " + group + "'s sums dropped";
+    expect_far_outside(distance(run, reference(s.model, kLlamaDeck), kLlamaDeck),
+                       pipeline_bounds(kLlamaBf16Bounds, pipeline_boundaries(layout)), 10, what.c_str(), true);
+  }
+  EXPECT_GT(tested, 0);
 }
 
 TEST(Equivalence, CheckpointReshardsExactly) {
@@ -437,7 +533,8 @@ namespace {
 // Bytes of each kind of collective on communicator `comm` over one training
 // step of `degree` = world (one micro-batch per rank), from the comm layer's ledger.
 std::map<std::string, std::int64_t> bytes_of_one_step(const std::string& comm, const std::string& degree,
-                                                      const std::vector<std::string>& more) {
+                                                      const std::vector<std::string>& more,
+                                                      const Deck& deck_of = kTinyDeck) {
   using namespace ndmini::detail;
   std::uint64_t before = 0;
   for (const LedgerEntry& e : ledger_entries()) before = std::max(before, e.index + 1);
@@ -447,7 +544,7 @@ std::map<std::string, std::int64_t> bytes_of_one_step(const std::string& comm, c
   opts.quiet = true;
   std::vector<std::string> overrides = {"train.steps=1", "train.global_batch=" + n, degree + "=" + n};
   overrides.insert(overrides.end(), more.begin(), more.end());
-  train(deck(overrides), opts, MPI_COMM_WORLD);
+  train(deck(overrides, deck_of), opts, MPI_COMM_WORLD);
   // The ledger keeps the last kLedgerSize entries: the run's communicator
   // (new, its calls numbered from 0) must be there whole.
   std::map<std::string, std::int64_t> bytes;
@@ -542,6 +639,20 @@ TEST(Equivalence, Bf16HalvesTheActivationBytes) {
   EXPECT_EQ(cp16.at("p2p") * 2, cp32.at("p2p"));
   EXPECT_GT(pp32.at("p2p"), 0);
   EXPECT_EQ(pp16.at("p2p") * 2, pp32.at("p2p"));
+}
+
+// Grouped-query attention: cp's ring carries k and v (and dk, dv) of the
+// key/value heads only, so its bytes are kv_heads / heads of multi-head
+// attention's, exactly (the Llama deck: 4 of 8; the same deck with 8 of 8).
+TEST(EquivalenceLlama, CpRingCarriesTheKeyValueHeadsOnly) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  const auto gqa = bytes_of_one_step("cp", "parallel.cp", {}, kLlamaDeck);
+  const auto mha = bytes_of_one_step("cp", "parallel.cp", {"model.kv_heads=8"}, kLlamaDeck);
+  if (world_rank() == 0)
+    std::printf("[equivalence] llama cp p2p bytes of one step: 4 kv heads %lld, 8 kv heads %lld\n",
+                static_cast<long long>(gqa.at("p2p")), static_cast<long long>(mha.at("p2p")));
+  EXPECT_GT(gqa.at("p2p"), 0);
+  EXPECT_EQ(gqa.at("p2p") * 2, mha.at("p2p"));
 }
 
 #ifdef NDMINI_HAVE_ONEDNN

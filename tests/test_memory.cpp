@@ -9,7 +9,8 @@
 // cover that peak, and be within 10% of it: an estimate that misses a buffer
 // fails the first check, one that counts buffers that never coexist the second.
 // Every layout runs in fp32 and under bf16 mixed precision; on several ranks
-// also with bf16 gradient reductions (comm.reduce_dtype).
+// also with bf16 gradient reductions (comm.reduce_dtype). The Llama deck
+// runs every layout in fp32 and bf16 as well.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -41,7 +42,12 @@ namespace {
 // few micro-batches per rank: few_micro_batches), for 3 steps with the
 // validation loss at steps 0 and 2 (no GEMM calibration: its matrices are no training buffer).
 // precision "bf16-reduce": bf16 with comm.reduce_dtype = "bf16" (the bf16 copies gradient reductions take).
-Config deck(const Layout& layout, const std::string& precision) {
+const std::string kTiny = std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml";
+// The Llama deck: RMSNorm (no mean kept), RoPE (no wpe; the positions of all
+// rows), SwiGLU (gate, up and their product kept), GQA, untied lm_head.
+const std::string kLlama = std::string(NDMINI_SOURCE_DIR) + "/inputs/llama-tiny.toml";
+
+Config deck(const Layout& layout, const std::string& precision, const std::string& path) {
   const bool reduce = precision == "bf16-reduce";
   std::vector<std::string> all = {"train.steps=3",
                                   "train.micro_batch=1",
@@ -53,21 +59,19 @@ Config deck(const Layout& layout, const std::string& precision) {
                                   std::string("comm.reduce_dtype=") + (reduce ? "bf16" : "fp32")};
   const std::vector<std::string> more = joined(layout);
   all.insert(all.end(), more.begin(), more.end());
-  const std::string tiny = std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml";
-  all.push_back(few_micro_batches(tiny, all, layout.ranks));
-  return load_config(tiny, all);
+  all.push_back(few_micro_batches(path, all, layout.ranks));
+  return load_config(path, all);
 }
 
-}  // namespace
-
-TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
+// Every layout of this world in each of `precisions`, the deck at `path`.
+void expect_estimate_covers_the_peak(const std::string& path, const std::vector<std::string>& precisions) {
   AllocationTracker& tracker = AllocationTracker::get();
   int tested = 0;
   for (const Layout& layout : layouts()) {
-    for (const std::string precision : {"fp32", "bf16", "bf16-reduce"}) {
+    for (const std::string& precision : precisions) {
       if (layout.ranks != world_size() || (precision == "bf16-reduce" && layout.ranks == 1)) continue;
       ++tested;
-      const Config cfg = deck(layout, precision);
+      const Config cfg = deck(layout, precision, path);
       const RunLayout run_layout = resolve_layout(cfg, world_size());
       int stage = 0;
       {
@@ -86,9 +90,9 @@ TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
       double worst[2] = {ratio, -ratio};
       MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (world_rank() == 0)
-        std::printf("[memory] %d ranks, %s %-72s estimate / peak: rank 0 %.1f / %.1f KiB, over ranks %.3f .. %.3f\n",
-                    layout.ranks, precision.c_str(), label(layout).c_str(), est / 1024, peak / 1024, -worst[1],
-                    worst[0]);
+        std::printf("[memory] %d ranks, %s%s %-72s estimate / peak: rank 0 %.1f / %.1f KiB, over ranks %.3f .. %.3f\n",
+                    layout.ranks, path == kLlama ? "llama " : "", precision.c_str(), label(layout).c_str(), est / 1024,
+                    peak / 1024, -worst[1], worst[0]);
       const std::string what = label(layout) + " " + precision + ", stage " + std::to_string(stage) + ": estimate " +
                                std::to_string(estimate.state_bytes) + " state + " + std::to_string(estimate.in_flight) +
                                " x " + std::to_string(estimate.activation_bytes_per_micro_batch) + " records + " +
@@ -99,6 +103,16 @@ TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
     }
   }
   EXPECT_GT(tested, 0) << "no layout for " << world_size() << " ranks";
+}
+
+}  // namespace
+
+TEST(Memory, EstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
+  expect_estimate_covers_the_peak(kTiny, {"fp32", "bf16", "bf16-reduce"});
+}
+
+TEST(Memory, LlamaEstimateCoversThePeakOfEveryLayoutWithinTenPercent) {
+  expect_estimate_covers_the_peak(kLlama, {"fp32", "bf16"});
 }
 
 TEST(Memory, TrackerCountsEveryByteOfAView) {

@@ -113,7 +113,7 @@ struct ModelConfig {
   int head_size() const { return channels / heads; }
   bool gated() const { return mlp == MlpKind::swiglu; }
   bool learned_positions() const { return position == PositionKind::learned; }
-  // Whether this is the architecture the trainer's blocks compute today (GPT-2's).
+  // Whether this is GPT-2's architecture (every key at GPT-2's value).
   bool gpt2_blocks() const {
     return norm == NormKind::layernorm && norm_eps == 1e-5 && position == PositionKind::learned &&
            mlp == MlpKind::gelu && ffn() == 4 * channels && kv() == heads && tie_embeddings && bias;

@@ -17,8 +17,9 @@ const std::map<std::string, std::string>& section_intros() {
   static const std::map<std::string, std::string> intros = {
       {"model",
        "The shape (L, C, H, V, T; required) and the architecture: GPT-2's by default, Llama's with "
-       "`model.family = \"llama\"` (a key given beside it wins). [model.md](model.md) defines the model. Today "
-       "`train` runs GPT-2's blocks only; `check` and `plan` take every architecture."},
+       "`model.family = \"llama\"` (a key given beside it wins). [model.md](model.md) defines the model; `train`, "
+       "`check` and `plan` "
+       "take every architecture."},
       {"data",
        "What the model reads. Every batch is a pure function of (seed, step, source): [model.md](model.md#data) "
        "gives the order."},

@@ -115,6 +115,20 @@ void rmsnorm_forward(Bf16Slice2D out, Slice1D rstd, ConstSlice2D x, ConstSlice1D
 void rmsnorm_backward(Slice2D dx, Slice1D dweight, ConstSlice2D dout, ConstSlice2D x, ConstSlice1D weight,
                       ConstSlice1D rstd);
 
+// ---- a model's norm: LayerNorm or RMSNorm ----------------------------------------
+// model.norm and model.norm_eps: norm_forward and norm_backward call the
+// layernorm or the rmsnorm kernels (RMSNorm reads neither mean nor bias).
+struct Norm {
+  bool rms = false;
+  real eps = real(1e-5);
+};
+void norm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                  const Norm& norm);
+void norm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                  const Norm& norm);
+void norm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x, ConstSlice1D weight,
+                   ConstSlice1D mean, ConstSlice1D rstd, const Norm& norm);
+
 // ---- SwiGLU (Llama's MLP), llama_kernels.cpp -----------------------------------
 // out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); gate, up, out [N, F].
 void swiglu_forward(Slice2D out, ConstSlice2D gate, ConstSlice2D up);

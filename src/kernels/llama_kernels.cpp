@@ -86,6 +86,37 @@ void rmsnorm_backward(Slice2D dx, Slice1D dweight, ConstSlice2D dout, ConstSlice
       });
 }
 
+// ---- the model's norm ----------------------------------------------------------
+
+namespace {
+
+template <class Out>  // fp32 or bf16
+void norm_forward_into(Out out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                       const Norm& norm) {
+  if (norm.rms)
+    rmsnorm_forward(out, rstd, x, weight, norm.eps);
+  else
+    layernorm_forward(out, mean, rstd, x, weight, bias, norm.eps);
+}
+
+}  // namespace
+
+void norm_forward(Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                  const Norm& norm) {
+  norm_forward_into(out, mean, rstd, x, weight, bias, norm);
+}
+void norm_forward(Bf16Slice2D out, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                  const Norm& norm) {
+  norm_forward_into(out, mean, rstd, x, weight, bias, norm);
+}
+void norm_backward(Slice2D dx, Slice1D dweight, Slice1D dbias, ConstSlice2D dout, ConstSlice2D x, ConstSlice1D weight,
+                   ConstSlice1D mean, ConstSlice1D rstd, const Norm& norm) {
+  if (norm.rms)
+    rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
+  else
+    layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
+}
+
 // ---- SwiGLU --------------------------------------------------------------------
 
 namespace {

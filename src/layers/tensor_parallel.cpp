@@ -66,10 +66,10 @@ TensorParallel::Buffers TensorParallel::buffer_sizes(int tp, bool sequence_paral
 }
 
 template <class T>
-void TensorParallel::layernorm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                                     ConstSlice1D bias) {
+void TensorParallel::norm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
+                                ConstSlice1D bias, const kernels::Norm& norm) {
   if (!sp_) {
-    kernels::layernorm_forward(full, mean, rstd, x, weight, bias);
+    kernels::norm_forward(full, mean, rstd, x, weight, bias, norm);
     return;
   }
   Buffer<T> local;
@@ -77,7 +77,7 @@ void TensorParallel::layernorm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd,
     local = ln_local_bf16_;
   else
     local = ln_local_;
-  kernels::layernorm_forward(as_matrix(local, local_rows_, channels_), mean, rstd, x, weight, bias);
+  kernels::norm_forward(as_matrix(local, local_rows_, channels_), mean, rstd, x, weight, bias, norm);
   tp_->all_gather(local.data(), full.data(), local_rows_ * channels_);
 }
 
@@ -105,10 +105,10 @@ void TensorParallel::row_parallel_forward(Slice2D y, named_t<ConstMatrix<T>> in,
   }
 }
 
-template void TensorParallel::layernorm_enter<real>(Slice2D, Slice1D, Slice1D, ConstSlice2D, ConstSlice1D,
-                                                    ConstSlice1D);
-template void TensorParallel::layernorm_enter<bf16>(Bf16Slice2D, Slice1D, Slice1D, ConstSlice2D, ConstSlice1D,
-                                                    ConstSlice1D);
+template void TensorParallel::norm_enter<real>(Slice2D, Slice1D, Slice1D, ConstSlice2D, ConstSlice1D, ConstSlice1D,
+                                               const kernels::Norm&);
+template void TensorParallel::norm_enter<bf16>(Bf16Slice2D, Slice1D, Slice1D, ConstSlice2D, ConstSlice1D, ConstSlice1D,
+                                               const kernels::Norm&);
 template void TensorParallel::row_parallel_forward<real>(Slice2D, ConstSlice2D, ConstSlice2D, ConstSlice1D,
                                                          ConstSlice2D);
 template void TensorParallel::row_parallel_forward<bf16>(Slice2D, ConstBf16Slice2D, ConstBf16Slice2D, ConstSlice1D,
@@ -164,6 +164,7 @@ ConstSlice2D TensorParallel::gather_output_grad(ConstSlice2D dres) {
 }
 
 void TensorParallel::row_parallel_bias_backward(Slice1D dbias, ConstSlice2D dy_full, ConstSlice2D dres) {
+  if (dbias.extent(0) == 0) return;
   kernels::bias_backward(dbias, sp_ ? dres : dy_full);
 }
 
@@ -183,12 +184,12 @@ void TensorParallel::embedding_forward(Slice2D out, ConstTokenView tokens, Const
     kernels::embedding_forward(out, tokens, wte, ConstSlice2D(), none, vocab_start());
     sum(out.data());
   }
-  kernels::position_embedding_forward(out, wpe, positions);
+  if (wpe.extent(0) > 0) kernels::position_embedding_forward(out, wpe, positions);
 }
 
 void TensorParallel::embedding_backward(Slice2D dwte, Slice2D dwpe, ConstSlice2D dres, ConstTokenView tokens,
                                         ConstTokenView positions) {
-  kernels::position_embedding_backward(dwpe, dres, positions);
+  if (dwpe.extent(0) > 0) kernels::position_embedding_backward(dwpe, dres, positions);
   kernels::token_embedding_backward(dwte, gather_output_grad(dres), tokens, vocab_start());
 }
 

@@ -29,6 +29,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/types.hpp"
+#include "kernels/kernels.hpp"
 
 namespace ndmini {
 
@@ -66,13 +67,14 @@ class TensorParallel {
   int vocab_start() const { return rank_ * (vocab_ / size_); }
   int local_vocab() const { return vocab_ / size_; }
 
-  // Enters a region: the LayerNorm of the residual rows `x` into `full`
-  // [N, C] (in place without SP; with SP this rank's rows, then all-gathered).
-  // T: real, or bf16 under mixed precision (`full` rounded to bf16, and
-  // gathered as bf16: half the bytes).
+  // Enters a region: the norm (LayerNorm or RMSNorm: `norm`) of the
+  // residual rows `x` into `full` [N, C] (in place without SP; with SP this
+  // rank's rows, then all-gathered). mean and rstd: the statistics of the
+  // residual rows (mean unused under RMSNorm). T: real, or bf16 under mixed
+  // precision (`full` rounded to bf16, and gathered as bf16: half the bytes).
   template <class T>
-  void layernorm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight,
-                       ConstSlice1D bias);
+  void norm_enter(Matrix<T> full, Slice1D mean, Slice1D rstd, ConstSlice2D x, ConstSlice1D weight, ConstSlice1D bias,
+                  const kernels::Norm& norm);
   // Leaves it: y [local rows, C] = residual + in W^T + bias for a
   // row-parallel layer: the partial products summed over tp (all-reduce; a
   // reduce-scatter with SP). Without tp a plain linear layer. With bf16
@@ -90,12 +92,14 @@ class TensorParallel {
   ConstSlice2D gather_output_grad(ConstSlice2D dres);
   // dbias of a row-parallel layer from dy over all N rows (dy_full) or, with
   // SP, over this rank's rows (dres): the bias sits in the sequence-parallel
-  // region, so its gradient is partial until sum_replicated_grads.
+  // region, so its gradient is partial until sum_replicated_grads. An empty
+  // dbias (model.bias = false) is left alone.
   void row_parallel_bias_backward(Slice1D dbias, ConstSlice2D dy_full, ConstSlice2D dres);
 
   // Vocabulary-parallel embedding of this rank's residual rows: wte rows of
   // the local vocabulary, summed over tp, plus wpe at `positions` (one per
   // residual row: the absolute position of the token, see context_parallel).
+  // An empty wpe (RoPE: no position table) adds nothing, nor does dwpe below.
   void embedding_forward(Slice2D out, ConstTokenView tokens, ConstSlice2D wte, ConstSlice2D wpe,
                          ConstTokenView positions);
   // dwte (local vocabulary) from all N rows' gradients, dwpe from this rank's rows.

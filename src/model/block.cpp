@@ -9,52 +9,85 @@
 
 namespace ndmini {
 
-const std::array<BlockTensorSpec, 12> kBlockTensors = {{
-    {"ln_1/weight", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln1_w, nullptr, nullptr},
-    {"ln_1/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln1_b, nullptr, nullptr},
-    {"attn/c_attn/weight", 3, 1, TpSplit::rows, 3, nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
-    {"attn/c_attn/bias", 3, 0, TpSplit::rows, 3, &BlockTensors::attn_b, nullptr, nullptr},
-    {"attn/c_proj/weight", 1, 1, TpSplit::cols, 1, nullptr, &BlockTensors::attn_proj_w,
-     &BlockMatricesBf16::attn_proj_w},
-    {"attn/c_proj/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::attn_proj_b, nullptr, nullptr},
-    {"ln_2/weight", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln2_w, nullptr, nullptr},
-    {"ln_2/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::ln2_b, nullptr, nullptr},
-    {"mlp/c_fc/weight", 4, 1, TpSplit::rows, 1, nullptr, &BlockTensors::fc_w, &BlockMatricesBf16::fc_w},
-    {"mlp/c_fc/bias", 4, 0, TpSplit::rows, 1, &BlockTensors::fc_b, nullptr, nullptr},
-    {"mlp/c_proj/weight", 1, 4, TpSplit::cols, 1, nullptr, &BlockTensors::mlp_proj_w, &BlockMatricesBf16::mlp_proj_w},
-    {"mlp/c_proj/bias", 1, 0, TpSplit::replicated, 1, &BlockTensors::mlp_proj_b, nullptr, nullptr},
+const std::array<BlockTensorSpec, 22> kBlockTensors = {{
+    {"ln_1/weight", &BlockTensors::ln1_w, nullptr, nullptr},
+    {"ln_1/bias", &BlockTensors::ln1_b, nullptr, nullptr},
+    {"attn/c_attn/weight", nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
+    {"attn/c_attn/bias", &BlockTensors::attn_b, nullptr, nullptr},
+    // Grouped-query attention: q, k and v side by side make c_attn's rows.
+    {"attn/c_q/weight", nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
+    {"attn/c_k/weight", nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
+    {"attn/c_v/weight", nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
+    {"attn/c_q/bias", &BlockTensors::attn_b, nullptr, nullptr},
+    {"attn/c_k/bias", &BlockTensors::attn_b, nullptr, nullptr},
+    {"attn/c_v/bias", &BlockTensors::attn_b, nullptr, nullptr},
+    {"attn/c_proj/weight", nullptr, &BlockTensors::attn_proj_w, &BlockMatricesBf16::attn_proj_w},
+    {"attn/c_proj/bias", &BlockTensors::attn_proj_b, nullptr, nullptr},
+    {"ln_2/weight", &BlockTensors::ln2_w, nullptr, nullptr},
+    {"ln_2/bias", &BlockTensors::ln2_b, nullptr, nullptr},
+    {"mlp/c_fc/weight", nullptr, &BlockTensors::fc_w, &BlockMatricesBf16::fc_w},
+    {"mlp/c_fc/bias", &BlockTensors::fc_b, nullptr, nullptr},
+    {"mlp/c_gate/weight", nullptr, &BlockTensors::fc_w, &BlockMatricesBf16::fc_w},
+    {"mlp/c_gate/bias", &BlockTensors::fc_b, nullptr, nullptr},
+    {"mlp/c_up/weight", nullptr, &BlockTensors::up_w, &BlockMatricesBf16::up_w},
+    {"mlp/c_up/bias", &BlockTensors::up_b, nullptr, nullptr},
+    {"mlp/c_proj/weight", nullptr, &BlockTensors::mlp_proj_w, &BlockMatricesBf16::mlp_proj_w},
+    {"mlp/c_proj/bias", &BlockTensors::mlp_proj_b, nullptr, nullptr},
 }};
 
+namespace {
+
+const BlockTensorSpec& spec_of(const std::string& name) {
+  // The name after "h/<layer>/".
+  const std::size_t slash = name.find('/', 2);
+  const std::string suffix = slash == std::string::npos ? name : name.substr(slash + 1);
+  for (const BlockTensorSpec& s : kBlockTensors)
+    if (suffix == s.suffix) return s;
+  throw InternalError("a block unit holds " + name + ", a tensor no block computes with");
+}
+
+bool same_member(const BlockTensorSpec& a, const BlockTensorSpec& b) {
+  return a.vector != nullptr ? a.vector == b.vector : a.matrix == b.matrix;
+}
+
+}  // namespace
+
 BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
-  std::size_t k = 0;
   for (const ParamInfo& p : layout.params) {
     if (p.unit != unit) continue;
-    if (k >= places_.size()) throw InternalError("a block unit holds more than 12 tensors");
-    places_[k++] = {p.offset - layout.unit_offset[unit], static_cast<std::size_t>(p.shape[0]),
-                    p.shape.size() == 2 ? static_cast<std::size_t>(p.shape[1]) : 1};
+    const BlockTensorSpec& spec = spec_of(p.name);
+    const std::size_t offset = p.offset - layout.unit_offset[unit], rows = static_cast<std::size_t>(p.shape[0]);
+    const std::size_t cols = p.shape.size() == 2 ? static_cast<std::size_t>(p.shape[1]) : 1;
+    Place* joined = nullptr;
+    for (Place& q : places_)
+      if (same_member(*q.spec, spec)) joined = &q;
+    if (joined == nullptr) {
+      places_.push_back({&spec, offset, rows, cols});
+      continue;
+    }
+    // c_k and c_v extend c_q's rows: one matrix only if nothing lies between.
+    if (joined->cols != cols || joined->offset + joined->rows * joined->cols != offset)
+      throw InternalError(p.name + " does not follow " + joined->spec->suffix + " in its unit without a gap");
+    joined->rows += rows;
   }
-  if (k != places_.size()) throw InternalError("a block unit must hold 12 tensors");
+  if (places_.empty()) throw InternalError("a block unit holds no tensor");
 }
 
 BlockTensors BlockLayout::view(real* base) const {
   BlockTensors t;
-  for (std::size_t k = 0; k < places_.size(); ++k) {
-    const Place& p = places_[k];
-    if (kBlockTensors[k].vector != nullptr)
-      t.*kBlockTensors[k].vector = Slice1D(base + p.offset, p.rows);
+  for (const Place& p : places_) {
+    if (p.spec->vector != nullptr)
+      t.*p.spec->vector = Slice1D(base + p.offset, p.rows);
     else
-      t.*kBlockTensors[k].matrix = Slice2D(base + p.offset, p.rows, p.cols);
+      t.*p.spec->matrix = Slice2D(base + p.offset, p.rows, p.cols);
   }
   return t;
 }
 
 BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
   BlockMatricesBf16 t;
-  for (std::size_t k = 0; k < places_.size(); ++k) {
-    const Place& p = places_[k];
-    if (kBlockTensors[k].bf16_matrix != nullptr)
-      t.*kBlockTensors[k].bf16_matrix = ConstBf16Slice2D(base + p.offset, p.rows, p.cols);
-  }
+  for (const Place& p : places_)
+    if (p.spec->bf16_matrix != nullptr) t.*p.spec->bf16_matrix = ConstBf16Slice2D(base + p.offset, p.rows, p.cols);
   return t;
 }
 
@@ -102,19 +135,32 @@ std::size_t BlockSizes::scratch_bytes() const {
   return (fp32 + attention_out()) * sizeof(real) + largest_output() * sizeof(ndmini::bf16);
 }
 
-TransformerBlock::TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention, bool bf16)
+TransformerBlock::TransformerBlock(const ModelConfig& m, TensorParallel& tp, ContextParallelAttention& attention,
+                                   ConstTokenView positions, bool bf16)
     : tp_(tp),
       attention_(attention),
-      sizes_{static_cast<std::size_t>(channels), tp.rows(), tp.local_rows(), tp.size(), attention.local_shape(), bf16} {
-  sizes_.set_gpt2_widths();  // the blocks computed today: GPT-2's (require_trainable_architecture)
-  C_ = channels;
+      sizes_{
+          static_cast<std::size_t>(m.channels), tp.rows(), tp.local_rows(), tp.size(), attention.local_shape(), bf16},
+      norm_{m.norm == NormKind::rmsnorm, static_cast<real>(m.norm_eps)},
+      rope_(!m.learned_positions()),
+      rope_theta_(static_cast<real>(m.rope_theta)),
+      positions_(positions),
+      head_size_(m.head_size()) {
+  sizes_.set_widths(m);
+  C_ = m.channels;
   Cl_ = C_ / tp.size();
-  F_ = 4 * C_ / tp.size();
+  KVl_ = sizes_.kv_width / tp.size();
+  F_ = sizes_.ffn / tp.size();
   Q_ = attention.local_shape().qkv_width();  // (H + 2 KV) hs / tp: q, then k and v of the kv heads
+  if (Q_ != sizes_.qkv_width / tp.size() || Q_ != Cl_ + 2 * KVl_)
+    throw InternalError("the attention's q, k and v widths are not the block's");
+  if (rope_ && positions_.extent(0) != tp.rows())
+    throw InternalError("RoPE needs the position of each of the block's rows");
   const BlockSizes& n = sizes_;
   qkv_ = uninitialized("ndmini::qkv", n.qkv());
   dln_ = uninitialized("ndmini::dln", n.full());
   dfc_ = uninitialized("ndmini::dfc", n.hidden());
+  if (n.gated) dup_ = uninitialized("ndmini::dup", n.hidden());
   dqkv_ = uninitialized("ndmini::dqkv", n.qkv());
   datty_ = uninitialized("ndmini::datty", n.attention_out());
   if (n.bf16) {
@@ -174,7 +220,7 @@ BlockMatrices<T> operands(const BlockWeights& weights) {
     return weights.bf16;
   } else {
     const BlockTensors& w = weights.w;
-    return {w.attn_w, w.attn_proj_w, w.fc_w, w.mlp_proj_w};
+    return {w.attn_w, w.attn_proj_w, w.fc_w, w.up_w, w.mlp_proj_w};
   }
 }
 
@@ -219,19 +265,34 @@ void TransformerBlock::forward_as(const BlockWeights& weights, ConstSlice2D x, B
   const BlockMatrices<T> m = operands<T>(weights);
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
   const Matrix<T> ln1 = a.ln1.as<T>(N, C_);
-  tp_.layernorm_enter<T>(ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  kernels::linear_forward<T>(as_matrix(qkv_, N, Q_), ln1, m.attn_w, w.attn_b);
+  tp_.norm_enter<T>(ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b, norm_);
+  const Slice2D qkv = as_matrix(qkv_, N, Q_);
+  kernels::linear_forward<T>(qkv, ln1, m.attn_w, w.attn_b);
+  // RoPE turns q and k (this rank's heads of each, side by side), not v.
+  if (rope_) kernels::rope_forward(qkv, positions_, static_cast<int>(Cl_ + KVl_), head_size_, rope_theta_);
   const Slice2D atty = landing<T>(a.atty, datty_, N, Cl_);
-  attention_.forward(atty, as_matrix(qkv_, N, Q_), saved(a));
+  attention_.forward(atty, qkv, saved(a));
   keep<T>(a.atty, atty);
   tp_.row_parallel_forward<T>(as_matrix(a.res2, Nr, C_), a.atty.as<T>(N, Cl_), m.attn_proj_w, w.attn_proj_b, x);
   const Matrix<T> ln2 = a.ln2.as<T>(N, C_);
-  tp_.layernorm_enter<T>(ln2, a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b);
+  tp_.norm_enter<T>(ln2, a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b, norm_);
+  // The MLP's input of the down projection (c_proj): gelu(c_fc x), or
+  // silu(c_gate x) * (c_up x). Gate and up are two products (the same FLOPs
+  // as one of twice the rows): each output stays a contiguous [N, F/tp]
+  // operand, kept as such for the backward.
+  const KeptOperand& down_input = sizes_.gated ? a.fch_swiglu : a.fch_gelu;
   const Slice2D fch = landing<T>(a.fch, dfc_, N, F_);
   kernels::linear_forward<T>(fch, ln2, m.fc_w, w.fc_b);
-  kernels::gelu_forward(a.fch_gelu.as<T>(N, F_), fch);
+  if (sizes_.gated) {
+    const Slice2D up = landing<T>(a.fch_up, dup_, N, F_);
+    kernels::linear_forward<T>(up, ln2, m.up_w, w.up_b);
+    kernels::swiglu_forward(a.fch_swiglu.as<T>(N, F_), fch, up);
+    keep<T>(a.fch_up, up);
+  } else {
+    kernels::gelu_forward(a.fch_gelu.as<T>(N, F_), fch);
+  }
   keep<T>(a.fch, fch);
-  tp_.row_parallel_forward<T>(as_matrix(a.res3, Nr, C_), a.fch_gelu.as<T>(N, F_), m.mlp_proj_w, w.mlp_proj_b,
+  tp_.row_parallel_forward<T>(as_matrix(a.res3, Nr, C_), down_input.as<T>(N, F_), m.mlp_proj_w, w.mlp_proj_b,
                               as_matrix(a.res2, Nr, C_));
 }
 
@@ -242,31 +303,48 @@ void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTenso
   const BlockMatrices<T> m = operands<T>(weights);
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
   // dres is d(res3); res3 = res2 + mlp(ln2(res2)), so d(res2) starts as a copy
-  // (the LayerNorm backward adds into it).
+  // (the norm's backward adds into it).
   ConstSlice2D dfull = tp_.gather_output_grad(dres);
-  kernels::linear_backward<T>(as_matrix(dfc_, N, F_), g.mlp_proj_w, Slice1D(), dfull, a.fch_gelu.as<T>(N, F_),
-                              m.mlp_proj_w, dy_rounded<T>(C_));
+  const Slice2D dfc = as_matrix(dfc_, N, F_);
+  const KeptOperand& down_input = sizes_.gated ? a.fch_swiglu : a.fch_gelu;
+  kernels::linear_backward<T>(dfc, g.mlp_proj_w, Slice1D(), dfull, down_input.as<T>(N, F_), m.mlp_proj_w,
+                              dy_rounded<T>(C_));
   tp_.row_parallel_bias_backward(g.mlp_proj_b, dfull, dres);
-  kernels::gelu_backward(as_matrix(dfc_, N, F_), a.fch.as<T>(N, F_), as_matrix(dfc_, N, F_));
-  kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, as_matrix(dfc_, N, F_), a.ln2.as<T>(N, C_),
-                              m.fc_w, dy_rounded<T>(F_));
+  if (sizes_.gated) {
+    // d(gate) in place of d(product) in dfc_, d(up) in dup_; d(ln2) sums both products' input gradients.
+    const Slice2D dup = as_matrix(dup_, N, F_);
+    kernels::swiglu_backward(dfc, dup, a.fch.as<T>(N, F_), a.fch_up.as<T>(N, F_), dfc);
+    kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, dfc, a.ln2.as<T>(N, C_), m.fc_w,
+                                dy_rounded<T>(F_));
+    kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.up_w, g.up_b, dup, a.ln2.as<T>(N, C_), m.up_w,
+                                dy_rounded<T>(F_), real(1));
+  } else {
+    kernels::gelu_backward(dfc, a.fch.as<T>(N, F_), dfc);
+    kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, dfc, a.ln2.as<T>(N, C_), m.fc_w,
+                                dy_rounded<T>(F_));
+  }
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
-  kernels::layernorm_backward(dres, g.ln2_w, g.ln2_b, gin, as_matrix(a.res2, Nr, C_), w.ln2_w, a.ln2_mean, a.ln2_rstd);
+  kernels::norm_backward(dres, g.ln2_w, g.ln2_b, gin, as_matrix(a.res2, Nr, C_), w.ln2_w, a.ln2_mean, a.ln2_rstd,
+                         norm_);
   // dres is now d(res2); res2 = x + attn(ln1(x)).
   dfull = tp_.gather_output_grad(dres);
   kernels::linear_backward<T>(as_matrix(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, a.atty.as<T>(N, Cl_),
                               m.attn_proj_w, dy_rounded<T>(C_));
   tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);
-  attention_.backward(as_matrix(dqkv_, N, Q_), as_matrix(datty_, N, Cl_), attention_output<T>(a.atty), saved(a));
-  kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, as_matrix(dqkv_, N, Q_), a.ln1.as<T>(N, C_),
-                              m.attn_w, dy_rounded<T>(Q_));
+  const Slice2D dqkv = as_matrix(dqkv_, N, Q_);
+  attention_.backward(dqkv, as_matrix(datty_, N, Cl_), attention_output<T>(a.atty), saved(a));
+  // d(q) and d(k) back through the rotation (its transpose).
+  if (rope_) kernels::rope_backward(dqkv, positions_, static_cast<int>(Cl_ + KVl_), head_size_, rope_theta_);
+  kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.attn_w, g.attn_b, dqkv, a.ln1.as<T>(N, C_), m.attn_w,
+                              dy_rounded<T>(Q_));
   // The key bias cannot change any output (it adds q . b_k to every score of
   // a softmax row), so its gradient is exactly zero. Store that zero, not
   // the rounding noise of a column sum, which Adam would amplify into
-  // updates that differ between layouts.
-  kernels::fill(Slice1D(g.attn_b.data() + Cl_, Cl_), 0);
+  // updates that differ between layouts. (Under RoPE the rotated key bias
+  // does change the scores: its gradient is a real one.)
+  if (g.attn_b.extent(0) > 0 && !rope_) kernels::fill(Slice1D(g.attn_b.data() + Cl_, KVl_), 0);
   gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
-  kernels::layernorm_backward(dres, g.ln1_w, g.ln1_b, gin, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
+  kernels::norm_backward(dres, g.ln1_w, g.ln1_b, gin, x, w.ln1_w, a.ln1_mean, a.ln1_rstd, norm_);
 }
 
 }  // namespace ndmini

@@ -1,43 +1,55 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// One GPT-2 transformer block: x -> res2 = x + attn(ln_1(x)) -> res3 = res2 +
-// mlp(ln_2(res2)), forward and backward of one micro-batch. Where tensor
-// parallelism splits the work (the LayerNorms entering a region, the
-// row-parallel projections leaving it) the block calls TensorParallel; the
-// attention itself is ContextParallelAttention (a ring over cp when cp > 1).
+// One transformer block: x -> res2 = x + attn(ln_1(x)) -> res3 = res2 +
+// mlp(ln_2(res2)), forward and backward of one micro-batch, for GPT-2 and
+// the Llama family alike (docs/model.md): the norm is LayerNorm or RMSNorm,
+// RoPE rotates q and k or the embedding adds learned positions, the MLP is
+// GELU or SwiGLU, k and v have model.kv_heads heads, biases are optional.
+// Where tensor parallelism splits the work (the norms entering a region,
+// the row-parallel projections leaving it) the block calls TensorParallel;
+// the attention itself is ContextParallelAttention (a ring over cp when cp > 1).
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <type_traits>
 #include <vector>
 
+#include "config/config.hpp"
 #include "core/types.hpp"
+#include "kernels/kernels.hpp"
 #include "layers/context_parallel.hpp"
 #include "layers/tensor_parallel.hpp"
 #include "model/param_layout.hpp"
 
 namespace ndmini {
 
-// A block's twelve tensors (its parameters, or their gradients) as views
-// into its unit; kBlockTensors gives their order.
+// A block's tensors (its parameters, or their gradients) as views into its
+// unit; kBlockTensors maps their names to these members. A tensor the
+// architecture lacks (a bias without model.bias, a norm's bias under
+// rmsnorm, c_up under gelu) is an empty view.
 struct BlockTensors {
   Slice1D ln1_w, ln1_b;
-  Slice2D attn_w;  // c_attn [3C/tp, C]: this rank's heads' q, k, v rows
+  // This rank's q, k and v rows [(H + 2 kv_heads) hs / tp, C]: GPT-2's
+  // c_attn, or c_q, c_k and c_v, which the layout places side by side so
+  // that one product computes the row q | k | v the attention reads.
+  Slice2D attn_w;
   Slice1D attn_b;
   Slice2D attn_proj_w;  // attn/c_proj [C, C/tp]
   Slice1D attn_proj_b;
   Slice1D ln2_w, ln2_b;
-  Slice2D fc_w;  // c_fc [4C/tp, C]
+  Slice2D fc_w;  // c_fc [F/tp, C]; under swiglu c_gate
   Slice1D fc_b;
-  Slice2D mlp_proj_w;  // mlp/c_proj [C, 4C/tp]
+  Slice2D up_w;  // swiglu: c_up [F/tp, C]
+  Slice1D up_b;
+  Slice2D mlp_proj_w;  // mlp/c_proj [C, F/tp]
   Slice1D mlp_proj_b;
 };
 
-// The operands of a block's four matrix products in element type T: the
-// fp32 weights, or under bf16 mixed precision their bf16 working copy.
+// The operands of a block's matrix products in element type T: the fp32
+// weights, or under bf16 mixed precision their bf16 working copy.
 template <class T>
 struct BlockMatrices {
-  ConstMatrix<T> attn_w, attn_proj_w, fc_w, mlp_proj_w;
+  ConstMatrix<T> attn_w, attn_proj_w, fc_w, up_w, mlp_proj_w;
 };
 using BlockMatricesBf16 = BlockMatrices<bf16>;
 
@@ -48,14 +60,13 @@ struct BlockWeights {
   BlockMatricesBf16 bf16;
 };
 
-// One tensor of a block: its name, global shape, tensor-parallel split and
-// the member of BlockTensors that views it (a 1-D or a 2-D one; a matrix
-// also has its member in BlockMatricesBf16).
+// Which member of BlockTensors views the tensor named `suffix` (after
+// "h/<layer>/"): a 1-D or a 2-D one; a matrix also has its member in
+// BlockMatricesBf16. Tensors that share a member (c_q, c_k and c_v; their
+// biases) follow each other in the unit without a gap, and the member views
+// them as one (BlockLayout checks it).
 struct BlockTensorSpec {
-  const char* suffix;  // after "h/<layer>/"
-  int rows_c, cols_c;  // shape in multiples of C (cols 0: a 1-D tensor)
-  TpSplit split;
-  int sections;  // q/k/v sections of a rows split
+  const char* suffix;
   // Member pointers through aliases: nvcc's front end rewrites a plain
   // `T C::*name` member with parentheses that g++ then warns about.
   using VectorMember = Slice1D BlockTensors::*;
@@ -65,18 +76,18 @@ struct BlockTensorSpec {
   MatrixMember matrix;
   Bf16MatrixMember bf16_matrix;
 };
-// The tensors of GPT-2's block in unit (and checkpoint) order, as its
-// compute views them (BlockLayout::view walks it). The parameter layout and
-// the global tensor list walk gpt_block_tensors (model/gpt.hpp), which
-// writes the order for every architecture and gives exactly these for
-// GPT-2's (tests/test_model.cpp checks it tensor for tensor).
-extern const std::array<BlockTensorSpec, 12> kBlockTensors;
+// Every block tensor of every architecture by name. Which of them a block
+// has, their order and shapes: gpt_block_tensors (model/gpt.hpp), which
+// the parameter layout, the checkpoint and BlockLayout all walk.
+extern const std::array<BlockTensorSpec, 22> kBlockTensors;
 
-// Where those tensors sit in a block's unit: the same for every block.
+// Where a block's tensors sit in its unit: the same for every block.
 class BlockLayout {
  public:
   BlockLayout() = default;
-  // From the parameters of one block unit `unit` of `layout`.
+  // From the parameters of one block unit `unit` of `layout`, by name
+  // (InternalError for a name kBlockTensors lacks, or tensors of one member
+  // that are not side by side).
   BlockLayout(const ParamLayout& layout, int unit);
   BlockTensors view(real* unit_base) const;
   // The matrices of a bf16 copy of the unit (same offsets).
@@ -84,19 +95,18 @@ class BlockLayout {
 
  private:
   struct Place {
+    const BlockTensorSpec* spec = nullptr;
     std::size_t offset = 0;  // from the unit's start
     std::size_t rows = 0, cols = 0;
   };
-  std::array<Place, kBlockTensors.size()> places_{};
+  std::vector<Place> places_;
 };
 
 // The sizes of one block's buffers for one micro-batch: N token rows, Nr of
 // them residual rows here, C channels split over tp. `attention` is this
 // rank's part of the attention; `bf16` means mixed precision. The widths
-// after it are the architecture's (BlockSizes::gpt2 sets GPT-2's: 3C, C, 4C,
-// GELU, LayerNorm); GptModel::block_sizes_of sets any deck's.
-// TransformerBlock allocates exactly these (GPT-2's blocks); the memory
-// estimate adds them up (every architecture, for check and plan).
+// after it are the architecture's (set_widths). TransformerBlock allocates
+// exactly these; the memory estimate adds them up (GptModel::block_sizes_of).
 struct BlockSizes {
   std::size_t channels, rows, local_rows;
   int tp;
@@ -107,12 +117,13 @@ struct BlockSizes {
   std::size_t ffn = 0;        // F: the MLP's hidden width; GPT-2: 4C
   bool gated = false;         // swiglu: the MLP keeps gate and up outputs and their product
   bool rms = false;           // rmsnorm: one statistic per row (rstd; no mean)
-  // GPT-2's widths for C channels (what TransformerBlock computes today).
-  void set_gpt2_widths() {
-    qkv_width = 3 * channels;
-    kv_width = channels;
-    ffn = 4 * channels;
-    gated = rms = false;
+  // The widths of the architecture of `m`.
+  void set_widths(const ModelConfig& m) {
+    kv_width = static_cast<std::size_t>(m.kv()) * m.head_size();
+    qkv_width = static_cast<std::size_t>(m.channels) + 2 * kv_width;
+    ffn = static_cast<std::size_t>(m.ffn());
+    gated = m.gated();
+    rms = m.norm == NormKind::rmsnorm;
   }
   std::size_t full() const { return rows * channels; }                  // [N, C]: LayerNorm outputs, dln
   std::size_t residual() const { return local_rows * channels; }        // [Nr, C]: res2, res3
@@ -206,9 +217,14 @@ extern const std::array<BlockKeptSpec, 15> kBlockKept;
 class TransformerBlock {
  public:
   // Shared by every block of a stage; owns the scratch buffers one forward
-  // or backward needs (valid across blocks and micro-batches).
+  // or backward needs (valid across blocks and micro-batches). The
+  // architecture is m's (norm, RoPE, MLP, key/value heads, biases).
+  // positions: under RoPE the global position of each of the N rows the
+  // block computes on (with cp its chunks' true positions, with SP the rows
+  // gathered over tp); unused under learned positions.
   // bf16: mixed precision (BlockWeights carry bf16 matrices).
-  TransformerBlock(int channels, TensorParallel& tp, ContextParallelAttention& attention, bool bf16);
+  TransformerBlock(const ModelConfig& m, TensorParallel& tp, ContextParallelAttention& attention,
+                   ConstTokenView positions, bool bf16);
   const BlockSizes& sizes() const { return sizes_; }
 
   // Activations of one block for one micro-batch: all of them, or (output_only,
@@ -241,8 +257,16 @@ class TransformerBlock {
   TensorParallel& tp_;
   ContextParallelAttention& attention_;
   BlockSizes sizes_;
-  std::size_t C_, Cl_, F_, Q_;  // channels; per tp rank: attention width, MLP width, q+k+v width
+  kernels::Norm norm_;
+  bool rope_;
+  real rope_theta_;
+  ConstTokenView positions_;  // RoPE: the position of each of the N rows
+  int head_size_;
+  // Channels; per tp rank: attention width (q heads), k heads' width, MLP
+  // width, q+k+v width.
+  std::size_t C_, Cl_, KVl_, F_, Q_;
   View1D qkv_, dln_, dfc_, dqkv_, datty_;
+  View1D dup_;          // swiglu: d(up), beside d(gate) in dfc_
   View1D atty_;         // bf16: the attention output widened back for the attention's backward
   Bf16View1D dy_bf16_;  // bf16: a product's output gradient rounded for its two products
 };

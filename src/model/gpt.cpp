@@ -23,6 +23,22 @@ kernels::AttentionShape attention_shape(const ModelConfig& m, int micro_batch, i
   return {micro_batch, m.seq_len / cp, m.channels / tp, m.heads / tp, m.kv() / tp};
 }
 
+// The position of each row of a micro-batch here, in the sequence: rows are
+// sequence-major, each sequence holding this cp rank's tokens (cp's
+// load-balanced chunks: not contiguous). Learned positions: the residual rows
+// (the embedding adds wpe to them; with SP this tp rank's slice); RoPE: all
+// N rows the blocks compute on (gathered over tp with SP).
+TokenView row_positions(const ModelConfig& m, const TensorParallel& tp, const CpLayout& cpl) {
+  const bool residual = m.learned_positions();
+  const std::size_t rows = residual ? tp.local_rows() : tp.rows(), first = residual ? tp.first_local_row() : 0;
+  const int Tl = cpl.local_len();
+  TokenView positions("ndmini::positions", rows);
+  auto h = Kokkos::create_mirror_view(positions);
+  for (std::size_t r = 0; r < rows; ++r) h(r) = cpl.position(static_cast<int>((first + r) % Tl));
+  Kokkos::deep_copy(positions, h);
+  return positions;
+}
+
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp,
@@ -35,27 +51,23 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
           precision == Precision::bf16),
       attention_(cp, attention_shape(m, micro_batch, size_of(tp), size_of(cp)), m.seq_len, true,
                  precision == Precision::bf16),
-      block_(m.channels, tp_, attention_, precision == Precision::bf16) {
+      positions_(row_positions(m, tp_, attention_.layout())),
+      block_(m, tp_, attention_, positions_, precision == Precision::bf16),
+      norm_{m.norm == NormKind::rmsnorm, static_cast<real>(m.norm_eps)} {
   const ParamLayout layout = param_layout(1);
   for (const ParamInfo& p : layout.params)
     if (p.name == "ln_f/bias") lnf_bias_offset_ = p.offset - layout.unit_offset[p.unit];
-  block_layout_ = BlockLayout(layout, units_.front().blocks.front());
+  if (!units_.front().blocks.empty()) block_layout_ = BlockLayout(layout, units_.front().blocks.front());
 
   const Buffers sizes = buffer_sizes(m, micro_batch, chunks_.back().head, tp_.size(), tp_.sequence_parallel(),
                                      attention_.layout().cp, precision);
-  // Absolute position of every residual row: rows are sequence-major, each
-  // sequence holding this cp rank's tokens; with SP this tp rank's slice.
-  const CpLayout& cpl = attention_.layout();
-  const int Tl = cpl.local_len();
-  positions_ = TokenView("ndmini::positions", sizes.positions);
-  auto h = Kokkos::create_mirror_view(positions_);
-  for (std::size_t r = 0; r < tp_.local_rows(); ++r)
-    h(r) = cpl.position(static_cast<int>((tp_.first_local_row() + r) % Tl));
-  Kokkos::deep_copy(positions_, h);
+  if (positions_.extent(0) != sizes.positions) throw InternalError("the positions are not the size counted");
 
   if (chunks_.back().head) {
     if (sizes.lnf > 0) lnf_.fp32 = uninitialized("ndmini::lnf", sizes.lnf);
-    lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_mean);
+    // None under RMSNorm: a zero-length View is still an allocation (128
+    // bytes here), which the estimate does not count.
+    if (sizes.lnf_mean > 0) lnf_mean_ = uninitialized("ndmini::lnf_mean", sizes.lnf_mean);
     lnf_rstd_ = uninitialized("ndmini::lnf_rstd", sizes.lnf_stats);
     logits_ = uninitialized("ndmini::logits", sizes.logits);
     losses_ = uninitialized("ndmini::losses", sizes.losses);
@@ -93,7 +105,7 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   // keeps one buffer, grown to the largest product).
   b.emulated_bf16 = emulated_bf16_floats(m, block, has_head);
   b.layers_bytes += b.emulated_bf16 * sizeof(real);
-  b.positions = Nr;
+  b.positions = m.learned_positions() ? Nr : N;  // row_positions
   if (has_head) {
     b.lnf_stats = Nr;
     b.lnf_mean = m.norm == NormKind::layernorm ? Nr : 0;  // RMSNorm keeps no mean
@@ -116,12 +128,7 @@ BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int t
   const bool sp = sequence_parallel && tp > 1;
   BlockSizes b{static_cast<std::size_t>(m.channels), N, sp ? N / tp : N, tp, attention_shape(m, micro_batch, tp, cp),
                precision == Precision::bf16};
-  const std::size_t kv_width = static_cast<std::size_t>(m.kv()) * m.head_size();
-  b.qkv_width = static_cast<std::size_t>(m.channels) + 2 * kv_width;
-  b.kv_width = kv_width;
-  b.ffn = static_cast<std::size_t>(m.ffn());
-  b.gated = m.gated();
-  b.rms = m.norm == NormKind::rmsnorm;
+  b.set_widths(m);
   return b;
 }
 
@@ -173,12 +180,20 @@ void gpt_init_param(const ModelConfig& m, const ParamInfo& p, int tp_rank, std::
   }
 }
 
-void GptModel::embedding_forward(Slice2D out, ConstTokenView tokens, real* wte_params, real* wpe) {
-  tp_.embedding_forward(out, tokens, wte(wte_params), Slice2D(wpe, cfg_.seq_len, cfg_.channels), positions_);
+Slice1D GptModel::lnf_bias(real* unit_base) const {
+  return lnf_bias_offset_ > 0 ? Slice1D(unit_base + lnf_bias_offset_, cfg_.channels) : Slice1D();
+}
+
+Slice2D GptModel::wpe(real* unit_base) const {
+  return unit_base != nullptr ? Slice2D(unit_base, cfg_.seq_len, cfg_.channels) : Slice2D();
+}
+
+void GptModel::embedding_forward(Slice2D out, ConstTokenView tokens, real* wte_params, real* wpe_params) {
+  tp_.embedding_forward(out, tokens, wte(wte_params), wpe(wpe_params), positions_);
 }
 
 void GptModel::embedding_backward(real* dwte, real* dwpe, ConstSlice2D dres, ConstTokenView tokens) {
-  tp_.embedding_backward(wte(dwte), Slice2D(dwpe, cfg_.seq_len, cfg_.channels), dres, tokens, positions_);
+  tp_.embedding_backward(wte(dwte), wpe(dwpe), dres, tokens, positions_);
 }
 
 namespace {
@@ -226,11 +241,10 @@ template <class T>
 double GptModel::head_forward_as(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,
                                  real grad_scale) {
   const std::size_t N = tp_.rows(), C = cfg_.channels;
-  const Slice1D weight(ln_f, C), bias(ln_f + lnf_bias_offset_, C);
-  // The LM head is tied to the token embedding: logits = lnf wte^T (this rank's vocabulary).
+  // logits = lnf W^T (this rank's vocabulary), W = wte (tied head) or lm_head.
   const Slice2D logits = as_matrix(logits_, N, tp_.local_vocab());
   const Matrix<T> lnf = lnf_.as<T>(N, C);
-  tp_.layernorm_enter<T>(lnf, lnf_mean_, lnf_rstd_, x, weight, bias);
+  tp_.norm_enter<T>(lnf, lnf_mean_, lnf_rstd_, x, Slice1D(ln_f, C), lnf_bias(ln_f), norm_);
   kernels::linear_forward<T>(logits, lnf, wte_operand<T>(wte_params), Slice1D());
   // With grad_scale != 0 logits now hold dlogits: the head's backward runs at
   // once, so the logits are never kept per micro-batch.
@@ -248,8 +262,7 @@ void GptModel::head_backward_as(real* ln_f, UnitWeights wte_params, real* dln_f,
                               wte_operand<T>(wte_params), dlogits_rounded);
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C));
   kernels::fill(Slice1D(dx.data(), Nr * C), 0);
-  kernels::layernorm_backward(dx, Slice1D(dln_f, C), Slice1D(dln_f + lnf_bias_offset_, C), gin, x, Slice1D(ln_f, C),
-                              lnf_mean_, lnf_rstd_);
+  kernels::norm_backward(dx, Slice1D(dln_f, C), lnf_bias(dln_f), gin, x, Slice1D(ln_f, C), lnf_mean_, lnf_rstd_, norm_);
 }
 
 }  // namespace ndmini

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-// GPT-2 (docs/model.md) as a stack of chunks. A chunk holds an embedding
-// unit, transformer blocks, and a head unit (final LayerNorm, the LM head
-// tied to wte, the loss). GptModel computes the forward and backward of each
+// GPT-2 and the Llama family (docs/model.md) as a stack of chunks. A chunk
+// holds an embedding unit, transformer blocks, and a head unit (final norm,
+// the LM head: tied to wte, or lm_head; the loss). GptModel computes the forward and backward of each
 // unit of the chunks one rank holds. It works over parameters, gradients and
 // activations it is GIVEN; it owns no parameter and keeps nothing between
 // micro-batches.
@@ -34,25 +34,26 @@ namespace ndmini {
 // The architecture in one line, e.g. "gpt2: layernorm (eps 1e-05), learned
 // positions, gelu MLP of 4C = 3072, 12 heads, biases, head tied to wte".
 std::string architecture_text(const ModelConfig& m);
-// Training runs GPT-2's blocks only today; any other architecture (check and
-// plan take it) is refused with what differs. Throws Error.
-void require_trainable_architecture(const ModelConfig& m);
 
 // One tensor of a transformer block as the parameter layout and the
 // checkpoint hold it: its name after "h/<layer>/", its global shape, how tp
-// splits it and the q/k/v sections of a rows split.
+// splits it and the q/k/v sections of a rows split. packed: in the unit it
+// starts right where the tensor before it ends, without the padding that
+// aligns the others (c_k and c_v after c_q: one matrix for one product).
 struct BlockTensorShape {
   std::string suffix;
   std::vector<std::int64_t> shape;
   TpSplit split = TpSplit::replicated;
   int sections = 1;
+  bool packed = false;
 };
 // The tensors of one block of `m`, in unit (and checkpoint) order
 // (docs/checkpoint-format.md): GPT-2's fused attn/c_attn when kv_heads =
-// heads, else attn/c_q, c_k, c_v; mlp/c_fc under gelu, mlp/c_gate and c_up
-// under swiglu; attn/c_proj and mlp/c_proj; a bias for every linear layer
-// and LayerNorm with model.bias, none under rmsnorm. For GPT-2's blocks this
-// is kBlockTensors (model/block.cpp), tensor for tensor.
+// heads, else attn/c_q, c_k, c_v (the three weights, then their biases);
+// mlp/c_fc under gelu, mlp/c_gate and c_up under swiglu; attn/c_proj and
+// mlp/c_proj; a bias for every linear layer and LayerNorm with model.bias,
+// none under rmsnorm. The block's compute views them by name
+// (kBlockTensors, model/block.cpp).
 std::vector<BlockTensorShape> gpt_block_tensors(const ModelConfig& m);
 // Parameters of one block: all of them, and those of its matrices.
 std::int64_t gpt_block_param_count(const ModelConfig& m);
@@ -153,19 +154,21 @@ class GptModel {
   // ---- forward and backward of one unit, one micro-batch ----
   // Parameters and gradients are the full (tp-local) units, indexed like the
   // parameter layout from the unit's start. Gradients are ADDED.
-  // The embedding of `tokens` ([N]) into out [Nr, C].
+  // The embedding of `tokens` ([N]) into out [Nr, C]; wpe null under RoPE.
   void embedding_forward(Slice2D out, ConstTokenView tokens, real* wte, real* wpe);
   void embedding_backward(real* dwte, real* dwpe, ConstSlice2D dres, ConstTokenView tokens);
   // x: the block input [Nr, C]; fills a (a.res3 = output).
   void block_forward(UnitWeights params, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit.
   void block_backward(UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
-  // The head: final LayerNorm, tied LM head, loss of `targets`; returns the
-  // sum of the per-token losses. With grad_scale != 0 it keeps d(logits)
-  // for head_backward, which must follow before the next head_forward.
-  double head_forward(real* ln_f, UnitWeights wte, ConstSlice2D x, ConstTokenView targets, real grad_scale);
-  // Writes d(x) into dx [Nr, C].
-  void head_backward(real* ln_f, UnitWeights wte, real* dln_f, real* dwte, ConstSlice2D x, Slice2D dx);
+  // The head: final norm, LM head, loss of `targets`; returns the sum of
+  // the per-token losses. `head` is the LM head's unit: wte's (tied) or
+  // lm_head's (untied), both [V/tp, C] alone in their unit. With grad_scale
+  // != 0 it keeps d(logits) for head_backward, which must follow before the
+  // next head_forward.
+  double head_forward(real* ln_f, UnitWeights head, ConstSlice2D x, ConstTokenView targets, real grad_scale);
+  // Writes d(x) into dx [Nr, C]; adds to the gradients of ln_f and of the head's matrix (dhead).
+  void head_backward(real* ln_f, UnitWeights head, real* dln_f, real* dhead, ConstSlice2D x, Slice2D dx);
 
   // With SP, sums the partial gradients of tp-replicated tensors over tp.
   void sum_replicated_grads(real* grads, std::size_t n, Precision wire) { tp_.sum_replicated_grads(grads, n, wire); }
@@ -192,7 +195,9 @@ class GptModel {
                               int cp, Precision precision = Precision::fp32);
 
  private:
-  Slice2D wte(real* unit_base) const;
+  Slice2D wte(real* unit_base) const;       // wte or lm_head: alone in its unit, [V/tp, C]
+  Slice2D wpe(real* unit_base) const;       // empty for a null unit (RoPE: no wpe)
+  Slice1D lnf_bias(real* unit_base) const;  // ln_f/bias in ln_f's unit; empty without one
   // wte as the LM head's operand: the fp32 values, or under bf16 the bf16 copy.
   template <class T>
   ConstMatrix<T> wte_operand(UnitWeights params) const;
@@ -209,10 +214,11 @@ class GptModel {
   std::vector<ChunkUnits> units_;
   TensorParallel tp_;
   ContextParallelAttention attention_;
+  TokenView positions_;  // absolute position of each row (row_positions in gpt.cpp: residual rows, or all N under RoPE)
   TransformerBlock block_;
+  kernels::Norm norm_;  // the final norm's kind and eps
   BlockLayout block_layout_;
-  std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it)
-  TokenView positions_;              // absolute position of each residual row
+  std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it); 0: none
   KeptOperand lnf_;                  // the final LayerNorm's output: the LM head's operand
   View1D lnf_mean_, lnf_rstd_, logits_, losses_, dln_;
   Bf16View1D dlogits_bf16_;  // bf16 only: d(logits) rounded for the LM head's two products

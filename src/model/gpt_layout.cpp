@@ -39,13 +39,6 @@ std::string architecture_text(const ModelConfig& m) {
   return os.str();
 }
 
-void require_trainable_architecture(const ModelConfig& m) {
-  if (m.gpt2_blocks()) return;
-  throw Error("the deck's architecture is " + architecture_text(m) +
-              "; ndmini train runs GPT-2's blocks only in this version (layernorm with eps 1e-05, learned "
-              "positions, gelu MLP of 4C, kv_heads = heads, biases, tied head); ndmini plan takes this deck");
-}
-
 std::vector<BlockTensorShape> gpt_block_tensors(const ModelConfig& m) {
   const std::int64_t C = m.channels, F = m.ffn(), KV = static_cast<std::int64_t>(m.kv()) * m.head_size();
   const bool layernorm_bias = m.norm == NormKind::layernorm && m.bias;
@@ -56,21 +49,37 @@ std::vector<BlockTensorShape> gpt_block_tensors(const ModelConfig& m) {
   };
   // A linear layer [out, in]: column-parallel ones split their rows (and
   // bias), row-parallel ones their columns (their bias is replicated).
-  auto linear = [&](const std::string& name, std::int64_t rows, std::int64_t cols, TpSplit split, int sections) {
-    out.push_back({name + "/weight", {rows, cols}, split, sections});
+  auto weight = [&](const std::string& name, std::int64_t rows, std::int64_t cols, TpSplit split, int sections,
+                    bool packed) {
+    out.push_back({name + "/weight", {rows, cols}, split, sections, packed});
+  };
+  auto bias = [&](const std::string& name, std::int64_t rows, TpSplit split, int sections, bool packed) {
     if (m.bias)
       out.push_back({name + "/bias",
                      {rows},
                      split == TpSplit::rows ? TpSplit::rows : TpSplit::replicated,
-                     split == TpSplit::rows ? sections : 1});
+                     split == TpSplit::rows ? sections : 1,
+                     packed});
+  };
+  auto linear = [&](const std::string& name, std::int64_t rows, std::int64_t cols, TpSplit split, int sections) {
+    weight(name, rows, cols, split, sections, false);
+    bias(name, rows, split, sections, false);
   };
   norm("ln_1");
   if (m.kv() == m.heads) {
     linear("attn/c_attn", 3 * C, C, TpSplit::rows, 3);  // q, k, v stacked: each tp rank its heads' rows of all three
-  } else {  // grouped-query attention: k and v have kv_heads heads; tp splits each by heads
-    linear("attn/c_q", C, C, TpSplit::rows, 1);
-    linear("attn/c_k", KV, C, TpSplit::rows, 1);
-    linear("attn/c_v", KV, C, TpSplit::rows, 1);
+  } else {
+    // Grouped-query attention: k and v have kv_heads heads; tp splits each
+    // by heads. The three weights side by side (no padding between them),
+    // then the three biases, so that on every tp rank they are its heads'
+    // q | k | v rows of one matrix (and one bias): one product computes the
+    // row the attention reads, as c_attn does.
+    weight("attn/c_q", C, C, TpSplit::rows, 1, false);
+    weight("attn/c_k", KV, C, TpSplit::rows, 1, true);
+    weight("attn/c_v", KV, C, TpSplit::rows, 1, true);
+    bias("attn/c_q", C, TpSplit::rows, 1, false);
+    bias("attn/c_k", KV, TpSplit::rows, 1, true);
+    bias("attn/c_v", KV, TpSplit::rows, 1, true);
   }
   linear("attn/c_proj", C, C, TpSplit::cols, 1);
   norm("ln_2");
@@ -108,7 +117,7 @@ std::int64_t gpt_block_matrix_param_count(const ModelConfig& m) {
 std::int64_t gpt_param_count(const ModelConfig& m) {
   // wte [V, C], wpe [T, C] (learned positions), ln_f (C, and C of bias for a
   // LayerNorm with biases), lm_head [V, C] (untied), and the blocks' (GPT-2:
-  // 12 C^2 + 13 C each, see kBlockTensors).
+  // 12 C^2 + 13 C each, see gpt_block_tensors).
   const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len, L = m.layers;
   const std::int64_t ln_f = m.norm == NormKind::layernorm && m.bias ? 2 * C : C;
   return V * C + (m.learned_positions() ? T * C : 0) + ln_f + (m.tie_embeddings ? 0 : V * C) +
@@ -188,7 +197,11 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
   layout.tp_size = tp;
   std::size_t offset = 0, unit_begin = 0;
   int unit = 0;
-  auto add = [&](std::string name, std::vector<std::int64_t> global, TpSplit split, int sections, bool tied_copy) {
+  std::size_t end = 0;  // where the tensor added last ends (before its padding)
+  // packed: right after the tensor before, without its padding (c_k and c_v after c_q).
+  auto add = [&](std::string name, std::vector<std::int64_t> global, TpSplit split, int sections, bool tied_copy,
+                 bool packed = false) {
+    if (packed) offset = end;
     std::vector<std::int64_t> local = global;
     if (split == TpSplit::rows) local[0] /= tp;
     if (split == TpSplit::cols) local[1] /= tp;
@@ -197,7 +210,8 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     const bool decay = global.size() == 2;
     layout.params.push_back(
         {std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size, decay, tied_copy});
-    offset += round_up(size, kAlign);
+    end = offset + size;
+    offset = round_up(end, kAlign);
   };
   // Every unit padded so that it splits into equal FSDP shards.
   auto close_unit = [&] {
@@ -220,7 +234,7 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     }
     for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = block_prefix(l);
-      for (const BlockTensorShape& t : block) add(prefix + t.suffix, t.shape, t.split, t.sections, false);
+      for (const BlockTensorShape& t : block) add(prefix + t.suffix, t.shape, t.split, t.sections, false, t.packed);
       close_unit();
     }
     if (chunk.head) {

@@ -95,7 +95,7 @@ StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelPar
     : model_(m, micro_batch, chunks_or_whole_model(par.chunks, m.layers), par.tp, par.sequence_parallel, par.cp,
              precision),
       recompute_(recompute),
-      tied_(par.tied_embedding) {
+      tied_(m.tie_embeddings ? par.tied_embedding : nullptr) {  // untied: wte and lm_head, nothing to sum
   // The store learns the FSDP group size here: every unit is padded to split evenly over it.
   store_ = std::make_unique<ParamStore>(model_.param_layout(size_of(par.data.fsdp)), par.data, precision);
   std::size_t units = 0;
@@ -231,7 +231,8 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
   ParamStore& s = *store_;
   Record& r = record(chunk, micro_batch);
   const std::size_t Nr = model_.local_rows(), C = config().channels;
-  const View1D* x = &r.input;  // the input of the next compute
+  const View1D* x = &r.input;                           // the input of the next compute
+  const int head = u.lm_head >= 0 ? u.lm_head : u.wte;  // the LM head's matrix: lm_head, or the tied wte
   double loss = 0;
   // A loss scale of 0 is a forward-only pass: the head computes no gradients.
   const std::vector<UnitEvent>& events = loss_scale != 0 ? events_[k].forward : events_[k].evaluation;
@@ -239,7 +240,8 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
     switch (e.part) {
       case Part::embedding_forward:
         Kokkos::deep_copy(r.tokens, tokens);
-        model_.embedding_forward(as_matrix(r.input, Nr, C), r.tokens, s.params(u.wte), s.params(u.wpe));
+        model_.embedding_forward(as_matrix(r.input, Nr, C), r.tokens, s.params(u.wte),
+                                 u.wpe >= 0 ? s.params(u.wpe) : nullptr);
         return;
       case Part::block_forward: {
         BlockActivations& a = r.layers[e.block];
@@ -256,10 +258,10 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
         return;
       }
       case Part::head_forward:
-        loss = model_.head_forward(s.params(u.ln_f), s.weights(u.wte), as_matrix(*x, Nr, C), targets, loss_scale);
+        loss = model_.head_forward(s.params(u.ln_f), s.weights(head), as_matrix(*x, Nr, C), targets, loss_scale);
         return;
       case Part::head_backward:
-        model_.head_backward(s.params(u.ln_f), s.weights(u.wte), s.grads(u.ln_f), s.grads(u.wte), as_matrix(*x, Nr, C),
+        model_.head_backward(s.params(u.ln_f), s.weights(head), s.grads(u.ln_f), s.grads(head), as_matrix(*x, Nr, C),
                              as_matrix(r.grad, Nr, C));
         return;
       default:
@@ -308,7 +310,7 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
         return;
       }
       case Part::embedding_backward:
-        model_.embedding_backward(s.grads(u.wte), s.grads(u.wpe), dres, r.tokens);
+        model_.embedding_backward(s.grads(u.wte), u.wpe >= 0 ? s.grads(u.wpe) : nullptr, dres, r.tokens);
         return;
       default:
         throw InternalError("a backward cannot compute " + describe(e));

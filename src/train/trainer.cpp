@@ -298,7 +298,6 @@ void Trainer::build_pipeline() {
 // The mesh's communicators, the checks that refuse a run before anything
 // large is allocated, the data and the model.
 void Trainer::setup() {
-  require_trainable_architecture(cfg_.model);
   // Communicator creation has no non-blocking form: the watchdog's monitor
   // thread keeps its deadline.
   mpi_blocking(comm_, "building the mesh's communicators",

@@ -74,6 +74,23 @@ step_losses() {
   grep '"step"' "$1" | sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/'
 }
 
+# resume_copy FROM STEP NAME NP ARGS...: copy checkpoint folder FROM's step STEP into a fresh folder
+# NAME and resume it there: `ndmini train ARGS` (the deck and its settings) on NP ranks, its metrics
+# in NAME.jsonl, its output in NAME.txt; fails unless the run resumed from that checkpoint at STEP.
+resume_copy() {
+  local from=$1 step=$2 name=$3 np=$4
+  shift 4
+  local folder
+  folder=$(printf 'step_%08d' "$step")
+  rm -rf "$name"
+  mkdir -p "$name"
+  cp -r "$from/$folder" "$name/"
+  echo "$step" >"$name/latest"
+  run "$np" train "$@" --set checkpoint.dir="$name" --resume "$step" --metrics "$name.jsonl" >"$name.txt" 2>&1 ||
+    { cat "$name.txt"; fail "resuming $from/$folder as $name failed"; }
+  grep -q "resumed from $name/$folder at step $step" "$name.txt" || { cat "$name.txt"; fail "$name did not resume at step $step"; }
+}
+
 # No debris: a checkpoint folder holds no .step_*.tmp, .step_*.old or .step_*.pruned.
 no_debris() {
   local dir=$1

@@ -16,19 +16,9 @@ run 4 train tiny.toml "${common[@]}" --set train.precision=bf16 --set parallel.t
   --set checkpoint.dir=bf16 --metrics bf16.jsonl >bf16.txt 2>&1 || { cat bf16.txt; fail "the bf16 tp x pp run failed"; }
 [ -f bf16/step_00000004/checkpoint.h5 ] || fail "the bf16 run saved no step 4"
 
-resume_from() {  # resume_from NAME NP SETTINGS...: resume the bf16 run's step 4 into folder NAME
-  local name=$1 np=$2
-  shift 2
-  rm -rf "$name"
-  mkdir -p "$name"
-  cp -r bf16/step_00000004 "$name/"
-  echo 4 >"$name/latest"
-  run "$np" train tiny.toml "${common[@]}" "$@" --set checkpoint.dir="$name" --resume 4 --metrics "$name.jsonl" \
-    >"$name.txt" 2>&1 || { cat "$name.txt"; fail "resuming the bf16 checkpoint as $name failed"; }
-  grep -q "resumed from $name/step_00000004 at step 4" "$name.txt" || { cat "$name.txt"; fail "$name did not resume at step 4"; }
-}
-resume_from fp32_dp_shard 2 --set train.precision=fp32 --set parallel.dp_shard=2
-resume_from fp32_one 1 --set train.precision=fp32
+# The bf16 run's step 4, resumed in folders of their own.
+resume_copy bf16 4 fp32_dp_shard 2 tiny.toml "${common[@]}" --set train.precision=fp32 --set parallel.dp_shard=2
+resume_copy bf16 4 fp32_one 1 tiny.toml "${common[@]}" --set train.precision=fp32
 
 step_losses bf16.jsonl | awk '$1 >= 4' >want.txt
 step_losses fp32_dp_shard.jsonl >a.txt
