@@ -3,7 +3,8 @@
 # An independent reference: bench/pytorch/gpt.py, a PyTorch implementation
 # written apart from ndmini's kernels, loads ndmini's step-0 checkpoint of a
 # deck (checkpoint.at_start) and trains the same synthetic batches; its
-# first losses equal ndmini's one-rank fp32 losses within 1e-5 (relative).
+# first losses and gradient norms equal ndmini's one-rank fp32 ones within
+# 1e-5 (relative).
 # $1: the deck (from inputs/); more arguments: --set KEY=VALUE for both.
 # Skips (77) where no python3 imports torch, numpy and h5py (Debian:
 # python3-torch python3-h5py, which .ci/install-deps.sh installs).
@@ -36,18 +37,19 @@ OMP_NUM_THREADS=1 "$python" "$SOURCE_DIR/bench/pytorch/gpt.py" "$deck" ${@/#/--s
   { cat torch.txt; fail "bench/pytorch/gpt.py failed"; }
 "$python" - ndmini.jsonl torch.jsonl "$deck" <<'PY'
 import json, sys
-def losses(path):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r and "summary" not in r}
-ours, ref = losses(sys.argv[1]), losses(sys.argv[2])
-steps = sorted(ref)
-if len(steps) < 4 or any(s not in ours for s in steps):
-    sys.exit(f"FAIL: steps missing: ndmini {sorted(ours)}, pytorch {steps}")
+def steps(path):
+    return {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r and "summary" not in r}
+ours, ref = steps(sys.argv[1]), steps(sys.argv[2])
+if len(ref) < 4 or any(s not in ours for s in ref):
+    sys.exit(f"FAIL: steps missing: ndmini {sorted(ours)}, pytorch {sorted(ref)}")
 worst = 0.0
-for s in steps:
-    rel = abs(ours[s] - ref[s]) / abs(ref[s])
-    worst = max(worst, rel)
-    print(f"step {s}: ndmini {ours[s]:.7f} pytorch {ref[s]:.7f} relative difference {rel:.2e}")
+for s in sorted(ref):
+    for key in ("loss", "grad_norm"):
+        rel = abs(ours[s][key] - ref[s][key]) / abs(ref[s][key])
+        worst = max(worst, rel)
+        print(f"step {s} {key}: ndmini {ours[s][key]:.7f} pytorch {ref[s][key]:.7f} relative difference {rel:.2e}")
 if worst > 1e-5:
-    sys.exit(f"FAIL: {sys.argv[3]}: ndmini's losses differ from PyTorch's by up to {worst:.2e} (bound 1e-5)")
-print(f"ok: {sys.argv[3]}: {len(steps)} losses equal PyTorch's within {worst:.2e} (bound 1e-5)")
+    sys.exit(f"FAIL: {sys.argv[3]}: ndmini's losses and gradient norms differ from PyTorch's by up to {worst:.2e} "
+             "(bound 1e-5)")
+print(f"ok: {sys.argv[3]}: {len(ref)} losses and gradient norms equal PyTorch's within {worst:.2e} (bound 1e-5)")
 PY
