@@ -16,6 +16,7 @@
 #include "io/inspect.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "plan/calibrate.hpp"
 #include "plan/fit.hpp"
 #include "run/budget.hpp"
@@ -90,6 +91,12 @@ int run_check(const Runtime& runtime, const Options& o) {
     const Config cfg = load_deck(o);
     // Resolve first: a bad layout is one error, not a report that ends in one.
     const RunLayout layout = resolve_layout(cfg, o.check_world);
+    if (cfg.model.moe() && runtime.rank() == 0) {
+      // What an MoE deck's sizes and expert groups are; then train's refusal.
+      std::printf("%s", describe_moe(cfg.model, layout.dims).c_str());
+      std::printf("%s", describe_mesh(layout.dims, true).c_str());
+    }
+    require_computed_moe(cfg.model);
     require_trainable_architecture(cfg.model);  // train's refusal, before its sizes
     // Sizes before anything else: check never allocates what the deck describes.
     const int node_ranks = ranks_on_node(runtime, o.check_world);

@@ -26,6 +26,7 @@
 #include "fault/fault.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "parallel/context.hpp"
 #include "parallel/pipeline/pipeline.hpp"
 #include "parallel/stage_runtime.hpp"
@@ -298,6 +299,7 @@ void Trainer::build_pipeline() {
 // The mesh's communicators, the checks that refuse a run before anything
 // large is allocated, the data and the model.
 void Trainer::setup() {
+  require_computed_moe(cfg_.model);
   require_trainable_architecture(cfg_.model);
   // Communicator creation has no non-blocking form: the watchdog's monitor
   // thread keeps its deadline.
