@@ -27,10 +27,11 @@ const GlobalTensor* find(const std::vector<GlobalTensor>& tensors, const std::st
 TEST(Moe, DenseModelsCountAsBefore) {
   for (const char* path : {"inputs/tiny.toml", "inputs/small.toml", "inputs/llama3-8b.toml"}) {
     const ModelConfig m = deck(path).model;
-    EXPECT_EQ(model_param_count(m), gpt_param_count(m)) << path;
-    EXPECT_EQ(model_active_param_count(m), gpt_param_count(m)) << path;
-    EXPECT_EQ(model_flops_param_count(m), gpt_flops_param_count(m)) << path;
-    EXPECT_DOUBLE_EQ(model_flops_per_token(m), gpt_flops_per_token(m)) << path;
+    const ModelCounts n = model_counts(m);
+    EXPECT_EQ(n.total, gpt_param_count(m)) << path;
+    EXPECT_EQ(n.active, gpt_param_count(m)) << path;
+    EXPECT_EQ(n.flops_params, gpt_flops_param_count(m)) << path;
+    EXPECT_DOUBLE_EQ(n.flops_per_token, gpt_flops_per_token(m)) << path;
     const auto dense = gpt_global_tensors(m), same = model_global_tensors(m);
     ASSERT_EQ(dense.size(), same.size()) << path;
     for (std::size_t i = 0; i < dense.size(); ++i) EXPECT_EQ(dense[i].name, same[i].name);
@@ -45,15 +46,19 @@ TEST(Moe, SmallDeckCountsByHand) {
   const ModelConfig m = deck("inputs/moe-small.toml").model;
   const std::int64_t dense = 256 * 384 + 256 * 384 + 2 * 384 + 6 * 1774464;  // small.toml: 10,844,160
   EXPECT_EQ(gpt_param_count(m), dense);
-  EXPECT_EQ(moe_expert_param_count(m), 590976);
-  EXPECT_EQ(moe_block_mlp_param_count(m), 4730880);
-  EXPECT_EQ(dense_mlp_param_count(m), 1181568);
-  EXPECT_EQ(model_param_count(m), dense + 5 * (4730880 - 1181568));               // 28,590,720
-  EXPECT_EQ(model_active_param_count(m), model_param_count(m) - 5 * 6 * 590976);  // 10,861,440
-  EXPECT_EQ(model_param_count(m), 28590720);
-  EXPECT_EQ(model_active_param_count(m), 10861440);
+  const MoeBlockParams p = moe_block_params(m);
+  EXPECT_EQ(p.expert, 590976);
+  EXPECT_EQ(p.router, 8 * 384);
+  EXPECT_EQ(p.mlp, 4730880);
+  EXPECT_EQ(p.shared, 0);
+  EXPECT_EQ(p.dense_mlp, 1181568);
+  const ModelCounts n = model_counts(m);
+  EXPECT_EQ(n.total, dense + 5 * (4730880 - 1181568));  // 28,590,720
+  EXPECT_EQ(n.active, n.total - 5 * 6 * 590976);        // 10,861,440
+  EXPECT_EQ(n.total, 28590720);
+  EXPECT_EQ(n.active, 10861440);
   // MFU: 6 N + 12 L C T with N the active parameters less wpe.
-  EXPECT_DOUBLE_EQ(model_flops_per_token(m), 6.0 * (10861440 - 256 * 384) + 12.0 * 6 * 384 * 256);
+  EXPECT_DOUBLE_EQ(n.flops_per_token, 6.0 * (10861440 - 256 * 384) + 12.0 * 6 * 384 * 256);
 }
 
 TEST(Moe, TensorsCarryTheGlobalExpertIndexFirst) {
@@ -77,13 +82,14 @@ TEST(Moe, TensorsCarryTheGlobalExpertIndexFirst) {
   for (std::size_t i = 0; i < t.size(); ++i)
     for (std::size_t j = i + 1; j < t.size(); ++j) EXPECT_NE(t[i].name, t[j].name);
   // The shared expert counts as active; a SwiGLU expert has three matrices.
-  EXPECT_EQ(moe_shared_param_count(m), 2 * 192 * 384 + 192 + 384);
-  EXPECT_EQ(model_active_param_count(m), 10861440 + 5 * moe_shared_param_count(m));
+  const std::int64_t shared = moe_block_params(m).shared;
+  EXPECT_EQ(shared, 2 * 192 * 384 + 192 + 384);
+  EXPECT_EQ(model_counts(m).active, 10861440 + 5 * shared);
   ModelConfig g = m;
   g.mlp = MlpKind::swiglu;
   g.ffn_hidden = 1536;
   g.bias = false;
-  EXPECT_EQ(moe_expert_param_count(g), 3 * 768 * 384);
+  EXPECT_EQ(moe_block_params(g).expert, 3 * 768 * 384);
   const std::vector<GlobalTensor> gt = model_global_tensors(g);
   EXPECT_NE(find(gt, "h/2/mlp/experts/c_gate/weight"), nullptr);
   EXPECT_EQ(layer_tensors(g, 2).size(), layer_tensors(g, 0).size() - 3 + 1 + 3 + 3);

@@ -29,24 +29,24 @@ std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer);
 // MLP of each MoE block replaced as layer_tensors says).
 std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m);
 
-// Parameters of the MoE part of one MoE block: the router, all E experts, the
-// shared expert; and of one routed expert.
-std::int64_t moe_block_mlp_param_count(const ModelConfig& m);
-std::int64_t moe_expert_param_count(const ModelConfig& m);
-// Parameters of the shared expert (0 without one), and of the dense MLP an MoE block replaces.
-std::int64_t moe_shared_param_count(const ModelConfig& m);
-std::int64_t dense_mlp_param_count(const ModelConfig& m);
+// Parameters of one MoE block's MoE part: its router [E, C], one routed
+// expert, all E of them with the router and the shared expert (`mlp`), the
+// shared expert alone (0 without one), and the dense MLP the block replaces.
+struct MoeBlockParams {
+  std::int64_t router = 0, expert = 0, mlp = 0, shared = 0, dense_mlp = 0;
+};
+MoeBlockParams moe_block_params(const ModelConfig& m);
 
-// All parameters, and the active ones (those one token meets: the router, k
-// of the E experts and the shared expert of each MoE block, everything
-// else). For a dense model both are gpt_param_count.
-std::int64_t model_param_count(const ModelConfig& m);
-std::int64_t model_active_param_count(const ModelConfig& m);
-// MFU's N: the active parameters less the lookup tables (as
-// gpt_flops_param_count), and the model FLOPs per token 6N + 12 L C T.
-// For a dense model these are gpt_flops_param_count and gpt_flops_per_token.
-std::int64_t model_flops_param_count(const ModelConfig& m);
-double model_flops_per_token(const ModelConfig& m);
+// The model's counts: all parameters; the active ones (those one token
+// meets: all but E - k routed experts of each MoE block); MFU's N (the active
+// ones less the lookup tables, as gpt_flops_param_count); and the model
+// FLOPs per token 6N + 12 L C T. For a dense model: gpt_param_count (twice),
+// gpt_flops_param_count and gpt_flops_per_token.
+struct ModelCounts {
+  std::int64_t total = 0, active = 0, flops_params = 0;
+  double flops_per_token = 0;
+};
+ModelCounts model_counts(const ModelConfig& m);
 
 // The rules of the MoE split over the resolved mesh (ep divides the experts:
 // the deck's rule, config.cpp; and dp_shard x cp x tp: resolve_mesh): with tp > 1 an MoE block needs

@@ -97,37 +97,27 @@ std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) {
   return out;
 }
 
-std::int64_t moe_block_mlp_param_count(const ModelConfig& m) { return count(moe_mlp_tensors(m)); }
-
-std::int64_t moe_expert_param_count(const ModelConfig& m) { return count(mlp_tensors(m, m.moe_ffn(), kMlp)); }
-
-std::int64_t moe_shared_param_count(const ModelConfig& m) {
-  return m.moe_shared_hidden > 0 ? count(mlp_tensors(m, m.moe_shared_hidden, kMlp)) : 0;
+MoeBlockParams moe_block_params(const ModelConfig& m) {
+  MoeBlockParams p;
+  p.router = static_cast<std::int64_t>(m.moe_experts) * m.channels;
+  p.expert = count(mlp_tensors(m, m.moe_ffn(), kMlp));
+  p.mlp = count(moe_mlp_tensors(m));
+  p.shared = m.moe_shared_hidden > 0 ? count(mlp_tensors(m, m.moe_shared_hidden, kMlp)) : 0;
+  p.dense_mlp = count(mlp_tensors(m, m.ffn(), kMlp));
+  return p;
 }
 
-std::int64_t dense_mlp_param_count(const ModelConfig& m) { return count(mlp_tensors(m, m.ffn(), kMlp)); }
-
-std::int64_t model_param_count(const ModelConfig& m) {
-  std::int64_t n = 0;
-  for (const GlobalTensor& t : model_global_tensors(m)) n += elements(t.shape);
-  return n;
-}
-
-std::int64_t model_active_param_count(const ModelConfig& m) {
-  if (!m.moe()) return model_param_count(m);
+ModelCounts model_counts(const ModelConfig& m) {
+  ModelCounts c;
+  for (const GlobalTensor& t : model_global_tensors(m)) c.total += elements(t.shape);
   // A token meets k of the E experts of each MoE block.
-  const std::int64_t idle = static_cast<std::int64_t>(m.moe_experts - m.moe_top_k) * moe_expert_param_count(m);
-  return model_param_count(m) - m.moe_blocks() * idle;
-}
-
-std::int64_t model_flops_param_count(const ModelConfig& m) {
+  const std::int64_t idle =
+      m.moe() ? static_cast<std::int64_t>(m.moe_experts - m.moe_top_k) * moe_block_params(m).expert : 0;
+  c.active = c.total - m.moe_blocks() * idle;
   // The lookups, as gpt_flops_param_count leaves them out.
-  const std::int64_t lookups = gpt_param_count(m) - gpt_flops_param_count(m);
-  return model_active_param_count(m) - lookups;
-}
-
-double model_flops_per_token(const ModelConfig& m) {
-  return 6.0 * static_cast<double>(model_flops_param_count(m)) + 12.0 * m.layers * m.channels * m.seq_len;
+  c.flops_params = c.active - (gpt_param_count(m) - gpt_flops_param_count(m));
+  c.flops_per_token = 6.0 * static_cast<double>(c.flops_params) + 12.0 * m.layers * m.channels * m.seq_len;
+  return c;
 }
 
 void check_moe_split(const ModelConfig& m, const ParallelDims& s) {
@@ -153,9 +143,10 @@ std::string describe_moe(const ModelConfig& m, const ParallelDims& s) {
   for (int l = 0; l < m.layers; ++l)
     if (m.moe_block(l)) os << " " << l;
   os << " (" << m.moe_blocks() << " of " << m.layers << ")\n";
-  os << "parameters        " << model_param_count(m) << " total, " << model_active_param_count(m)
-     << " active per token (" << model_flops_param_count(m) << " in MFU's N)\n";
-  os << "FLOPs per token   " << model_flops_per_token(m) << " (6N + 12 L C T, N the active parameters)\n";
+  const ModelCounts n = model_counts(m);
+  os << "parameters        " << n.total << " total, " << n.active << " active per token (" << n.flops_params
+     << " in MFU's N)\n";
+  os << "FLOPs per token   " << n.flops_per_token << " (6N + 12 L C T, N the active parameters)\n";
   os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block (ep = " << s.ep << "), FSDP-sharded over "
      << s.expert_fsdp() << (s.expert_fsdp() == 1 ? " rank\n" : " ranks\n");
   return os.str();

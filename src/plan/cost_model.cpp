@@ -384,7 +384,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
 
   StepPrediction p;
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
-  p.model_flops = model_flops_per_token(m) * tokens;  // an MoE model's active parameters
+  p.model_flops = model_counts(m).flops_per_token * tokens;  // an MoE model's active parameters
   p.hardware_flops = p.model_flops;
   const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(cfg, l);
 

@@ -69,10 +69,11 @@ MoeBlockCost moe_block_cost(const Config& cfg, const ParallelDims& d, const Clus
   k.dense_mlp_ms = mlp_ms(m, full_rows, m.ffn(), d.tp, c, precision);
   // State: the experts over the expert fsdp group; router (replicated over
   // tp) and shared expert (split over tp) over fsdp, as the dense MLP.
-  k.expert_params_per_rank = local_experts * static_cast<double>(moe_expert_param_count(m));
-  const double shared = static_cast<double>(moe_shared_param_count(m));
+  const MoeBlockParams params = moe_block_params(m);
+  k.expert_params_per_rank = local_experts * static_cast<double>(params.expert);
+  const double shared = static_cast<double>(params.shared);
   k.shard_elements = k.expert_params_per_rank / d.expert_fsdp() + E * C / d.fsdp() + shared / d.tp / d.fsdp();
-  k.dense_mlp_shard_elements = static_cast<double>(dense_mlp_param_count(m)) / d.tp / d.fsdp();
+  k.dense_mlp_shard_elements = static_cast<double>(params.dense_mlp) / d.tp / d.fsdp();
   return k;
 }
 
