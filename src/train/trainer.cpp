@@ -242,6 +242,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
       tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
       watchdog_(comm, cfg.comm.timeout_s),
       progress_(comm, cfg.comm.progress_poll_us) {
+  require_computed_moe(cfg_.model);  // before anything is built for the deck
   effective_config_ = effective_toml(resolved_config(cfg_, layout_.dims));
   setup();
   if (opts_.resume) resume();
@@ -299,7 +300,6 @@ void Trainer::build_pipeline() {
 // The mesh's communicators, the checks that refuse a run before anything
 // large is allocated, the data and the model.
 void Trainer::setup() {
-  require_computed_moe(cfg_.model);
   require_trainable_architecture(cfg_.model);
   // Communicator creation has no non-blocking form: the watchdog's monitor
   // thread keeps its deadline.
