@@ -530,3 +530,80 @@ TEST(Config, ArchitectureMistakesAreRefusedWithTheFix) {
   expect_error("[model]\nlayers = 2\nchannels = 12\nheads = 4\nvocab = 11\nseq_len = 5\nposition = \"rope\"\n",
                {"model.channels", "even", "rope"});
 }
+
+// Mixture-of-Experts keys: 0 experts (the default) is the dense model, and
+// every MoE key has its default; each mistake is one message naming the key.
+TEST(Config, MoeKeysDefaultToADenseModel) {
+  const Config c = parse_config(kModel, "deck.toml");
+  EXPECT_FALSE(c.model.moe());
+  EXPECT_EQ(c.model.moe_blocks(), 0);
+  EXPECT_EQ(c.parallel.ep, 1);
+  EXPECT_EQ(c.model.moe_score, MoeScore::softmax);
+  EXPECT_EQ(c.model.moe_router, MoeRouter::learned);
+  EXPECT_DOUBLE_EQ(c.train.moe_max_load, 0.0);
+}
+
+TEST(Config, MoeKeysRoundTripAndSelectTheBlocks) {
+  const std::string deck =
+      "[model]\nlayers = 6\nchannels = 12\nheads = 3\nvocab = 11\nseq_len = 5\n"
+      "moe_experts = 8\nmoe_top_k = 2\nmoe_every = 2\nmoe_dense_first = 1\nmoe_hidden = 24\n"
+      "moe_shared_hidden = 12\nmoe_score = \"sigmoid\"\nmoe_router = \"balanced\"\n"
+      "[train]\nmoe_bias_rate = 0.001\nmoe_seq_aux = 0.0001\nmoe_z_loss = 0.001\n"
+      "moe_max_load = 2.5\n[parallel]\nep = 4\n";
+  const Config c = parse_config(deck, "deck.toml");
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.moe_experts, 8);
+  EXPECT_EQ(m.moe_top_k, 2);
+  EXPECT_EQ(m.moe_ffn(), 24);
+  EXPECT_EQ(m.moe_shared_hidden, 12);
+  EXPECT_EQ(m.moe_score, MoeScore::sigmoid);
+  EXPECT_EQ(m.moe_router, MoeRouter::balanced);
+  EXPECT_DOUBLE_EQ(c.train.moe_bias_rate, 0.001);
+  EXPECT_DOUBLE_EQ(c.train.moe_seq_aux, 0.0001);
+  EXPECT_DOUBLE_EQ(c.train.moe_z_loss, 0.001);
+  EXPECT_DOUBLE_EQ(c.train.moe_max_load, 2.5);
+  EXPECT_EQ(c.parallel.ep, 4);
+  // Blocks from moe_dense_first on whose index is a multiple of moe_every: 2 and 4.
+  const std::vector<bool> moe = {false, false, true, false, true, false};
+  for (int l = 0; l < m.layers; ++l) EXPECT_EQ(m.moe_block(l), moe[l]) << "block " << l;
+  EXPECT_EQ(m.moe_blocks(), 2);
+  // The expert width defaults to the dense MLP's.
+  EXPECT_EQ(parse_config(deck, "deck.toml", {"model.moe_hidden=0"}).model.moe_ffn(), 48);
+  // The resolved deck reads back the same.
+  const Config again = parse_config(effective_toml(c), "resolved.toml");
+  EXPECT_EQ(again.model.moe_dense_first, 1);
+  EXPECT_EQ(again.model.moe_score, MoeScore::sigmoid);
+  EXPECT_EQ(again.parallel.ep, 4);
+}
+
+TEST(Config, MoeMistakesAreRefusedOneMessageEach) {
+  const std::string moe = with_model("moe_experts = 4\n");
+  expect_error(moe, {"model.moe_top_k = 0 is out of range", "between 1 and model.moe_experts = 4"},
+               {"model.moe_top_k=0"});
+  expect_error(moe, {"model.moe_top_k = 5 is out of range", "between 1 and model.moe_experts = 4"},
+               {"model.moe_top_k=5"});
+  expect_error(moe, {"model.moe_experts = 4 is out of range", "multiple of parallel.ep = 3"}, {"parallel.ep=3"});
+  expect_error(moe, {"model.moe_every = 0 is out of range", "at least 1"}, {"model.moe_every=0"});
+  expect_error(moe, {"model.moe_dense_first = 2", "leaves no MoE block among the 2 layers"},
+               {"model.moe_dense_first=2"});
+  expect_error(moe, {"model.moe_dense_first = -1", "must be >= 0"}, {"model.moe_dense_first=-1"});
+  expect_error(moe, {"model.moe_hidden = -1", "must be >= 0"}, {"model.moe_hidden=-1"});
+  expect_error(moe, {"model.moe_shared_hidden = -8", "must be >= 0"}, {"model.moe_shared_hidden=-8"});
+  expect_error(moe, {"model.moe_experts = -2", "must be >= 0"}, {"model.moe_experts=-2"});
+  // Negative rates, and a load bound below the mean.
+  expect_error(moe, {"train.moe_bias_rate = -0.001", "must be >= 0"},
+               {"model.moe_score=sigmoid", "train.moe_bias_rate=-0.001"});
+  expect_error(moe, {"train.moe_seq_aux = -1", "must be >= 0"}, {"train.moe_seq_aux=-1"});
+  expect_error(moe, {"train.moe_z_loss = -1", "must be >= 0"}, {"train.moe_z_loss=-1"});
+  expect_error(moe, {"train.moe_max_load = 0.5", "a multiple of the mean load"}, {"train.moe_max_load=0.5"});
+  // The bias is the sigmoid router's.
+  expect_error(moe, {"train.moe_bias_rate = 0.001 applies to model.moe_score = \"sigmoid\""},
+               {"train.moe_bias_rate=0.001"});
+  expect_error(moe, {"model.moe_score", "\"softmax\" or \"sigmoid\""}, {"model.moe_score=topk"});
+  expect_error(moe, {"model.moe_router", "\"learned\" or \"balanced\""}, {"model.moe_router=random"});
+  // ep without experts, and ep below 1.
+  expect_error(kModel, {"parallel.ep = 2 is out of range", "set model.moe_experts"}, {"parallel.ep=2"});
+  expect_error(moe, {"parallel.ep = 0 is out of range", "a degree >= 1"}, {"parallel.ep=0"});
+  // Each accepted on its own.
+  EXPECT_EQ(error_of(moe, {"parallel.ep=4", "model.moe_top_k=4"}), "");
+}

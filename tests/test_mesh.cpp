@@ -414,3 +414,78 @@ TEST(Mesh, FromTheDeck) {
   MPI_Comm_size(mesh.fsdp(), &size);
   EXPECT_EQ(size, n);
 }
+
+// Expert parallelism: the expert groups are ep consecutive ranks of
+// dp_shard x cp x tp (innermost first), not a mesh axis; the experts' FSDP
+// group is the rest of dp_shard x cp x tp, inside one (pp, dp_replicate) block.
+TEST(ParallelDims, ExpertGroupsAreConsecutiveRanksOfDpShardCpTp) {
+  using Groups = std::vector<std::vector<int>>;
+  // dp_replicate 2 x dp_shard 2 x tp 2: blocks of 4 ranks, ep 2 inside each.
+  ParallelDims s = shape_of(1, 2, 2, 1, 2);
+  s.ep = 2;
+  EXPECT_EQ(s.expert_groups(), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(s.expert_fsdp_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(s.expert_fsdp(), 2);
+  EXPECT_EQ(s.ep_rank(3), 1);
+  // ep 4 spans dp_shard x tp of one replica; its FSDP group is one rank.
+  s.ep = 4;
+  EXPECT_EQ(s.expert_groups(), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(s.expert_fsdp_groups(), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  // pp 2 x dp_shard 4 x cp 2, ep 2: never across a stage or a cp group's outer axes.
+  ParallelDims p = shape_of(2, 1, 4, 2, 1);
+  p.ep = 2;
+  const Groups groups = p.expert_groups();
+  ASSERT_EQ(groups.size(), 8u);
+  EXPECT_EQ(groups[0], (std::vector<int>{0, 1}));  // cp 0 and 1 of dp_shard 0
+  EXPECT_EQ(groups[4], (std::vector<int>{8, 9}));  // stage 1 starts its own
+  EXPECT_EQ(p.expert_fsdp_groups()[0], (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(p.expert_fsdp_groups()[2], (std::vector<int>{8, 10, 12, 14}));
+  // ep 1: every rank its own group, the experts sharded as the dense parameters over dp_shard x cp x tp.
+  ParallelDims one = shape_of(1, 1, 2, 1, 2);
+  EXPECT_EQ(one.expert_groups(), (Groups{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(one.expert_fsdp_groups(), (Groups{{0, 1, 2, 3}}));
+  // Every rank in exactly one group of each kind, of the right size.
+  for (const Groups& gs : {groups, p.expert_fsdp_groups()}) {
+    std::vector<int> seen(p.size(), 0);
+    for (const auto& g : gs)
+      for (int r : g) ++seen[r];
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), p.size());
+  }
+}
+
+TEST(ResolveMesh, ExpertParallelRules) {
+  const std::vector<std::string> moe = {"model.moe_experts=4", "parallel.dp_shard=2", "parallel.tp=2",
+                                        "parallel.sequence_parallel=true"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return more;
+  };
+  const ParallelDims s = resolve(with({"parallel.ep=4"}), 4);
+  EXPECT_EQ(s.ep, 4);
+  EXPECT_EQ(s.expert_fsdp(), 1);
+  // ep must divide dp_shard x cp x tp (not dp_replicate, not pp).
+  expect_refused(with({"parallel.ep=4", "parallel.dp_shard=1", "parallel.dp_replicate=2"}), 4,
+                 {"parallel.ep = 4 does not divide dp_shard x cp x tp = 1 x 1 x 2 = 2"});
+  // tp with an MoE block needs sequence parallelism.
+  expect_refused(with({"parallel.ep=2", "parallel.sequence_parallel=false"}), 4,
+                 {"parallel.tp = 2 with an MoE block needs parallel.sequence_parallel = true"});
+  // A dense model with tp and no SP stays as it was.
+  EXPECT_EQ(resolve({"parallel.tp=2", "parallel.dp_shard=2"}, 4).ep, 1);
+  // The shared expert splits over tp.
+  expect_refused(with({"model.moe_shared_hidden=3"}), 4, {"model.moe_shared_hidden = 3 is not divisible by"});
+}
+
+TEST(DescribeMesh, ListsTheExpertGroups) {
+  ParallelDims s = shape_of(1, 2, 2, 1, 2);
+  s.ep = 2;
+  const std::string text = describe_mesh(s, true);
+  EXPECT_NE(text.find("expert groups (ep = 2 consecutive ranks of dp_shard x cp x tp): [0 1] [2 3] [4 5] [6 7]"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("expert fsdp groups (the rest of dp_shard x cp x tp, 2 ranks; replicated over dp_replicate): "
+                      "[0 2] [1 3] [4 6] [5 7]"),
+            std::string::npos)
+      << text;
+  s.ep = 1;
+  EXPECT_EQ(describe_mesh(s, true).find("expert"), std::string::npos);
+}

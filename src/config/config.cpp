@@ -174,6 +174,14 @@ const std::vector<Key>& schema() {
       int_key("model", "kv_heads", &Config::model, &ModelConfig::kv_heads),
       bool_key("model", "tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
       bool_key("model", "bias", &Config::model, &ModelConfig::bias),
+      int_key("model", "moe_experts", &Config::model, &ModelConfig::moe_experts),
+      int_key("model", "moe_top_k", &Config::model, &ModelConfig::moe_top_k),
+      int_key("model", "moe_every", &Config::model, &ModelConfig::moe_every),
+      int_key("model", "moe_dense_first", &Config::model, &ModelConfig::moe_dense_first),
+      int_key("model", "moe_hidden", &Config::model, &ModelConfig::moe_hidden),
+      int_key("model", "moe_shared_hidden", &Config::model, &ModelConfig::moe_shared_hidden),
+      enum_key("model", "moe_score", &Config::model, &ModelConfig::moe_score, kMoeScoreNames),
+      enum_key("model", "moe_router", &Config::model, &ModelConfig::moe_router, kMoeRouterNames),
       string_key("data", "source", &Config::data, &DataConfig::source),
       string_key("data", "path", &Config::data, &DataConfig::path),
       bool_key("data", "allow_source_change", &Config::data, &DataConfig::allow_source_change),
@@ -193,6 +201,10 @@ const std::vector<Key>& schema() {
       enum_key("train", "precision", &Config::train, &TrainConfig::precision, kPrecisionNames),
       int_key("train", "eval_every", &Config::train, &TrainConfig::eval_every),
       int_key("train", "eval_batches", &Config::train, &TrainConfig::eval_batches),
+      float_key("train", "moe_bias_rate", &Config::train, &TrainConfig::moe_bias_rate),
+      float_key("train", "moe_seq_aux", &Config::train, &TrainConfig::moe_seq_aux),
+      float_key("train", "moe_z_loss", &Config::train, &TrainConfig::moe_z_loss),
+      float_key("train", "moe_max_load", &Config::train, &TrainConfig::moe_max_load),
       int_key("parallel", "dp_replicate", &Config::parallel, &ParallelConfig::dp_replicate),
       int_key("parallel", "dp_shard", &Config::parallel, &ParallelConfig::dp_shard),
       int_key("parallel", "tp", &Config::parallel, &ParallelConfig::tp),
@@ -202,6 +214,7 @@ const std::vector<Key>& schema() {
       bool_key("parallel", "reshard_after_forward", &Config::parallel, &ParallelConfig::reshard_after_forward),
       enum_key("parallel", "schedule", &Config::parallel, &ParallelConfig::schedule, kScheduleNames),
       int_key("parallel", "virtual_stages", &Config::parallel, &ParallelConfig::virtual_stages),
+      int_key("parallel", "ep", &Config::parallel, &ParallelConfig::ep),
       string_key("checkpoint", "dir", &Config::checkpoint, &CheckpointConfig::dir),
       int_key("checkpoint", "every", &Config::checkpoint, &CheckpointConfig::every),
       int_key("checkpoint", "keep", &Config::checkpoint, &CheckpointConfig::keep),
@@ -215,6 +228,7 @@ const std::vector<Key>& schema() {
       enum_key("perf", "gemm_route", &Config::perf, &PerfConfig::gemm_route, kGemmRouteNames),
       float_key("perf", "memory_per_rank_gib", &Config::perf, &PerfConfig::memory_per_rank_gib),
       string_key("perf", "cluster", &Config::perf, &PerfConfig::cluster),
+      float_key("perf", "moe_imbalance", &Config::perf, &PerfConfig::moe_imbalance),
       enum_key("fault", "kind", &Config::fault, &FaultConfig::kind, kFaultKindNames),
       int_key("fault", "rank", &Config::fault, &FaultConfig::rank),
       int_key("fault", "step", &Config::fault, &FaultConfig::step),
@@ -438,6 +452,58 @@ void validate_architecture(const ModelConfig& m, const std::string& origin) {
               "must divide model.heads = " + s(m.heads) + " (each key/value head serves a whole group of query heads)");
 }
 
+// Mixture-of-Experts (docs/model.md): the rules the deck alone decides; the
+// split over the mesh (ep dividing dp_shard x cp x tp, sequence parallelism
+// under tp) is checked once the degrees are resolved (model/moe.hpp).
+void validate_moe(const Config& c, const std::string& origin) {
+  const ModelConfig& m = c.model;
+  const TrainConfig& t = c.train;
+  auto s = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  check_range(m.moe_experts >= 0, origin, "model.moe_experts", s(m.moe_experts),
+              "must be >= 0 (0: a dense model, no MoE block)");
+  // Negative rates would push the router away from balance (bias) or reward
+  // imbalance (aux, z-loss); a bound below 1 is below the mean load itself.
+  check_range(t.moe_bias_rate >= 0, origin, "train.moe_bias_rate", s(t.moe_bias_rate),
+              "must be >= 0 (0: no balancing bias)");
+  check_range(t.moe_seq_aux >= 0, origin, "train.moe_seq_aux", s(t.moe_seq_aux),
+              "must be >= 0 (0: no sequence balance loss)");
+  check_range(t.moe_z_loss >= 0, origin, "train.moe_z_loss", s(t.moe_z_loss), "must be >= 0 (0: no router z-loss)");
+  check_range(c.perf.moe_imbalance >= 1, origin, "perf.moe_imbalance", s(c.perf.moe_imbalance),
+              "must be >= 1 (the busiest rank's routed tokens over the mean; 1: balanced)");
+  check_range(t.moe_max_load == 0 || t.moe_max_load >= 1, origin, "train.moe_max_load", s(t.moe_max_load),
+              "must be 0 (the worst case, moe_experts / moe_top_k) or >= 1 (a multiple of the mean load, which "
+              "the busiest expert always reaches)");
+  const int ep = c.parallel.ep;
+  check_range(ep >= 1, origin, "parallel.ep", s(ep), "must be a degree >= 1");
+  if (!m.moe()) {
+    check_range(ep == 1, origin, "parallel.ep", s(ep),
+                "needs experts to split: set model.moe_experts (a multiple of parallel.ep), or parallel.ep = 1");
+    return;
+  }
+  check_range(m.moe_top_k >= 1 && m.moe_top_k <= m.moe_experts, origin, "model.moe_top_k", s(m.moe_top_k),
+              "must be between 1 and model.moe_experts = " + s(m.moe_experts) + " (the experts each token is sent to)");
+  check_range(m.moe_every >= 1, origin, "model.moe_every", s(m.moe_every),
+              "must be at least 1 (1: every block from model.moe_dense_first on is an MoE block)");
+  check_range(m.moe_dense_first >= 0, origin, "model.moe_dense_first", s(m.moe_dense_first), "must be >= 0");
+  check_range(m.moe_blocks() > 0, origin, "model.moe_dense_first", s(m.moe_dense_first),
+              "leaves no MoE block among the " + s(m.layers) + " layers (model.moe_every = " + s(m.moe_every) +
+                  "); lower it, or set model.moe_experts = 0 for a dense model");
+  check_range(m.moe_hidden >= 0, origin, "model.moe_hidden", s(m.moe_hidden),
+              "must be >= 0 (0: the dense MLP's width)");
+  check_range(m.moe_shared_hidden >= 0, origin, "model.moe_shared_hidden", s(m.moe_shared_hidden),
+              "must be >= 0 (0: no shared expert)");
+  require(t.moe_bias_rate == 0 || m.moe_score == MoeScore::sigmoid,
+          origin + ": train.moe_bias_rate = " + s(t.moe_bias_rate) +
+              " applies to model.moe_score = \"sigmoid\" (DeepSeek-V3's selection bias); set model.moe_score = "
+              "\"sigmoid\" or train.moe_bias_rate = 0");
+  check_range(m.moe_experts % ep == 0, origin, "model.moe_experts", s(m.moe_experts),
+              "must be a multiple of parallel.ep = " + s(ep) + " (each ep rank holds the same number of experts)");
+}
+
 void validate(const Config& c, const std::string& origin) {
   const auto& m = c.model;
   const auto& t = c.train;
@@ -454,6 +520,7 @@ void validate(const Config& c, const std::string& origin) {
   check_range(m.channels % m.heads == 0, origin, "model.channels", s(m.channels),
               "must be divisible by model.heads = " + s(m.heads));
   validate_architecture(m, origin);
+  validate_moe(c, origin);
   check_range(t.steps >= 0, origin, "train.steps", s(t.steps), "must be >= 0");
   check_range(t.global_batch >= 1, origin, "train.global_batch", s(t.global_batch), "must be at least 1");
   check_range(t.micro_batch >= 1, origin, "train.micro_batch", s(t.micro_batch), "must be at least 1");

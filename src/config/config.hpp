@@ -76,6 +76,15 @@ inline constexpr EnumName<PositionKind> kPositionNames[] = {{PositionKind::learn
                                                             {PositionKind::rope, "rope"}};
 enum class MlpKind { gelu, swiglu };
 inline constexpr EnumName<MlpKind> kMlpNames[] = {{MlpKind::gelu, "gelu"}, {MlpKind::swiglu, "swiglu"}};
+// Mixture-of-Experts routing (docs/model.md, "Mixture-of-Experts"): the
+// scores (softmax: top-k of a softmax, renormalised, as Mixtral; sigmoid:
+// DeepSeek-V3's, with a per-expert bias for the selection only) and the
+// router (learned, or balanced: a test router, round-robin by global token id).
+enum class MoeScore { softmax, sigmoid };
+inline constexpr EnumName<MoeScore> kMoeScoreNames[] = {{MoeScore::softmax, "softmax"}, {MoeScore::sigmoid, "sigmoid"}};
+enum class MoeRouter { learned, balanced };
+inline constexpr EnumName<MoeRouter> kMoeRouterNames[] = {{MoeRouter::learned, "learned"},
+                                                          {MoeRouter::balanced, "balanced"}};
 
 inline const char* name_of(ScheduleKind v) { return name_in(kScheduleNames, v); }
 inline const char* name_of(Recompute v) { return name_in(kRecomputeNames, v); }
@@ -87,6 +96,8 @@ inline const char* name_of(ModelFamily v) { return name_in(kModelFamilyNames, v)
 inline const char* name_of(NormKind v) { return name_in(kNormNames, v); }
 inline const char* name_of(PositionKind v) { return name_in(kPositionNames, v); }
 inline const char* name_of(MlpKind v) { return name_in(kMlpNames, v); }
+inline const char* name_of(MoeScore v) { return name_in(kMoeScoreNames, v); }
+inline const char* name_of(MoeRouter v) { return name_in(kMoeRouterNames, v); }
 
 struct ModelConfig {
   // The shape: every deck gives it.
@@ -117,6 +128,27 @@ struct ModelConfig {
   bool gpt2_blocks() const {
     return norm == NormKind::layernorm && norm_eps == 1e-5 && position == PositionKind::learned &&
            mlp == MlpKind::gelu && ffn() == 4 * channels && kv() == heads && tie_embeddings && bias;
+  }
+
+  // Mixture-of-Experts (docs/model.md): 0 experts is a dense model, as before.
+  // Block l is an MoE block when l >= moe_dense_first and l % moe_every == 0
+  // (DeepSeek-V3's first_k_dense_replace and moe_layer_freq).
+  int moe_experts = 0;        // E: routed experts per MoE block
+  int moe_top_k = 2;          // k: experts each token is sent to
+  int moe_every = 1;          // every k-th block is an MoE block
+  int moe_dense_first = 0;    // that many leading blocks stay dense
+  int moe_hidden = 0;         // each routed expert's hidden width; 0: the dense MLP's, ffn()
+  int moe_shared_hidden = 0;  // an always-on shared expert's hidden width; 0: none
+  MoeScore moe_score = MoeScore::softmax;
+  MoeRouter moe_router = MoeRouter::learned;
+
+  bool moe() const { return moe_experts > 0; }
+  bool moe_block(int layer) const { return moe() && layer >= moe_dense_first && layer % moe_every == 0; }
+  int moe_ffn() const { return moe_hidden > 0 ? moe_hidden : ffn(); }
+  int moe_blocks() const {
+    int n = 0;
+    for (int l = 0; l < layers; ++l) n += moe_block(l) ? 1 : 0;
+    return n;
   }
 };
 
@@ -150,6 +182,14 @@ struct TrainConfig {
   Precision precision = Precision::fp32;  // bf16: mixed precision (docs/model.md, "Precision")
   int eval_every = 0;                     // validation loss every N steps (and at the last); 0: never
   int eval_batches = 1;                   // global batches of held-out data per validation loss
+  // Mixture-of-Experts training (docs/model.md): the sigmoid router's bias
+  // update rate (0: no bias), the per-sequence balance loss and the router's
+  // z-loss coefficients (0: off), and the bound of an expert's load as a
+  // multiple of the mean load (0: no bound below the worst case, E / top_k).
+  double moe_bias_rate = 0.0;
+  double moe_seq_aux = 0.0;
+  double moe_z_loss = 0.0;
+  double moe_max_load = 0.0;
 };
 
 struct ParallelConfig {
@@ -165,6 +205,9 @@ struct ParallelConfig {
   bool reshard_after_forward = true;  // FSDP: free a block's gathered parameters after its forward
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;  // pipeline chunks per pp rank (interleaved_1f1b)
+  // Expert parallelism: the experts of an MoE block split over ep consecutive
+  // ranks of dp_shard x cp x tp (mesh/dims.hpp), not a mesh axis of its own.
+  int ep = 1;
 };
 
 struct CheckpointConfig {
@@ -209,6 +252,9 @@ struct PerfConfig {
   // banner, the PERFORMANCE block and the metrics summary then carry the
   // prediction beside what is measured. Empty: no prediction.
   std::string cluster;
+  // Mixture-of-Experts, for the predicted step (ndmini plan, perf.cluster):
+  // the busiest rank's routed tokens over the mean (docs/planner.md).
+  double moe_imbalance = 1.0;
 };
 
 // Fault injection, to prove that failures are handled (tests, scripts).

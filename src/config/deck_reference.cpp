@@ -61,6 +61,24 @@ const std::map<std::string, std::string>& meanings() {
        "multiple of tp"},
       {"model.tie_embeddings", "the LM head is `wte` (true) or a matrix of its own, `lm_head` (false)"},
       {"model.bias", "biases in the linear layers and the LayerNorms (Llama: false)"},
+      {"model.moe_experts",
+       "E: routed experts of each Mixture-of-Experts block ([model.md](model.md#mixture-of-experts)); 0: a dense "
+       "model. Today `check` and `plan` take an MoE deck; `train` refuses it (the MoE block is not computed yet)"},
+      {"model.moe_top_k", "k: the experts each token is sent to; 1 to E"},
+      {"model.moe_every",
+       "block l is an MoE block when l >= `moe_dense_first` and l is a multiple of this (DeepSeek-V3's "
+       "`moe_layer_freq`); at least 1"},
+      {"model.moe_dense_first", "that many leading blocks keep the dense MLP (DeepSeek-V3's `first_k_dense_replace`)"},
+      {"model.moe_hidden", "each routed expert's hidden width; 0: the dense MLP's (`model.ffn_hidden`, or 4C)"},
+      {"model.moe_shared_hidden",
+       "an always-on shared expert beside the routed ones (DeepSeek), of this hidden width, split over tp as the "
+       "dense MLP; 0: none"},
+      {"model.moe_score",
+       "`\"softmax\"` (top-k of a softmax, renormalised, as Mixtral) or `\"sigmoid\"` (DeepSeek-V3: sigmoid "
+       "scores, a per-expert bias for the selection only, `train.moe_bias_rate`)"},
+      {"model.moe_router",
+       "`\"learned\"` (a linear router [E, C]) or `\"balanced\"` (a test router: token i of the global batch goes "
+       "to experts i, i+1, ..., i+k-1 mod E)"},
       {"data.source", "`\"synthetic\"`, `\"text\"` (a file as bytes, V = 256) or `\"tokens\"` (an llm.c `.bin` file)"},
       {"data.path", "the file for `text` and `tokens`"},
       {"data.allow_source_change",
@@ -101,6 +119,17 @@ const std::map<std::string, std::string>& meanings() {
       {"train.eval_batches",
        "global batches of held-out data per validation loss (the same batches every time: batch j is the "
        "held-out source's batch of step j)"},
+      {"train.moe_bias_rate",
+       "sigmoid router: the step of the per-expert selection bias after each optimizer step, from the token "
+       "counts summed over every token-holding rank; 0: no bias"},
+      {"train.moe_seq_aux",
+       "the coefficient of the balance loss computed per sequence (so it does not depend on the micro-batch); 0: "
+       "off"},
+      {"train.moe_z_loss", "the coefficient of the router's z-loss (mean squared log-sum-exp of its logits); 0: off"},
+      {"train.moe_max_load",
+       "the bound of one expert's tokens on a rank, a multiple of the mean load (tokens x k / E); nothing is "
+       "dropped: a step that exceeds it stops every rank with a message naming the expert and its load; 0: the "
+       "worst case E / k, never exceeded; else >= 1"},
       {"parallel.dp_replicate", "data-parallel replicas; -1: what is left of the world (one -1 at most)"},
       {"parallel.dp_shard",
        "FSDP shards; -1 (the default): what the other degrees leave of the world, 1 when another degree is -1"},
@@ -112,6 +141,10 @@ const std::map<std::string, std::string>& meanings() {
        "FSDP: free a block's gathered parameters after its forward, gather again for backward"},
       {"parallel.schedule", "pipeline schedule: `\"1f1b\"`, `\"gpipe\"` or `\"interleaved_1f1b\"` (with pp > 1)"},
       {"parallel.virtual_stages", "pipeline chunks per pp rank, for `\"interleaved_1f1b\"`"},
+      {"parallel.ep",
+       "expert parallelism: each MoE block's experts split over ep consecutive ranks of dp_shard x cp x tp (no mesh "
+       "axis of its own, [parallelism.md](parallelism.md#expert-parallelism-ep)); must divide `model.moe_experts` and "
+       "dp_shard x cp x tp; with tp > 1 it needs `parallel.sequence_parallel`"},
       {"checkpoint.dir", "where checkpoints go"},
       {"checkpoint.every", "save after every N steps; 0: never"},
       {"checkpoint.keep", "newest checkpoints kept"},
@@ -149,6 +182,10 @@ const std::map<std::string, std::string>& meanings() {
        "a cluster file ([planner.md](planner.md#cluster-files)) to predict the run's step on: the banner, the "
        "PERFORMANCE block and the metrics summary set the predicted parts beside the measured ones; empty: no "
        "prediction"},
+      {"perf.moe_imbalance",
+       "Mixture-of-Experts: the busiest rank's routed tokens over the mean, an assumption of the predicted step "
+       "([planner.md](planner.md#mixture-of-experts)); 1 (the default) is the balanced router's, and that of "
+       "Megatron-LM's published MoE layer timings (forced load balancing); set a learned router's measured one"},
       {"fault.kind",
        "`\"none\"`, `\"kill\"` (SIGKILL), `\"nan\"` (a NaN gradient), `\"enospc\"` (a full disk in a save) or "
        "`\"skip_collective\"` (a rank skips a collective; the hang detection names it)"},

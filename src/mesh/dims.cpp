@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "mesh/dims.hpp"
 
+#include <algorithm>
+#include <utility>
+
 namespace ndmini {
 
 const char* axis_name(Axis a) {
@@ -72,6 +75,47 @@ int ParallelDims::rank_of(const std::array<int, kNumAxes>& coords) const {
   int r = 0;
   for (int i = 0; i < kNumAxes; ++i) r = r * d[i] + coords[i];
   return r;
+}
+
+int ParallelDims::expert_host_index(int rank) const {
+  const auto c = coords_of(rank);
+  return (c[static_cast<int>(Axis::dp_shard)] * cp + c[static_cast<int>(Axis::cp)]) * tp +
+         c[static_cast<int>(Axis::tp)];
+}
+
+namespace {
+
+// The ranks grouped by `key` (one group per key, the groups in the order of
+// their lowest rank, each in rank order).
+template <class Key>
+std::vector<std::vector<int>> group_by(int world, Key key) {
+  std::vector<std::pair<long long, std::vector<int>>> groups;
+  for (int r = 0; r < world; ++r) {
+    const long long k = key(r);
+    auto it = std::find_if(groups.begin(), groups.end(), [k](const auto& g) { return g.first == k; });
+    if (it == groups.end()) {
+      groups.push_back({k, {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(r);
+  }
+  std::vector<std::vector<int>> out;
+  for (auto& g : groups) out.push_back(std::move(g.second));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> ParallelDims::expert_groups() const {
+  // The ranks of one (pp, dp_replicate) block of dp_shard x cp x tp are
+  // consecutive; ep of them in a row form a group.
+  const int host = span(kExpertHostAxes);
+  return group_by(size(), [&](int r) { return static_cast<long long>(r / host) * host + expert_host_index(r) / ep; });
+}
+
+std::vector<std::vector<int>> ParallelDims::expert_fsdp_groups() const {
+  const int host = span(kExpertHostAxes);
+  return group_by(size(), [&](int r) { return static_cast<long long>(r / host) * host + ep_rank(r); });
 }
 
 std::string ParallelDims::str() const {

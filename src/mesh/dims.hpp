@@ -16,8 +16,14 @@
 //                                        ranks whose losses are distinct: the loss is summed over it
 //   norm          pp x dp_shard x cp x tp ranks that hold distinct parameter elements: the squared
 //                                        gradient norm is summed over it
+//   expert        ep consecutive ranks of dp_shard x cp x tp (innermost first, as torchtitan and
+//                 Megatron place it; not a mesh axis): an MoE block's experts split over it and its
+//                 tokens are exchanged (all-to-all) inside it
+//   expert_fsdp   the rest of dp_shard x cp x tp: the ranks of one expert-group position, which
+//                 hold the same experts; they are FSDP-sharded over it (and replicated over dp_replicate)
 #include <array>
 #include <string>
+#include <vector>
 
 namespace ndmini {
 
@@ -32,12 +38,14 @@ inline constexpr AxisSet kFsdpAxes = {false, false, true, true, false};
 inline constexpr AxisSet kDataParallelAxes = {false, true, true, false, false};
 inline constexpr AxisSet kBatchAxes = {true, true, true, true, false};
 inline constexpr AxisSet kNormAxes = {true, false, true, true, true};
-std::string axis_names(const AxisSet& axes);  // "dp_shard x cp"
+inline constexpr AxisSet kExpertHostAxes = {false, false, true, true, true};  // the ranks ep splits
+std::string axis_names(const AxisSet& axes);                                  // "dp_shard x cp"
 
 struct ParallelDims {
   int pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
   bool sequence_parallel = false;  // the residual rows split over tp between the blocks' matmuls
   int virtual_stages = 1;          // pipeline chunks per pp rank (interleaved 1F1B)
+  int ep = 1;                      // expert parallelism: divides dp_shard x cp x tp (resolve_mesh checks it)
 
   // The degrees in axis order (pp first); sequence_parallel and virtual_stages left at their defaults.
   static ParallelDims from_degrees(const std::array<int, kNumAxes>& degrees);
@@ -50,6 +58,17 @@ struct ParallelDims {
   int data_parallel() const { return span(kDataParallelAxes); }
   int batch() const { return span(kBatchAxes); }
   int norm() const { return span(kNormAxes); }
+  int expert_fsdp() const { return span(kExpertHostAxes) / ep; }
+
+  // The expert groups and the experts' FSDP groups (defined above), each in
+  // rank order, the groups ordered by their lowest rank. An expert group's
+  // member i (its ep rank) holds experts [i E/ep, (i+1) E/ep).
+  std::vector<std::vector<int>> expert_groups() const;
+  std::vector<std::vector<int>> expert_fsdp_groups() const;
+  // A rank's place among dp_shard x cp x tp: (dp_shard x cp + cp) x tp + tp,
+  // consecutive world ranks for consecutive places.
+  int expert_host_index(int rank) const;
+  int ep_rank(int rank) const { return expert_host_index(rank) % ep; }
 
   // Rank <-> coordinates: row-major, tp fastest (MPI_Cart_create without reorder).
   std::array<int, kNumAxes> coords_of(int rank) const;

@@ -125,6 +125,15 @@ ParallelDims resolve_mesh(const ParallelConfig& p, int world) {
   ParallelDims dims = ParallelDims::from_degrees(degree);
   dims.sequence_parallel = p.sequence_parallel;
   dims.virtual_stages = p.virtual_stages;
+  // The expert groups are ep consecutive ranks of dp_shard x cp x tp: ep must divide it.
+  require(p.ep >= 1, "parallel.ep = " + to_string(p.ep) + " must be at least 1");
+  const int host = dims.span(kExpertHostAxes);
+  require(host % p.ep == 0, "parallel.ep = " + to_string(p.ep) +
+                                " does not divide dp_shard x cp x tp = " + to_string(dims.dp_shard) + " x " +
+                                to_string(dims.cp) + " x " + to_string(dims.tp) + " = " + to_string(host) +
+                                " (the expert groups are ep consecutive ranks of it); choose an ep that divides it, "
+                                "or more ranks on those axes");
+  dims.ep = p.ep;
   return dims;
 }
 
@@ -166,6 +175,13 @@ std::string describe_mesh(const ParallelDims& shape, bool details) {
   if (shape.fsdp() > 1)
     out += "fsdp groups (" + axis_names(kFsdpAxes) +
            "): " + detail::format_groups(detail::groups_of(shape, kFsdpAxes)) + "\n";
+  if (shape.ep > 1) {
+    out += "expert groups (ep = " + std::to_string(shape.ep) + " consecutive ranks of " + axis_names(kExpertHostAxes) +
+           "): " + detail::format_groups(shape.expert_groups()) + "\n";
+    out += "expert fsdp groups (the rest of " + axis_names(kExpertHostAxes) + ", " +
+           std::to_string(shape.expert_fsdp()) +
+           " ranks; replicated over dp_replicate): " + detail::format_groups(shape.expert_fsdp_groups()) + "\n";
+  }
   if (shape.degree_of(Axis::pp) > 1) {
     // The first and the last stage of each pipeline: every group of pp ranks, its two ends.
     AxisSet keep{};

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "parallel/param_store.hpp"
 #include "parallel/stage_runtime.hpp"
 #include "run/memory_estimate.hpp"
@@ -383,7 +384,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
 
   StepPrediction p;
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
-  p.model_flops = gpt_flops_per_token(m) * tokens;
+  p.model_flops = model_counts(m).flops_per_token * tokens;  // an MoE model's active parameters
   p.hardware_flops = p.model_flops;
   const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(cfg, l);
 
@@ -394,7 +395,10 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     std::vector<GroupTraffic> comm;
   };
   std::vector<StageTime> stages(d.pp);
+  std::vector<int> moe_blocks(d.pp, 0);
   double every_stage_micro_batch = 0;  // one micro-batch through every stage
+  // An MoE block: its MoE part in place of the dense MLP forward_ms counts.
+  const MoeBlockCost moe = moe_block_cost(cfg, d, cluster, precision);
   for (int s = 0; s < d.pp; ++s) {
     StageTime& st = stages[s];
     double attention = 0;  // of the compute: what ring attention's K/V exchange hides behind
@@ -417,6 +421,21 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
                      (c.head ? kLaunchesOfEmbeddingAndHead / 2 : 0) +
                      (l.recompute == Recompute::block ? kLaunchesPerRecomputedBlock * c.layers() : 0);
     }
+    for (const Chunk& c : l.plan.chunks_of(s))
+      for (int layer = c.first_layer; layer < c.end_layer; ++layer) moe_blocks[s] += m.moe_block(layer) ? 1 : 0;
+    // The all-to-alls block the block's compute (dispatch before the
+    // experts, combine after): exposed whole, as the "ep" group.
+    GroupTraffic ep{"ep", d.ep, moe.inter_node};
+    if (moe_blocks[s] > 0) {
+      const int nb = moe_blocks[s];
+      const double a2a_compute = 4 * moe.a2a_ms;
+      st.compute += nb * (moe.forward_ms + moe.backward_ms - a2a_compute - 3 * moe.dense_mlp_ms);
+      const bool again = l.recompute == Recompute::block;
+      if (again) st.recompute += nb * (moe.forward_ms - 2 * moe.a2a_ms - moe.dense_mlp_ms);
+      ep.calls = static_cast<std::int64_t>(mb) * nb * (again ? 6 : 4);
+      ep.bytes = static_cast<double>(ep.calls) * moe.a2a_bytes;
+      ep.ms = ep.exposed_ms = static_cast<double>(ep.calls) * moe.a2a_ms;
+    }
     const double launch_ms = st.launches * cluster.launch_overhead_us * 1e-3;
     TrafficCounter t = count_traffic(cfg, l, s, &cluster, half, code);
     // Blocking collectives inside the compute: tp always; the pipeline's
@@ -427,7 +446,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     t[kPp].exposed_ms = exposed_with_overlap(t[kPp].ms, t[kPp].ms / 2, overlap);
     t[kCp].exposed_ms = exposed_with_overlap(t[kCp].ms, std::max(0.0, t[kCp].ms - attention * mb), overlap);
     st.per_micro_batch = st.compute + st.recompute + st.kernels + launch_ms +
-                         (t[kTp].exposed_ms + t[kPp].exposed_ms + t[kCp].exposed_ms) / mb;
+                         (t[kTp].exposed_ms + t[kPp].exposed_ms + t[kCp].exposed_ms + ep.exposed_ms) / mb;
     const double work = mb * (st.compute + st.recompute + st.kernels);
     // FSDP: each unit's all-gather is prefetched behind the unit before it and
     // its reduce-scatter runs behind the units after: exposed is what the
@@ -451,8 +470,10 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
     st.comm = t.groups(d);
     for (const GroupTraffic& g : st.comm)
       if (g.name != "tp" && g.name != "pp" && g.name != "cp") st.once += g.exposed_ms;
+    if (ep.calls > 0) st.comm.push_back(ep);
     // The shard's elements: the fp32 gradients (the parameters also hold bf16 working copies).
-    st.optimizer = kOptimizerBytesPerElement * (memory[s].grad_bytes / sizeof(real)) / memory_rate;
+    const double moe_elements = moe_blocks[s] * (moe.shard_elements - moe.dense_mlp_shard_elements);
+    st.optimizer = kOptimizerBytesPerElement * (memory[s].grad_bytes / sizeof(real) + moe_elements) / memory_rate;
     st.once += st.optimizer;
     every_stage_micro_batch += st.per_micro_batch;
   }
@@ -485,6 +506,20 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   p.mfu = p.model_flops / (p.step_ms / 1e3) / (d.size() * cluster.peak_flops(precision));
   const MemoryEstimate busiest = estimate_memory(cfg, l);
   p.memory = plan_memory(busiest);
+  p.moe_blocks = moe_blocks[p.stage];
+  p.moe = moe;
+  if (m.moe()) {
+    // The estimate holds a dense MLP in each MoE block: its MoE part's state
+    // instead, per element as the estimate counts it, on the stage with the most MoE blocks.
+    const int most = *std::max_element(moe_blocks.begin(), moe_blocks.end());
+    const double shard = static_cast<double>(busiest.grad_bytes) / sizeof(real);
+    const double delta = most * (moe.shard_elements - moe.dense_mlp_shard_elements);
+    if (shard > 0) {
+      p.memory.params += static_cast<std::int64_t>(delta * static_cast<double>(busiest.param_bytes) / shard);
+      p.memory.optimizer += static_cast<std::int64_t>(delta * static_cast<double>(busiest.optimizer_bytes) / shard);
+    }
+    p.memory.grads += static_cast<std::int64_t>(delta * sizeof(real));
+  }
   p.fits = static_cast<double>(p.memory.total()) <= cluster.memory_bytes();
   return p;
 }

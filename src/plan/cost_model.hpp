@@ -16,6 +16,7 @@
 
 #include "config/config.hpp"
 #include "plan/cluster.hpp"
+#include "plan/moe_cost.hpp"
 #include "run/layout.hpp"
 #include "run/memory_estimate.hpp"
 
@@ -113,6 +114,10 @@ struct StepPrediction {
   double tokens_per_s = 0;
   double mfu = 0;  // model FLOPs per second over the devices' dense peak
   bool fits = false;
+  // Mixture-of-Experts: the MoE blocks of the slowest stage and the cost of
+  // one (plan/moe_cost.hpp); its all-to-alls are the "ep" group of comm.
+  int moe_blocks = 0;
+  MoeBlockCost moe;
 };
 
 // `precision`: the matrix products' (peak, activation and gather bytes

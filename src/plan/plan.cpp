@@ -64,7 +64,31 @@ std::string layout_words(const PlanCandidate& c) {
   std::snprintf(buf, sizeof buf, "%s sp=%s recompute=%s micro_batch=%d (x%d) schedule=%s v=%d", d.str().c_str(),
                 sequence_parallel_in_effect(d) ? "on" : "off", name_of(c.layout.recompute), c.cfg.train.micro_batch,
                 c.layout.micro_batches, name_of(c.layout.schedule.kind()), d.virtual_stages);
-  return buf;
+  return c.cfg.model.moe() ? buf + std::string(" ep=") + std::to_string(d.ep) : std::string(buf);
+}
+
+// An MoE deck's block: its all-to-alls, compute and experts per rank (plan/moe_cost.hpp).
+void moe_details(std::string& out, const PlanCandidate& c) {
+  const StepPrediction& p = c.prediction;
+  const MoeBlockCost& k = p.moe;
+  const ParallelDims& d = c.layout.dims;
+  const ModelConfig& m = c.cfg.model;
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "moe               %d MoE blocks on that stage; each, per micro-batch on a rank: forward %.3f ms, "
+                "backward %.3f ms\n"
+                "                  all-to-all over ep = %d (%s): %.4g bytes each, %.3f ms; 2 forward (dispatch, "
+                "combine), 2 backward\n"
+                "                  experts %.3f ms forward at perf.moe_imbalance = %g, router %.3f, shared expert "
+                "%.3f, permutation %.3f (the dense MLP's: %.3f)\n"
+                "                  experts per rank %d of %d per block (%.4g parameters), FSDP-sharded over %d ranks\n",
+                p.moe_blocks, k.forward_ms, k.backward_ms, d.ep,
+                d.ep <= 1      ? "self-sends"
+                : k.inter_node ? "inter_node"
+                               : "intra_node",
+                k.a2a_bytes, k.a2a_ms, k.experts_ms, k.imbalance, k.router_ms, k.shared_ms, k.permute_ms,
+                k.dense_mlp_ms, m.moe_experts / d.ep, m.moe_experts, k.expert_params_per_rank, d.expert_fsdp());
+  out += buf;
 }
 
 void details(std::string& out, const PlanCandidate& c, const ClusterSpec& cluster) {
@@ -97,6 +121,7 @@ void details(std::string& out, const PlanCandidate& c, const ClusterSpec& cluste
            ? ("at device.launch_overhead_us = " + number_text(cluster.launch_overhead_us) + " each").c_str()
            : "not timed (the cluster file has no device.launch_overhead_us)");
   line("throughput        %.4g tokens/s, MFU %.3f\n", p.tokens_per_s, p.mfu);
+  if (c.cfg.model.moe()) moe_details(out, c);
   out += "communication     group          ranks  link        calls        bytes/step       ms  exposed ms\n";
   for (const GroupTraffic& g : p.comm) {
     if (g.calls == 0) continue;
@@ -130,6 +155,24 @@ nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
                        {"comm_buffers", p.memory.comm_buffers},
                        {"workspace", p.memory.workspace},
                        {"total", p.memory.total()}};
+  if (c.cfg.model.moe()) {
+    const MoeBlockCost& k = p.moe;
+    j["layout"]["ep"] = d.ep;
+    j["moe"] = {{"blocks", p.moe_blocks},
+                {"forward_ms", k.forward_ms},
+                {"backward_ms", k.backward_ms},
+                {"all_to_all_ms", k.a2a_ms},
+                {"all_to_all_bytes", k.a2a_bytes},
+                {"all_to_all_inter_node", k.inter_node},
+                {"experts_ms", k.experts_ms},
+                {"router_ms", k.router_ms},
+                {"shared_ms", k.shared_ms},
+                {"permute_ms", k.permute_ms},
+                {"dense_mlp_ms", k.dense_mlp_ms},
+                {"imbalance", k.imbalance},
+                {"experts_per_rank", c.cfg.model.moe_experts / d.ep},
+                {"expert_fsdp", d.expert_fsdp()}};
+  }
   j["micro_batches_in_flight"] = p.memory.in_flight;  // a count: activations holds this many micro-batches' records
   j["fits"] = p.fits;
   // One block's records of one micro-batch, tensor by tensor, from the size
@@ -191,7 +234,7 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
   out.least_bytes = -1;
   // One layout's choices, and the bound no prediction of it falls below.
   struct Choice {
-    int pp, dpr, dps, cp, tp, micro_batch, v;
+    int pp, dpr, dps, cp, tp, ep, micro_batch, v;
     bool sp;
     Recompute recompute;
     ScheduleKind kind;
@@ -206,6 +249,7 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
     p.dp_shard = c.dps;
     p.cp = c.cp;
     p.tp = c.tp;
+    p.ep = c.ep;
     p.sequence_parallel = c.sp;
     p.schedule = c.kind;
     p.virtual_stages = c.v;
@@ -224,22 +268,27 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
             ++out.considered;
             continue;
           }
-          for (int micro_batch : divisors(base.train.global_batch / dp))
-            for (bool sp : {false, true}) {
-              if (sp && tp == 1) continue;
-              for (Recompute recompute : {Recompute::none, Recompute::block})
-                for (const auto& [kind, v] : schedules(pp, base.model.layers)) {
-                  ++out.considered;
-                  Choice c{pp, dpr, dps, cp, tp, micro_batch, v, sp, recompute, kind, 0};
-                  apply(c);
-                  try {
-                    c.bound_ms = step_ms_lower_bound(cfg, resolve_layout(cfg, world), cluster, precision);
-                  } catch (const Error&) {
-                    continue;  // does not divide the world or the model
+          // Expert parallelism: every ep dividing dp_shard x cp x tp and the experts (1 for a dense model).
+          std::vector<int> eps;
+          for (int ep : divisors(static_cast<long long>(dps) * cp * tp))
+            if (ep == 1 || (base.model.moe() && base.model.moe_experts % ep == 0)) eps.push_back(ep);
+          for (int ep : eps)
+            for (int micro_batch : divisors(base.train.global_batch / dp))
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                for (Recompute recompute : {Recompute::none, Recompute::block})
+                  for (const auto& [kind, v] : schedules(pp, base.model.layers)) {
+                    ++out.considered;
+                    Choice c{pp, dpr, dps, cp, tp, ep, micro_batch, v, sp, recompute, kind, 0};
+                    apply(c);
+                    try {
+                      c.bound_ms = step_ms_lower_bound(cfg, resolve_layout(cfg, world), cluster, precision);
+                    } catch (const Error&) {
+                      continue;  // does not divide the world or the model
+                    }
+                    choices.push_back(c);
                   }
-                  choices.push_back(c);
-                }
-            }
+              }
         }
   out.valid = static_cast<long long>(choices.size());
   // In the order of their bounds: once `top` layouts that fit are faster
@@ -259,6 +308,7 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
     if (out.least_bytes < 0 || bytes < out.least_bytes) out.least_bytes = bytes;
     if (bytes > cluster.memory_bytes()) continue;
     StepPrediction prediction = predict_step(cfg, layout, cluster, precision, code);
+    if (!prediction.fits) continue;  // an MoE model's experts, beyond the dense estimate
     best.insert(std::upper_bound(best.begin(), best.end(), prediction.step_ms), prediction.step_ms);
     Config kept = cfg;
     kept.toml = base.toml;
@@ -348,6 +398,7 @@ std::string plan_text(const PlanContext& ctx, const PlanSearch& search) {
                   gib(static_cast<double>(p.memory.total())).c_str(), p.step_ms, compute, p.exposed_comm_ms,
                   p.bubble_ms, p.tokens_per_s, p.mfu);
     out += buf;
+    if (c.cfg.model.moe()) out.insert(out.size() - 1, " ep=" + std::to_string(d.ep));
   }
   out += "\nthe fastest in detail:\n";
   details(out, search.fitting.front(), cluster);

@@ -2,6 +2,7 @@
 #include "run/layout.hpp"
 
 #include "core/error.hpp"
+#include "model/moe.hpp"
 #include "parallel/pipeline/pipeline.hpp"
 #include "run/feed_sizes.hpp"
 #include "run/memory_estimate.hpp"
@@ -14,6 +15,7 @@ RunLayout resolve_layout(const Config& cfg, int world) {
   const auto& p = cfg.parallel;
   const auto& t = cfg.train;
   check_model_split(cfg.model, dims);
+  check_moe_split(cfg.model, dims);
 
   // Each data-parallel rank runs whole micro-batches of distinct sequences.
   const long long unit = static_cast<long long>(dims.data_parallel()) * t.micro_batch;

@@ -26,6 +26,7 @@
 #include "fault/fault.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "parallel/context.hpp"
 #include "parallel/pipeline/pipeline.hpp"
 #include "parallel/stage_runtime.hpp"
@@ -241,6 +242,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
       tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
       watchdog_(comm, cfg.comm.timeout_s),
       progress_(comm, cfg.comm.progress_poll_us) {
+  require_computed_moe(cfg_.model);  // before anything is built for the deck
   effective_config_ = effective_toml(resolved_config(cfg_, layout_.dims));
   setup();
   if (opts_.resume) resume();

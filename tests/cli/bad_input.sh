@@ -75,6 +75,48 @@ case "$1" in
   reduce_dtype_needs_bf16)
     expect_error 'comm.reduce_dtype = "bf16" needs train.precision = "bf16"' \
       train tiny.toml --set comm.reduce_dtype=bf16 ;;
+  # Mixture-of-Experts (inputs/moe-tiny.toml: 4 experts, top-2): one message each.
+  moe_top_k)
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "model.moe_top_k = 0 is out of range: must be between 1 and model.moe_experts = 4" \
+      check moe.toml --set model.moe_top_k=0
+    expect_error "model.moe_top_k = 5 is out of range: must be between 1 and model.moe_experts = 4" \
+      check moe.toml --set model.moe_top_k=5 ;;
+  moe_experts_ep)
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "model.moe_experts = 4 is out of range: must be a multiple of parallel.ep = 3" \
+      check moe.toml --set parallel.ep=3 --world 3 ;;
+  moe_ep_divide)
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "parallel.ep = 4 does not divide dp_shard x cp x tp = 2 x 1 x 1 = 2" \
+      check moe.toml --set parallel.ep=4 --set parallel.dp_replicate=2 --set train.micro_batch=2 --world 4 ;;
+  moe_tp_needs_sp)
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "parallel.tp = 2 with an MoE block needs parallel.sequence_parallel = true" \
+      check moe.toml --set parallel.tp=2 --world 2 ;;
+  moe_every_zero)
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "model.moe_every = 0 is out of range: must be at least 1" check moe.toml --set model.moe_every=0 ;;
+  moe_negative_rate)
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "train.moe_z_loss = -0.1 is out of range: must be >= 0" check moe.toml --set train.moe_z_loss=-0.1
+    expect_error "train.moe_seq_aux = -0.1 is out of range: must be >= 0" check moe.toml --set train.moe_seq_aux=-0.1
+    expect_error "train.moe_bias_rate = -0.1 is out of range: must be >= 0" \
+      check moe.toml --set model.moe_score=sigmoid --set train.moe_bias_rate=-0.1 ;;
+  moe_not_computed)
+    # The MoE block is not computed yet: train refuses the deck at start, naming what is missing;
+    # check prints its sizes and expert groups, then refuses as train would.
+    cp "$SOURCE_DIR/inputs/moe-tiny.toml" moe.toml
+    expect_error "ndmini train does not compute them in this version (the router, the dispatch and combine" \
+      train moe.toml
+    [ ! -e ckpt ] || fail "train created a checkpoint folder for a deck it refuses"
+    expect_error "ndmini train does not compute them in this version" \
+      check moe.toml --set parallel.ep=2 --set train.micro_batch=2 --world 4
+    grep -qF "parameters        187520 total, 121216 active per token" out.txt || fail "check: no parameter counts"
+    grep -qF "expert groups (ep = 2 consecutive ranks of dp_shard x cp x tp): [0 1] [2 3]" out.txt ||
+      fail "check: no expert groups"
+    grep -qF "expert fsdp groups (the rest of dp_shard x cp x tp, 2 ranks; replicated over dp_replicate): [0 2] [1 3]" \
+      out.txt || fail "check: no expert fsdp groups" ;;
   world_mismatch)
     # Launched on 2 ranks with a layout for 4: every rank must stop, none hang.
     rc=0

@@ -69,6 +69,41 @@ PY
     # --search does the same whatever the deck's degrees.
     run 1 plan tiny.toml --cluster "$A100" --world 8 --search >out.txt 2>&1 || { cat out.txt; fail "--search refused"; }
     grep -qE "^ +1 " out.txt || fail "no ranked table" ;;
+  moe)
+    # A Mixture-of-Experts deck: ep searched; the MoE block's all-to-alls, experts and state per rank.
+    H100="$SOURCE_DIR/inputs/clusters/h100.toml"
+    run 1 plan "$SOURCE_DIR/inputs/moe-small.toml" --cluster "$H100" --world 8 --search --top 40 \
+      --set train.global_batch=8 --set train.micro_batch=1 >out.txt 2>&1 || { cat out.txt; fail "MoE search refused"; }
+    cat out.txt
+    for ep in 1 2 4 8; do grep -qE "^ +[0-9]+ .* ep=$ep\$" out.txt || fail "no ranked layout with ep=$ep"; done
+    grep -qE "^moe +[0-9] MoE blocks on that stage" out.txt || fail "no MoE line"
+    # Megatron-LM's MoE layer: one block of 8 experts of 14336 over ep 8 on 8 H100, 4096 rows per rank.
+    printf '[model]\nlayers = 1\nchannels = 4096\nheads = 32\nvocab = 32000\nseq_len = 4096\nbias = false\n'\
+'moe_experts = 8\nmoe_top_k = 2\nmoe_hidden = 14336\n[train]\nglobal_batch = 8\nmicro_batch = 1\n'\
+'[parallel]\ndp_shard = 8\nep = 8\n' >moe.toml
+    for imbalance in 1 2; do
+      run 1 plan moe.toml --cluster "$H100" --world 8 --precision bf16 --json --set perf.moe_imbalance=$imbalance \
+        >moe$imbalance.json 2>err.txt || { cat err.txt; fail "the MoE layer was refused"; }
+    done
+    python3 - moe1.json moe2.json <<'PY' || fail "the MoE block's cost is not what docs/planner.md says"
+import json, sys
+one, two = (json.load(open(f))["layouts"][0] for f in sys.argv[1:3])
+m, m2 = one["moe"], two["moe"]
+assert one["layout"]["ep"] == 8 and m["blocks"] == 1 and m["experts_per_rank"] == 1 and m["expert_fsdp"] == 1, m
+assert m["all_to_all_bytes"] == 4096 * 2 * 4096 * 2, m  # rows x k x C x bf16
+assert not m["all_to_all_inter_node"], m
+# 7/8 of the bytes leave the rank at 450 x 0.8 GB/s, plus 3 us.
+assert abs(m["all_to_all_ms"] - (m["all_to_all_bytes"] * 7 / 8 / 360e6 + 3e-3)) < 1e-9, m
+# The experts' two products over 8192 rows at 0.6 of 989 TFLOP/s.
+assert abs(m["experts_ms"] - 2 * 2 * 8192 * 4096 * 14336 / (0.6 * 989e9)) < 1e-9, m
+assert abs(m["forward_ms"] - (m["router_ms"] + m["experts_ms"] + m["permute_ms"] + 2 * m["all_to_all_ms"])) < 1e-9
+# Twice the imbalance: twice the experts' time, the all-to-all unchanged.
+assert abs(m2["experts_ms"] - 2 * m["experts_ms"]) < 1e-9 and m2["all_to_all_ms"] == m["all_to_all_ms"], (m, m2)
+ep = [c for c in one["comm"] if c["group"] == "ep"]
+assert len(ep) == 1 and ep[0]["calls"] == 4 and ep[0]["exposed_ms"] == ep[0]["ms"], ep
+print("moe ok")
+PY
+    ;;
   missing_key)
     cluster_with '/^peak_tflops_bf16/d'
     expect_exit2 "cluster file 'bad.toml': missing key device.peak_tflops_bf16" tiny.toml --cluster bad.toml --world 1 ;;

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Mixture-of-Experts sizes and rules (model/moe.hpp), derived from the dense
+// block's tensor list so an MoE expert has the dense MLP's matrices.
+#include <sstream>
+
+#include "core/error.hpp"
+#include "model/moe.hpp"
+
+namespace ndmini {
+namespace {
+
+const std::string kMlp = "mlp/";
+
+bool is_mlp(const std::string& suffix) { return suffix.compare(0, kMlp.size(), kMlp) == 0; }
+
+// The dense MLP's tensors for a hidden width `hidden`, renamed under `under`
+// ("mlp/experts/": mlp/c_fc/weight -> mlp/experts/c_fc/weight).
+std::vector<BlockTensorShape> mlp_tensors(const ModelConfig& m, int hidden, const std::string& under) {
+  ModelConfig w = m;
+  w.ffn_hidden = hidden;
+  std::vector<BlockTensorShape> out;
+  for (BlockTensorShape t : gpt_block_tensors(w)) {
+    if (!is_mlp(t.suffix)) continue;
+    t.suffix = under + t.suffix.substr(kMlp.size());
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::int64_t elements(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::int64_t count(const std::vector<BlockTensorShape>& tensors) {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += elements(t.shape);
+  return n;
+}
+
+// The MoE part of an MoE block: router, experts, shared expert.
+std::vector<BlockTensorShape> moe_mlp_tensors(const ModelConfig& m) {
+  const std::int64_t E = m.moe_experts;
+  std::vector<BlockTensorShape> out = {{"mlp/router/weight", {E, m.channels}, TpSplit::replicated, 1}};
+  // Each expert whole on its ep rank: the expert index first, no tp split.
+  for (BlockTensorShape t : mlp_tensors(m, m.moe_ffn(), "mlp/experts/")) {
+    t.shape.insert(t.shape.begin(), E);
+    t.split = TpSplit::replicated;
+    t.sections = 1;
+    out.push_back(std::move(t));
+  }
+  if (m.moe_shared_hidden > 0)
+    for (BlockTensorShape t : mlp_tensors(m, m.moe_shared_hidden, "mlp/shared/")) out.push_back(std::move(t));
+  return out;
+}
+
+}  // namespace
+
+std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer) {
+  std::vector<BlockTensorShape> dense = gpt_block_tensors(m);
+  if (!m.moe_block(layer)) return dense;
+  std::vector<BlockTensorShape> out;
+  bool replaced = false;
+  for (BlockTensorShape& t : dense) {
+    if (!is_mlp(t.suffix)) {
+      out.push_back(std::move(t));
+    } else if (!replaced) {  // the MoE part where the dense MLP was
+      for (BlockTensorShape& e : moe_mlp_tensors(m)) out.push_back(std::move(e));
+      replaced = true;
+    }
+  }
+  return out;
+}
+
+std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) {
+  std::vector<GlobalTensor> dense = gpt_global_tensors(m);
+  if (!m.moe()) return dense;
+  std::vector<GlobalTensor> out;
+  int replaced = -1;
+  for (GlobalTensor& t : dense) {
+    int layer = -1;
+    std::size_t end = 0;
+    if (t.name.compare(0, 2, "h/") == 0) {
+      layer = std::stoi(t.name.substr(2), &end);
+      end += 3;  // "h/" and the "/" after the index
+    }
+    if (layer < 0 || !m.moe_block(layer) || !is_mlp(t.name.substr(end))) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    if (replaced == layer) continue;
+    const std::string prefix = "h/" + std::to_string(layer) + "/";
+    for (const BlockTensorShape& e : moe_mlp_tensors(m)) out.push_back({prefix + e.suffix, e.shape});
+    replaced = layer;
+  }
+  return out;
+}
+
+MoeBlockParams moe_block_params(const ModelConfig& m) {
+  MoeBlockParams p;
+  p.router = static_cast<std::int64_t>(m.moe_experts) * m.channels;
+  p.expert = count(mlp_tensors(m, m.moe_ffn(), kMlp));
+  p.mlp = count(moe_mlp_tensors(m));
+  p.shared = m.moe_shared_hidden > 0 ? count(mlp_tensors(m, m.moe_shared_hidden, kMlp)) : 0;
+  p.dense_mlp = count(mlp_tensors(m, m.ffn(), kMlp));
+  return p;
+}
+
+ModelCounts model_counts(const ModelConfig& m) {
+  ModelCounts c;
+  for (const GlobalTensor& t : model_global_tensors(m)) c.total += elements(t.shape);
+  // A token meets k of the E experts of each MoE block.
+  const std::int64_t idle =
+      m.moe() ? static_cast<std::int64_t>(m.moe_experts - m.moe_top_k) * moe_block_params(m).expert : 0;
+  c.active = c.total - m.moe_blocks() * idle;
+  // The lookups, as gpt_flops_param_count leaves them out.
+  c.flops_params = c.active - (gpt_param_count(m) - gpt_flops_param_count(m));
+  c.flops_per_token = 6.0 * static_cast<double>(c.flops_params) + 12.0 * m.layers * m.channels * m.seq_len;
+  return c;
+}
+
+void check_moe_split(const ModelConfig& m, const ParallelDims& s) {
+  using std::to_string;
+  if (!m.moe()) return;
+  // Each rank routes the token rows it holds: without sequence parallelism
+  // every tp rank would hold (and send) the same rows.
+  require(s.tp == 1 || s.sequence_parallel,
+          "parallel.tp = " + to_string(s.tp) +
+              " with an MoE block needs parallel.sequence_parallel = true (each rank routes the token rows it "
+              "holds); set it, or parallel.tp = 1");
+  require(m.moe_shared_hidden % s.tp == 0,
+          "model.moe_shared_hidden = " + to_string(m.moe_shared_hidden) + " is not divisible by parallel.tp = " +
+              to_string(s.tp) + " (the shared expert splits over tp as the dense MLP); change one of them");
+}
+
+std::string describe_moe(const ModelConfig& m, const ParallelDims& s) {
+  std::ostringstream os;
+  os << "moe               " << m.moe_experts << " experts of width " << m.moe_ffn() << ", top-" << m.moe_top_k << " ("
+     << name_of(m.moe_score) << " scores, " << name_of(m.moe_router) << " router)";
+  if (m.moe_shared_hidden > 0) os << ", a shared expert of width " << m.moe_shared_hidden;
+  os << "; MoE blocks:";
+  for (int l = 0; l < m.layers; ++l)
+    if (m.moe_block(l)) os << " " << l;
+  os << " (" << m.moe_blocks() << " of " << m.layers << ")\n";
+  const ModelCounts n = model_counts(m);
+  os << "parameters        " << n.total << " total, " << n.active << " active per token (" << n.flops_params
+     << " in MFU's N)\n";
+  os << "FLOPs per token   " << n.flops_per_token << " (6N + 12 L C T, N the active parameters)\n";
+  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block (ep = " << s.ep << "), FSDP-sharded over "
+     << s.expert_fsdp() << (s.expert_fsdp() == 1 ? " rank\n" : " ranks\n");
+  return os.str();
+}
+
+void require_computed_moe(const ModelConfig& m) {
+  if (!m.moe()) return;
+  throw Error("the deck has Mixture-of-Experts blocks (model.moe_experts = " + std::to_string(m.moe_experts) +
+              "); ndmini train does not compute them in this version (the router, the dispatch and combine over the "
+              "expert groups, the experts' forward and backward are not implemented yet); ndmini plan takes this "
+              "deck, ndmini check reports its sizes and layout; set model.moe_experts = 0 for a dense model");
+}
+
+}  // namespace ndmini
