@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/bf16.hpp"
 
@@ -84,5 +85,21 @@ template <class T>
 Matrix<T> as_matrix(const Buffer<T>& v, std::size_t rows, std::size_t cols) {
   return Matrix<T>(v.data(), rows, cols);
 }
+
+// An activation kept for the backward that a matrix product reads (or the
+// GELU's input): fp32, or bf16 under mixed precision. One of the two views
+// is allocated, the other stays empty.
+struct KeptOperand {
+  View1D fp32;
+  Bf16View1D bf16;
+  // The kept values as [rows, cols] of element type T (real or bf16).
+  template <class T>
+  Matrix<T> as(std::size_t rows, std::size_t cols) const {
+    if constexpr (std::is_same_v<T, ndmini::bf16>)
+      return as_matrix(bf16, rows, cols);
+    else
+      return as_matrix(fp32, rows, cols);
+  }
+};
 
 }  // namespace ndmini

@@ -157,22 +157,6 @@ struct BlockSizes {
   std::size_t largest_output() const { return std::max({full(), qkv(), hidden()}); }
 };
 
-// An activation kept for the backward that a matrix product reads (or the
-// GELU's input): fp32, or bf16 under mixed precision. One of the two views
-// is allocated, the other stays empty.
-struct KeptOperand {
-  View1D fp32;
-  Bf16View1D bf16;
-  // The kept values as [rows, cols] of element type T (real or bf16).
-  template <class T>
-  Matrix<T> as(std::size_t rows, std::size_t cols) const {
-    if constexpr (std::is_same_v<T, ndmini::bf16>)
-      return as_matrix(bf16, rows, cols);
-    else
-      return as_matrix(fp32, rows, cols);
-  }
-};
-
 // What one block keeps from its forward for its backward. The operands are
 // bf16 under mixed precision; statistics and residuals stay fp32.
 struct BlockActivations {
