@@ -48,9 +48,9 @@ struct ExpertMatrices {
   ConstMatrix<T> fc, up, proj;  // [E F, C] (c_fc, or c_gate under swiglu), [E F, C] (c_up: swiglu), [E C, F]
 };
 struct ExpertTensors {
-  Slice2D router;             // [E, C]
-  Slice1D selection_bias;     // [E]: sigmoid scores' selection bias (empty: none)
-  Slice2D fc, up, proj;       // as ExpertMatrices, fp32
+  Slice2D router;              // [E, C]
+  Slice1D selection_bias;      // [E]: sigmoid scores' selection bias (empty: none)
+  Slice2D fc, up, proj;        // as ExpertMatrices, fp32
   Slice1D fc_b, up_b, proj_b;  // [E F], [E F], [E C]; empty without model.bias
 };
 
@@ -121,7 +121,8 @@ class ExpertParallel {
   int local_experts() const { return local_experts_; }
 
  private:
-  void route(ConstSlice2D x, const ExpertTensors& w, MoeActivations& a);
+  // Fills a's routing from the rows x; returns the z-loss sum of the rows.
+  double route(ConstSlice2D x, const ExpertTensors& w, MoeActivations& a);
   void exchange_counts(MoeActivations& a);
   // Where the assignments go (from a.expert and a.counts): send order and
   // the expert-major order of the rows received.
@@ -129,8 +130,7 @@ class ExpertParallel {
   template <class T>
   void experts_forward(const ExpertTensors& w, const ExpertMatrices<T>& wm, const MoeActivations& a);
   template <class T>
-  void experts_backward(const ExpertTensors& g, const ExpertTensors& w, const ExpertMatrices<T>& wm,
-                        const MoeActivations& a);
+  void experts_backward(const ExpertTensors& g, const ExpertMatrices<T>& wm, const MoeActivations& a);
   template <class T>
   ConstSlice2D widened(ConstMatrix<T> x);
 
@@ -149,7 +149,8 @@ class ExpertParallel {
   Kokkos::View<int*, MemSpace> received_order_;          // received position -> expert-major position
   Kokkos::View<real*, MemSpace> weight_;                 // [R k] combine weights, on the device
   // Scratch shared by the blocks.
-  View1D logits_, x_fp32_, out_rows_, dweight_;
+  View1D logits_, dlogits_, x_fp32_, out_rows_, dweight_;
+  View1D counts_send_, counts_recv_;  // the count matrix's all-gather (ep > 1)
   View1D hidden_grad_, up_grad_, row_grad_;
   View1D wire_fp32_send_, wire_fp32_recv_;
   Bf16View1D wire_bf16_send_, wire_bf16_recv_, dy_bf16_;
