@@ -264,30 +264,48 @@ TEST(ExpertParallel, GradientsMatchFiniteDifferences) {
   }
 }
 
-// The z-loss's gradient: the layer adds z_loss x d(logsumexp^2)/d(logits);
-// with dout = 0 only it remains, and FD of z_loss x (the forward's z sum) checks it.
-TEST(ExpertParallel, ZLossGradientMatchesFiniteDifferences) {
-  Layer L(moe_config(4, 2, MoeScore::softmax, MoeRouter::learned, MlpKind::gelu, true), 12, 31, 300);
-  Kokkos::deep_copy(L.dout, real(0));
-  ExpertParallel layer(L.m, 0, nullptr, L.R, L.positions, false);
-  MoeActivations a = layer.allocate();
-  const real coefficient = 0.25;
-  L.forward(layer, a);
-  L.zero_grads();
-  layer.backward<real>(Layer::mat(L.dx, L.R, L.C), L.grads(), Layer::mat(L.dout, L.R, L.C), Layer::mat(L.x, L.R, L.C),
-                       L.weights(), L.matrices(), a, coefficient);
-  MoeActivations probe = layer.allocate();
-  auto objective = [&] {
-    Kokkos::deep_copy(L.out, real(0));
-    probe.routed = false;
-    return coefficient *
-           layer.forward<real>(Layer::mat(L.out, L.R, L.C), Layer::mat(L.x, L.R, L.C), L.weights(), L.matrices(), probe)
-               .z_loss_sum;
-  };
-  const auto idx = indices(L.router.extent(0), 48);
-  expect_grad("d router (z-loss)", central_diff(L.router, idx, objective), pick(host(L.g_router), idx));
-  const auto xi = indices(L.x.extent(0), 48);
-  expect_grad("d x (z-loss)", central_diff(L.x, xi, objective), pick(host(L.dx), xi));
+// The auxiliary losses' gradients: with dout = 0 only they remain, and FD
+// of the objective the layer's stats give checks them. A forward of other
+// rows between the forward and its backward must not change them (the
+// backward reads its micro-batch's kept routing, not the shared scratch).
+// Loss scale: 1 / the rows (one micro-batch is the global batch here).
+TEST(ExpertParallel, AuxLossGradientsMatchFiniteDifferences) {
+  for (const Case& c : kCases) {
+    if (c.router == MoeRouter::balanced) continue;
+    std::uint64_t data_seed = 300;  // inputs with a clear routing, as above
+    while (routing_margin(Layer(moe_config(4, 2, c.score, c.router, c.mlp, c.bias), 16, 31, data_seed)) < 0.05)
+      ASSERT_LT(++data_seed, 400u) << "no inputs with a clear routing";
+    Layer L(moe_config(4, 2, c.score, c.router, c.mlp, c.bias), 16, 31, data_seed);
+    Kokkos::deep_copy(L.dout, real(0));
+    ExpertParallel layer(L.m, 0, nullptr, L.R, L.positions, false);
+    MoeAuxLosses aux;
+    aux.z_loss = 0.25;
+    aux.seq_aux = 0.5;
+    aux.seq_len = 8;
+    for (std::size_t r = 0; r < L.R; ++r) aux.sequences.push_back(static_cast<int>(r / 8));  // 2 sequences
+    layer.set_aux_losses(aux);
+    const double scale = 1.0 / L.R, sequences = 2;
+    MoeActivations a = layer.allocate(), other = layer.allocate(), probe = layer.allocate();
+    L.forward(layer, a);
+    Layer elsewhere(L.m, L.R, 31, 900);
+    elsewhere.forward(layer, other);
+    L.zero_grads();
+    layer.backward<real>(Layer::mat(L.dx, L.R, L.C), L.grads(), Layer::mat(L.dout, L.R, L.C), Layer::mat(L.x, L.R, L.C),
+                         L.weights(), L.matrices(), a, static_cast<real>(scale));
+    auto objective = [&] {
+      Kokkos::deep_copy(L.out, real(0));
+      probe.routed = false;
+      const MoeRouteStats st =
+          layer.forward<real>(Layer::mat(L.out, L.R, L.C), Layer::mat(L.x, L.R, L.C), L.weights(), L.matrices(), probe);
+      EXPECT_EQ(probe.expert, a.expert) << c.name << ": a finite-difference step changed the routing";
+      return aux.z_loss * st.z_loss_sum * scale + aux.seq_aux * st.seq_aux_sum / sequences;
+    };
+    std::printf("%s\n", c.name);
+    const auto idx = indices(L.router.extent(0), 48);
+    expect_grad("d router (aux losses)", central_diff(L.router, idx, objective), pick(host(L.g_router), idx));
+    const auto xi = indices(L.x.extent(0), 48);
+    expect_grad("d x (aux losses)", central_diff(L.x, xi, objective), pick(host(L.dx), xi));
+  }
 }
 
 // Experts that receive no token (the balanced router with every row at
@@ -435,4 +453,73 @@ TEST(ExpertParallel, AnExpertPastItsBoundStopsEveryMember) {
   MoeActivations b = unbounded.allocate();
   L.forward(unbounded, b);
   for (std::size_t r = 0; r < L.R; ++r) EXPECT_EQ(b.expert[r * 2], 2);
+}
+
+// The sequence-wise balance loss where a sequence's rows lie on several
+// ranks (as under cp or sequence parallelism): each rank holds a slice of
+// every sequence, the per-sequence sums run over the group, and every
+// rank's d(x) rows and the summed router gradient equal one rank holding
+// all the rows. The loss itself adds up to one rank's.
+TEST(ExpertParallel, SequenceBalanceLossSpansTheRanksOfASequence) {
+  const int ranks = world_size(), rank = world_rank();
+  if (ranks == 1) GTEST_SKIP() << "needs a sequence split over 2 or more ranks (run under mpiexec -n 2 or 4)";
+  Communicator sequence_group(MPI_COMM_WORLD, "sequence");
+  const ModelConfig m = moe_config(4, 2, MoeScore::sigmoid, MoeRouter::learned, MlpKind::gelu, true);
+  const std::size_t T = 8, S = 2, R = S * T, share = T / ranks;
+  Layer whole(m, R, 91, 950);
+  Kokkos::deep_copy(whole.dout, real(0));
+  auto aux_for = [&](std::size_t rows, std::size_t per_sequence, std::vector<Communicator*> groups) {
+    MoeAuxLosses aux;
+    aux.seq_aux = 0.5;
+    aux.seq_len = static_cast<int>(T);
+    for (std::size_t r = 0; r < rows; ++r) aux.sequences.push_back(static_cast<int>(r / per_sequence));
+    aux.sequence_groups = std::move(groups);
+    return aux;
+  };
+  const real scale = static_cast<real>(1.0 / R);
+  ExpertParallel alone(m, 0, nullptr, R, whole.positions, false);
+  alone.set_aux_losses(aux_for(R, T, {}));
+  MoeActivations a = alone.allocate();
+  Kokkos::deep_copy(whole.out, real(0));
+  const double loss = alone
+                          .forward<real>(Layer::mat(whole.out, R, m.channels), Layer::mat(whole.x, R, m.channels),
+                                         whole.weights(), whole.matrices(), a)
+                          .seq_aux_sum;
+  whole.zero_grads();
+  alone.backward<real>(Layer::mat(whole.dx, R, m.channels), whole.grads(), Layer::mat(whole.dout, R, m.channels),
+                       Layer::mat(whole.x, R, m.channels), whole.weights(), whole.matrices(), a, scale);
+
+  // This rank's slice: tokens [rank share, + share) of each sequence.
+  Layer part(m, S * share, 91, 950);
+  Kokkos::deep_copy(part.dout, real(0));
+  std::vector<std::size_t> rows;
+  for (std::size_t s = 0; s < S; ++s)
+    for (std::size_t t = rank * share; t < (rank + 1) * share; ++t) rows.push_back(s * T + t);
+  const auto x = host(whole.x);
+  std::vector<double> xs;
+  for (std::size_t r : rows) xs.insert(xs.end(), x.begin() + r * m.channels, x.begin() + (r + 1) * m.channels);
+  upload(part.x, xs);
+  for (std::size_t i = 0; i < rows.size(); ++i) part.positions[i] = whole.positions[rows[i]];
+  ExpertParallel split(m, 0, nullptr, rows.size(), part.positions, false);
+  split.set_aux_losses(aux_for(rows.size(), share, {&sequence_group}));
+  MoeActivations b = split.allocate();
+  Kokkos::deep_copy(part.out, real(0));
+  const double mine =
+      split
+          .forward<real>(Layer::mat(part.out, rows.size(), m.channels), Layer::mat(part.x, rows.size(), m.channels),
+                         part.weights(), part.matrices(), b)
+          .seq_aux_sum;
+  double summed = mine;
+  MPI_Allreduce(MPI_IN_PLACE, &summed, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_NEAR(summed, loss, 1e-6 * std::abs(loss));
+  part.zero_grads();
+  split.backward<real>(Layer::mat(part.dx, rows.size(), m.channels), part.grads(),
+                       Layer::mat(part.dout, rows.size(), m.channels), Layer::mat(part.x, rows.size(), m.channels),
+                       part.weights(), part.matrices(), b, scale);
+  const auto dx = host(whole.dx);
+  std::vector<double> dx_rows;
+  for (std::size_t r : rows)
+    dx_rows.insert(dx_rows.end(), dx.begin() + r * m.channels, dx.begin() + (r + 1) * m.channels);
+  expect_close("d x rows (balance loss)", dx_rows, host(part.dx), 1e-5);
+  expect_close("d router summed (balance loss)", host(whole.g_router), summed_over_world(host(part.g_router)), 1e-5);
 }

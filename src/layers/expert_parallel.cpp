@@ -132,6 +132,15 @@ ExpertParallel::ExpertParallel(const ModelConfig& m, double max_load, Communicat
   }
 }
 
+void ExpertParallel::set_aux_losses(MoeAuxLosses aux) {
+  if (aux.seq_aux != 0) {
+    if (aux.sequences.size() != sizes_.rows || aux.seq_len <= 0)
+      throw InternalError("the sequence-wise aux loss needs the sequence of every routed row");
+    sequences_ = 1 + *std::max_element(aux.sequences.begin(), aux.sequences.end());
+  }
+  aux_ = std::move(aux);
+}
+
 MoeActivations ExpertParallel::allocate() const {
   const MoeSizes& s = sizes_;
   const std::size_t Q = s.capacity, C = s.channels, F = s.hidden, A = s.rows * s.slots;
@@ -155,7 +164,9 @@ MoeActivations ExpertParallel::allocate() const {
 double ExpertParallel::route(ConstSlice2D x, const ExpertTensors& w, MoeActivations& a) {
   const std::size_t R = sizes_.rows, E = sizes_.experts, k = sizes_.slots;
   kernels::linear_forward<real>(as_matrix(logits_, R, E), x, w.router, Slice1D());
-  const auto logits = Kokkos::create_mirror_view_and_copy(HostSpace(), logits_);
+  const auto device_logits = Kokkos::create_mirror_view_and_copy(HostSpace(), logits_);
+  a.logit.assign(device_logits.data(), device_logits.data() + R * E);
+  const std::vector<real>& logits = a.logit;
   std::vector<real> bias(E, 0);
   if (w.selection_bias.extent(0) > 0) {
     const auto b = Kokkos::create_mirror_view_and_copy(HostSpace(), w.selection_bias);
@@ -168,7 +179,7 @@ double ExpertParallel::route(ConstSlice2D x, const ExpertTensors& w, MoeActivati
   std::vector<real> select(E);
   double z_sum = 0;  // the router z-loss: logsumexp(logits)^2 summed over the rows
   for (std::size_t r = 0; r < R; ++r) {
-    const real* l = &logits(r * E);
+    const real* l = &logits[r * E];
     real* score = &a.score[r * E];
     const real top = *std::max_element(l, l + E);
     double sum = 0;
@@ -285,6 +296,52 @@ void ExpertParallel::plan_exchange(const MoeActivations& a) {
   Kokkos::deep_copy(weight_, w);
 }
 
+void ExpertParallel::normalised_scores(const MoeActivations& a, std::size_t row, std::vector<double>& out) const {
+  const std::size_t E = sizes_.experts;
+  const real* score = &a.score[row * E];
+  double sum = 1;
+  if (m_.moe_score == MoeScore::sigmoid && m_.moe_router == MoeRouter::learned) {
+    sum = 0;
+    for (std::size_t e = 0; e < E; ++e) sum += score[e];
+  }
+  out.resize(E);
+  for (std::size_t e = 0; e < E; ++e) out[e] = score[e] / sum;
+}
+
+// DeepSeek-V3's sequence-wise balance loss: per sequence, sum_e f_e P_e
+// with f_e = E / (k T) x (the sequence's tokens routed to e) and P_e the
+// mean over its T tokens of the normalised score of e. The rows of a
+// sequence may lie on several ranks (cp, and tp with SP): the per-sequence
+// sums run over those groups first.
+double ExpertParallel::sequence_balance(MoeActivations& a) {
+  const std::size_t E = sizes_.experts, k = sizes_.slots, R = sizes_.rows, S = sequences_;
+  View1D sums("ndmini::moe_sequence_sums", 2 * S * E);  // counts, then score sums
+  const auto h = Kokkos::create_mirror_view(sums);
+  std::vector<double> p;
+  for (std::size_t r = 0; r < R; ++r) {
+    const std::size_t s = aux_.sequences[r];
+    for (std::size_t j = 0; j < k; ++j) h(s * E + a.expert[r * k + j]) += 1;
+    normalised_scores(a, r, p);
+    for (std::size_t e = 0; e < E; ++e) h(S * E + s * E + e) += static_cast<real>(p[e]);
+  }
+  Kokkos::deep_copy(sums, h);
+  int holders = 1;  // ranks that hold rows of each sequence
+  for (Communicator* g : aux_.sequence_groups) {
+    if (g == nullptr || g->size() == 1) continue;
+    g->all_reduce(sums.data(), sums.extent(0));
+    holders *= g->size();
+  }
+  Kokkos::deep_copy(h, sums);
+  const double T = aux_.seq_len;
+  a.sequence_load.assign(S * E, 0);
+  double total = 0;
+  for (std::size_t i = 0; i < S * E; ++i) {
+    a.sequence_load[i] = static_cast<real>(E / (k * T) * h(i));
+    total += a.sequence_load[i] * (h(S * E + i) / T);
+  }
+  return total / holders;
+}
+
 // ---- the exchange ---------------------------------------------------------------
 
 namespace {
@@ -332,6 +389,7 @@ MoeRouteStats ExpertParallel::forward(Slice2D out, ConstMatrix<T> x, const Exper
   MoeRouteStats stats;
   if (!a.routed) {
     stats.z_loss_sum = route(widened<T>(x), w, a);
+    if (aux_.seq_aux != 0) stats.seq_aux_sum = sequence_balance(a);
     exchange_counts(a);
     a.routed = true;
   }
@@ -397,7 +455,7 @@ void ExpertParallel::experts_forward(const ExpertTensors& w, const ExpertMatrice
 template <class T>
 void ExpertParallel::backward(Slice2D dx, const ExpertTensors& g, ConstSlice2D dout, ConstMatrix<T> x,
                               const ExpertTensors& w, const ExpertMatrices<T>& wm, const MoeActivations& a,
-                              real z_loss) {
+                              real loss_scale) {
   const std::size_t R = sizes_.rows, C = sizes_.channels, k = sizes_.slots, E = sizes_.experts, A = R * k;
   if (!a.routed) throw InternalError("an MoE backward without its forward's routing");
   plan_exchange(a);
@@ -427,7 +485,10 @@ void ExpertParallel::backward(Slice2D dx, const ExpertTensors& g, ConstSlice2D d
   const auto dweight = Kokkos::create_mirror_view_and_copy(HostSpace(), dweight_);
   const bool sigmoid = m_.moe_score == MoeScore::sigmoid && m_.moe_router == MoeRouter::learned;
   std::vector<real> dlogits(R * E, 0);
-  const auto logits = z_loss != 0 ? Kokkos::create_mirror_view_and_copy(HostSpace(), logits_) : HostView1D();
+  const double z_loss = aux_.z_loss * loss_scale;
+  // A sequence's balance loss is a mean over sequences: T tokens' worth of loss scale each.
+  const double seq_aux = aux_.seq_aux * loss_scale * aux_.seq_len;
+  std::vector<double> p, dp(E);
   for (std::size_t r = 0; r < R; ++r) {
     const std::int32_t* chosen = &a.expert[r * k];
     const real* wr = &a.weight[r * k];
@@ -449,13 +510,32 @@ void ExpertParallel::backward(Slice2D dx, const ExpertTensors& g, ConstSlice2D d
     }
     if (z_loss != 0) {
       // z = logsumexp(l)^2: dz/dl_e = 2 logsumexp(l) softmax(l)_e.
-      const real* l = &logits(r * E);
+      const real* l = &a.logit[r * E];
       const real top = *std::max_element(l, l + E);
       double sum = 0;
       for (std::size_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e] - top));
       const double lse = top + std::log(sum);
       for (std::size_t e = 0; e < E; ++e)
         dl[e] += static_cast<real>(z_loss * 2 * lse * std::exp(static_cast<double>(l[e] - top)) / sum);
+    }
+    if (seq_aux != 0) {
+      // d(balance)/d(p_e) = f_e / T for the row's sequence; then through the normalisation.
+      normalised_scores(a, r, p);
+      const real* f = &a.sequence_load[aux_.sequences[r] * E];
+      double mean_dp = 0;
+      for (std::size_t e = 0; e < E; ++e) {
+        dp[e] = seq_aux * f[e] / aux_.seq_len;
+        mean_dp += p[e] * dp[e];
+      }
+      if (sigmoid) {
+        // p = s / sum(s): ds_e = (dp_e - sum_j p_j dp_j) / sum(s), then ds/dl = s (1 - s).
+        double sum = 0;
+        for (std::size_t e = 0; e < E; ++e) sum += score[e];
+        for (std::size_t e = 0; e < E; ++e)
+          dl[e] += static_cast<real>((dp[e] - mean_dp) / sum * score[e] * (1 - score[e]));
+      } else {
+        for (std::size_t e = 0; e < E; ++e) dl[e] += static_cast<real>(p[e] * (dp[e] - mean_dp));
+      }
     }
   }
   const auto h = Kokkos::create_mirror_view(dlogits_);
