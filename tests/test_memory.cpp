@@ -25,7 +25,6 @@
 #include "config/config.hpp"
 #include "equivalence_layouts.hpp"
 #include "mesh/mesh.hpp"
-#include "parallel/context.hpp"
 #include "parallel/stage_runtime.hpp"
 #include "run/layout.hpp"
 #include "run/memory_estimate.hpp"
@@ -73,11 +72,8 @@ void expect_estimate_covers_the_peak(const std::string& path, const std::vector<
       ++tested;
       const Config cfg = deck(layout, precision, path);
       const RunLayout run_layout = resolve_layout(cfg, world_size());
-      int stage = 0;
-      {
-        const ParallelContext ctx(run_layout.dims, MPI_COMM_WORLD);
-        stage = ctx.coord(Axis::pp);
-      }
+      // The mesh keeps world ranks (test_mesh), so the stage is the dims' coordinate: no communicators to build.
+      const int stage = run_layout.dims.coords_of(world_rank())[static_cast<int>(Axis::pp)];
       const MemoryEstimate estimate = estimate_memory_per_stage(cfg, run_layout)[stage];
 
       const TrainResult result = train_tracked(cfg, tracker);

@@ -9,7 +9,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/config.hpp"
@@ -71,13 +73,33 @@ int world_size() {
   return n;
 }
 
+// Waits for a non-blocking collective, sleeping 50 us between tests: with
+// more ranks than cores (8 on 2) MPI's blocking wait spins away the time
+// slice the rank it waits for needs, some 30 ms a call instead of 1 (the
+// comm layer naps so too: waits_share_cores in src/comm/ledger.hpp).
+void nap_wait(MPI_Request& request) {
+  int done = 0;
+  while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+int all_reduce(int v, MPI_Op op, MPI_Comm comm) {
+  int out = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallreduce(&v, &out, 1, MPI_INT, op, comm, &request);
+  nap_wait(request);
+  return out;
+}
+
 // The world ranks of `comm`'s members, in comm-rank order.
 std::vector<int> members(MPI_Comm comm) {
   int n = 0;
   MPI_Comm_size(comm, &n);
   std::vector<int> out(n);
   const int me = world_rank();
-  MPI_Allgather(&me, 1, MPI_INT, out.data(), 1, MPI_INT, comm);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallgather(&me, 1, MPI_INT, out.data(), 1, MPI_INT, comm, &request);
+  nap_wait(request);
   return out;
 }
 
@@ -96,11 +118,7 @@ std::vector<int> expected_group(const ParallelDims& s, const Coords& mine, std::
   return out;
 }
 
-int sum_over(MPI_Comm comm, int v) {
-  int s = 0;
-  MPI_Allreduce(&v, &s, 1, MPI_INT, MPI_SUM, comm);
-  return s;
-}
+int sum_over(MPI_Comm comm, int v) { return all_reduce(v, MPI_SUM, comm); }
 
 }  // namespace
 
@@ -381,13 +399,9 @@ TEST(Mesh, EveryLayoutOfTheWorld) {
     EXPECT_GE(mesh.ranks_per_node(), 1);
     EXPECT_LE(mesh.ranks_per_node(), n);
     const int spans = (mesh.tp_spans_nodes() ? 1 : 0) + (mesh.cp_spans_nodes() ? 2 : 0);
-    int lo = 0, hi = 0;
-    MPI_Allreduce(&spans, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&spans, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    const int lo = all_reduce(spans, MPI_MIN, MPI_COMM_WORLD), hi = all_reduce(spans, MPI_MAX, MPI_COMM_WORLD);
     EXPECT_EQ(lo, hi);
-    const int per_node = mesh.ranks_per_node();
-    int fewest = 0;
-    MPI_Allreduce(&per_node, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    const int fewest = all_reduce(mesh.ranks_per_node(), MPI_MIN, MPI_COMM_WORLD);
     if (fewest == n) EXPECT_FALSE(mesh.tp_spans_nodes() || mesh.cp_spans_nodes());  // one node: nothing can span
   }
   EXPECT_GE(layouts, 1);

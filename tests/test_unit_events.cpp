@@ -19,7 +19,6 @@
 #include "config/config.hpp"
 #include "equivalence_layouts.hpp"
 #include "mesh/mesh.hpp"
-#include "parallel/context.hpp"
 #include "parallel/stage_runtime.hpp"
 #include "parallel/unit_events.hpp"
 #include "run/layout.hpp"
@@ -74,11 +73,8 @@ TEST(UnitEvents, ATrainingStepExecutesTheListTheEstimateReplays) {
       ++tested;
       const Config cfg = deck(layout, precision);
       const RunLayout run = resolve_layout(cfg, world_size());
-      int stage = 0;
-      {
-        const ParallelContext ctx(run.dims, MPI_COMM_WORLD);
-        stage = ctx.coord(Axis::pp);
-      }
+      // The mesh keeps world ranks (test_mesh), so the stage is the dims' coordinate: no communicators to build.
+      const int stage = run.dims.coords_of(world_rank())[static_cast<int>(Axis::pp)];
       // What gpt_memory_estimate and fsdp_traffic replay for this stage.
       const std::vector<UnitEvent> replayed =
           stage_unit_events(run.plan.chunks_of(stage), run.schedule.actions(stage),

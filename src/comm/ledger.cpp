@@ -18,8 +18,10 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 
@@ -689,19 +691,15 @@ void WaitScope::answer_alarm() const {
 }  // namespace detail
 
 namespace {
-// Collective over `world`: the ranks on this node (MPI_COMM_TYPE_SHARED)
+// Collective over `world` (the first time: node_of_ranks): the ranks on this node (MPI_COMM_TYPE_SHARED)
 // times this rank's Kokkos host threads, against the node's online CPUs
 // (not this process's affinity mask: a launcher that binds each rank to a
 // core of its own does not oversubscribe).
 bool node_runs_more_threads_than_cores(MPI_Comm world) {
-  int rank = 0, local_ranks = 1;
+  int rank = 0;
   MPI_Comm_rank(world, &rank);
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  if (node != MPI_COMM_NULL) {
-    MPI_Comm_size(node, &local_ranks);
-    MPI_Comm_free(&node);
-  }
+  const std::vector<int>& node = node_of_ranks(world);
+  const auto local_ranks = std::count(node.begin(), node.end(), node[static_cast<std::size_t>(rank)]);
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const long threads = static_cast<long>(local_ranks) * std::max(1, Kokkos::DefaultHostExecutionSpace().concurrency());
   return cpus > 0 && threads > cpus;

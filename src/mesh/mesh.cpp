@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/mpi_calls.hpp"
 #include "core/error.hpp"
 
 namespace ndmini {
@@ -241,29 +242,28 @@ Mesh::Mesh(const ParallelDims& shape, MPI_Comm world) : dims_(shape) {
     MPI_Comm_split(cart_, end ? dims_.rank_of(key) : MPI_UNDEFINED, stage, &ends_);
   }
 
-  // Node awareness: a node is named by the lowest world rank on it.
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(cart_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &ranks_per_node_);
-  int node_id = 0;
-  MPI_Allreduce(&rank_, &node_id, 1, MPI_INT, MPI_MIN, node);
-  MPI_Comm_free(&node);
+  // Node awareness: a node is named by the lowest world rank on it; every
+  // rank's node is kept on `world` (node_of_ranks), so a mesh built again on
+  // it asks MPI nothing: the same answer on every rank, without a collective.
+  const std::vector<int>& node = node_of_ranks(world);
+  ranks_per_node_ = static_cast<int>(std::count(node.begin(), node.end(), node[static_cast<std::size_t>(rank_)]));
 
   // Over the whole mesh: rank 0's own group may sit on one node while another spans two.
   for (int k = 0; k < 2; ++k) {
-    const MPI_Comm group = axis(k == 0 ? Axis::tp : Axis::cp);
-    int lo = 0, hi = 0;
-    MPI_Allreduce(&node_id, &lo, 1, MPI_INT, MPI_MIN, group);
-    MPI_Allreduce(&node_id, &hi, 1, MPI_INT, MPI_MAX, group);
-    int mine = lo != hi ? 1 : 0, any = 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, cart_);
-    spans_nodes_[k] = any != 0;
+    const Axis a = k == 0 ? Axis::tp : Axis::cp;
+    bool any = false;
+    for (int r = 0; r < dims_.size(); ++r) {
+      std::array<int, kNumAxes> first = dims_.coords_of(r);  // the first rank of r's group
+      first[static_cast<int>(a)] = 0;
+      any = any || node[static_cast<std::size_t>(r)] != node[static_cast<std::size_t>(dims_.rank_of(first))];
+    }
+    spans_nodes_[k] = any;
     if (spans_nodes_[k] && rank_ == 0) {
       const char* name = k == 0 ? "tp" : "cp";
       std::fprintf(stderr,
                    "warning: %s groups span nodes: %s traffic will cross the network; put %s on consecutive ranks "
                    "of one node (%d ranks per node here, %s = %d)\n",
-                   name, name, name, ranks_per_node_, name, degree(k == 0 ? Axis::tp : Axis::cp));
+                   name, name, name, ranks_per_node_, name, degree(a));
       std::fflush(stderr);
     }
   }

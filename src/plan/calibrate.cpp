@@ -30,7 +30,6 @@ namespace ndmini {
 namespace {
 
 constexpr int kRepeats = 7;  // the median of these, after one untimed warm-up
-constexpr int kPasses = 3;   // of the kernels and the overlap: the median of these passes
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -205,8 +204,8 @@ double block_kernels_bandwidth() {
 // where moving the data takes the cores the compute needs. Every timed run
 // starts on all ranks together (a rank that waits for a late one would
 // count the wait as the all-reduce's), and the fraction is the median of
-// kPasses measurements: a fraction is a small difference of large times.
-double overlap_fraction(Communicator& comm, MPI_Comm world) {
+// `passes` measurements: a fraction is a small difference of large times.
+double overlap_fraction(Communicator& comm, MPI_Comm world, int passes) {
   const MpiProgressThread progress(world, CommConfig{}.progress_poll_us);
   // 64 MiB and one product of about as long here: the fraction is of the
   // shorter, so neither may be small against the other's noise.
@@ -230,7 +229,7 @@ double overlap_fraction(Communicator& comm, MPI_Comm world) {
     return median_of(seconds);
   };
   std::vector<double> fractions;
-  for (int pass = 0; pass < kPasses; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     const double alone_compute = together(compute);
     const double alone_comm = together([&] { comm.iall_reduce(buf.data(), kFloats).wait(); });
     const double both = together([&] {
@@ -393,6 +392,13 @@ CalibrationLimits calibration_limits_from_environment() {
   override_from("NDMINI_CALIBRATE_MIN_BF16_RATIO", l.least_bf16_over_fp32);
   override_from("NDMINI_CALIBRATE_MAX_LOAD_PER_CORE", l.most_load_per_core);
   if (const char* f = std::getenv("NDMINI_CALIBRATE_LOADAVG"); f != nullptr && *f != '\0') l.loadavg_file = f;
+  double passes = l.passes;
+  override_from("NDMINI_CALIBRATE_PASSES", passes);
+  if (passes < 1 || passes > 100 || passes != std::floor(passes))
+    throw Error(std::string("environment variable NDMINI_CALIBRATE_PASSES = '") +
+                std::getenv("NDMINI_CALIBRATE_PASSES") +
+                "': must be a whole number from 1 to 100 (docs/planner.md, \"Calibration\"); unset it for the default");
+  l.passes = static_cast<int>(passes);
   return l;
 }
 
@@ -531,14 +537,14 @@ Calibration calibrate_cluster(MPI_Comm world, const CalibrationLimits& limits,
   // Each kernel starts on every rank together, as in a step: a rank that
   // ran ahead would otherwise time its kernel beside another one (a
   // memory-bound kernel beside a product slows both). The whole sequence
-  // runs kPasses times and each figure is the median of its passes: a
-  // shared host's noise that lasts a few seconds spoils one pass, not the
-  // file.
+  // runs limits.passes times (3 unless NDMINI_CALIBRATE_PASSES) and each
+  // figure is the median of its passes: a shared host's noise that lasts a
+  // few seconds spoils one pass, not the file.
   auto together = [&] { mpi_barrier(world, "the kernel calibration"); };
   enum { kAttention = 2 * kGemmClasses, kOptimizer, kKernels, kReached };
   std::vector<double> passes[kReached];
-  for (int pass = 0; pass < kPasses; ++pass) {
-    phase("the model's kernels, pass " + std::to_string(pass + 1) + " of " + std::to_string(kPasses) +
+  for (int pass = 0; pass < limits.passes; ++pass) {
+    phase("the model's kernels, pass " + std::to_string(pass + 1) + " of " + std::to_string(limits.passes) +
           " (products per shape class, attention, optimizer, memory-bound kernels)");
     together();
     const std::array<double, kGemmClasses> fp32 = block_products_flops(Precision::fp32);
@@ -581,7 +587,7 @@ Calibration calibrate_cluster(MPI_Comm world, const CalibrationLimits& limits,
   mpi_all_reduce(MPI_IN_PLACE, &launch_us, 1, MPI_DOUBLE, MPI_MAX, world, "the launch calibration");
   spec.launch_overhead_us = launch_us;
   phase("the overlap of a collective with compute");
-  spec.overlap_efficiency = overlap_fraction(comm, world);
+  spec.overlap_efficiency = overlap_fraction(comm, world, limits.passes);
   phase("done");
   if (rank != 0) return result;
   CalibrationSamples samples;

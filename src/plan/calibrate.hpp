@@ -31,11 +31,13 @@ struct CalibrationLimits {
   double least_bf16_over_fp32 = 1.0;  // the bf16 peak against the fp32 peak, where bf16 is native
   double most_load_per_core = 0.5;    // /proc/loadavg's 1-minute load per online core, before measuring
   std::string loadavg_file = "/proc/loadavg";
+  int passes = 3;  // of the kernels and the overlap, each figure the median of its passes
 };
 // The defaults, with NDMINI_CALIBRATE_MAX_SPREAD, NDMINI_CALIBRATE_MAX_LATENCY_US,
 // NDMINI_CALIBRATE_MIN_BF16_RATIO, NDMINI_CALIBRATE_MAX_LOAD_PER_CORE and
-// NDMINI_CALIBRATE_LOADAVG (a file read instead of /proc/loadavg) where set.
-// Throws Error naming a variable whose value is not a number.
+// NDMINI_CALIBRATE_LOADAVG (a file read instead of /proc/loadavg) and
+// NDMINI_CALIBRATE_PASSES where set. Throws Error naming a variable whose
+// value is not a number (for the passes: not a whole number from 1 to 100).
 CalibrationLimits calibration_limits_from_environment();
 
 // What the sanity checks look at.

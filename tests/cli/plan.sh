@@ -423,12 +423,21 @@ PY
     # A threshold that is not a number: refused, exit 2.
     NDMINI_CALIBRATE_MAX_SPREAD=lots run 2 plan --calibrate >out.txt 2>&1 && fail "a bad threshold was accepted"
     grep -qF "environment variable NDMINI_CALIBRATE_MAX_SPREAD = 'lots': must be a number" out.txt ||
-      { cat out.txt; fail "the bad threshold is not named"; } ;;
+      { cat out.txt; fail "the bad threshold is not named"; }
+    # Passes that are not a whole number of at least 1: refused, exit 2, before measuring.
+    rc=0
+    NDMINI_CALIBRATE_PASSES=0.5 run 2 plan --calibrate >out.txt 2>&1 || rc=$?
+    [ "$rc" -eq 2 ] || { cat out.txt; fail "passes of 0.5: expected exit status 2, got $rc"; }
+    grep -qF "environment variable NDMINI_CALIBRATE_PASSES = '0.5': must be a whole number from 1 to 100" out.txt ||
+      { cat out.txt; fail "the bad passes are not named"; } ;;
   calibrate_groups)
     # Four ranks on one node: the intra-node links are measured over groups of 2 and of 4 (every
     # node's groups at once) and the file takes the median of the sizes' figures. Oversubscribed
-    # here: the figures mean nothing, the test checks what is measured and written.
-    run 4 plan --calibrate --out here.toml >out.txt 2>&1 || { cat out.txt; fail "--calibrate failed"; }
+    # here: the figures mean nothing, the test checks what is measured and written; so one pass of
+    # the kernels and the overlap (calibrate runs the default 3), a third of the minute they took.
+    NDMINI_CALIBRATE_PASSES=1 run 4 plan --calibrate --out here.toml >out.txt 2>&1 ||
+      { cat out.txt; fail "--calibrate failed"; }
+    grep -qF "the model's kernels, pass 1 of 1 " out.txt || { cat out.txt; fail "not one pass of the kernels"; }
     cat here.toml
     grep -qF "per_node = 4" here.toml || fail "four ranks on this node, but the file says otherwise"
     python3 - here.toml <<'PY' || fail "the group sizes' figures or their median are wrong"

@@ -489,8 +489,9 @@ def run_examples(where, commands, least):
                                                                 if "--micro-batch" in args else None))
             if "--emit-sbatch" in args:
                 continue  # a cluster example: its batch scripts are what it makes
-            # Locally: its points of at most LOCAL_RANKS ranks, 3 steps each, one run; a collective stuck for a
-            # minute ends the run with ndmini's diagnosis (comm.timeout_s) instead of the test's timeout.
+            # Locally: its points of at most LOCAL_RANKS ranks, 2 steps each (the warm-up and one timed), one run;
+            # a collective stuck for a minute ends the run with ndmini's diagnosis (comm.timeout_s) instead of the
+            # test's timeout.
             local = without(args, "--out", "--ranks", "--point", "--steps", "--warmup", "--repeats")
             if "--point" in args:
                 kept = [p for p in option_values(args, "--point") if int(p.split(":", 1)[0]) <= LOCAL_RANKS]
@@ -501,7 +502,7 @@ def run_examples(where, commands, least):
             check(kept, f"example {k + 1}: no point of at most {LOCAL_RANKS} ranks to run here")
             run_dir = os.path.join(work, f"run{k}")
             out = run([sys.executable, SCALING] + local + [
-                "--steps", "3", "--warmup", "1", "--repeats", "1", "--set", "perf.peak_gflops=100", "--set",
+                "--steps", "2", "--warmup", "1", "--repeats", "1", "--set", "perf.peak_gflops=100", "--set",
                 "comm.timeout_s=60", "--exe", NDMINI, "--launcher", "mpiexec", "--out", run_dir], cwd=SOURCE)
             m = len(kept)
             check(f"scaling.py: {m} of {m} points measured\n" in out.stderr, f"example {k + 1}: not every point ran")

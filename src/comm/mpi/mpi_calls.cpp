@@ -2,6 +2,7 @@
 #include "comm/mpi/mpi_calls.hpp"
 
 #include <thread>
+#include <vector>
 
 #include "comm/ledger.hpp"
 #include "core/error.hpp"
@@ -102,6 +103,36 @@ void mpi_blocking(MPI_Comm comm, const char* what, const std::function<void()>& 
     call();
   }
   detail::ledger_complete(index);
+}
+
+namespace {
+int delete_node_map(MPI_Comm, int, void* value, void*) {
+  delete static_cast<std::vector<int>*>(value);
+  return MPI_SUCCESS;
+}
+}  // namespace
+
+const std::vector<int>& node_of_ranks(MPI_Comm comm) {
+  static int keyval = MPI_KEYVAL_INVALID;
+  if (keyval == MPI_KEYVAL_INVALID) MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_node_map, &keyval, nullptr);
+  void* value = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm, keyval, &value, &found);
+  if (found) return *static_cast<std::vector<int>*>(value);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int lowest = rank;
+  if (node != MPI_COMM_NULL) {
+    MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+  }
+  auto* nodes = new std::vector<int>(static_cast<std::size_t>(size));
+  MPI_Allgather(&lowest, 1, MPI_INT, nodes->data(), 1, MPI_INT, comm);
+  MPI_Comm_set_attr(comm, keyval, nodes);
+  return *nodes;
 }
 
 void agree(MPI_Comm comm, const std::string& local_error) { agree_max(comm, local_error, 0); }

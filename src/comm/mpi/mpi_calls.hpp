@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ndmini {
 
@@ -25,6 +26,13 @@ void mpi_all_reduce(const void* send, void* recv, int count, MPI_Datatype type, 
 void mpi_broadcast(void* buf, int count, MPI_Datatype type, int root, MPI_Comm comm, const char* what);
 void mpi_barrier(MPI_Comm comm, const char* what);
 void mpi_blocking(MPI_Comm comm, const char* what, const std::function<void()>& call);
+
+// The node of each rank of `comm` (MPI_COMM_TYPE_SHARED), named by the lowest
+// rank of `comm` on it: entry r is rank r's. Collective over `comm` the first
+// time; kept on `comm` after (an MPI attribute), as a node's ranks do not
+// change: MPI_Comm_split_type takes 0.1-0.3 s where the ranks outnumber the
+// cores (8 on 2), and every mesh and watchdog asked it again.
+const std::vector<int>& node_of_ranks(MPI_Comm comm);
 
 // Runs a rank-local step (reading a file, opening one) on every rank of
 // `comm` and agrees on the outcome: if it threw on any rank, every rank
