@@ -73,29 +73,7 @@ std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer) {
   return out;
 }
 
-std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) {
-  std::vector<GlobalTensor> dense = gpt_global_tensors(m);
-  if (!m.moe()) return dense;
-  std::vector<GlobalTensor> out;
-  int replaced = -1;
-  for (GlobalTensor& t : dense) {
-    int layer = -1;
-    std::size_t end = 0;
-    if (t.name.compare(0, 2, "h/") == 0) {
-      layer = std::stoi(t.name.substr(2), &end);
-      end += 3;  // "h/" and the "/" after the index
-    }
-    if (layer < 0 || !m.moe_block(layer) || !is_mlp(t.name.substr(end))) {
-      out.push_back(std::move(t));
-      continue;
-    }
-    if (replaced == layer) continue;
-    const std::string prefix = "h/" + std::to_string(layer) + "/";
-    for (const BlockTensorShape& e : moe_mlp_tensors(m)) out.push_back({prefix + e.suffix, e.shape});
-    replaced = layer;
-  }
-  return out;
-}
+std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) { return gpt_global_tensors(m); }
 
 MoeBlockParams moe_block_params(const ModelConfig& m) {
   MoeBlockParams p;
@@ -147,17 +125,25 @@ std::string describe_moe(const ModelConfig& m, const ParallelDims& s) {
   os << "parameters        " << n.total << " total, " << n.active << " active per token (" << n.flops_params
      << " in MFU's N)\n";
   os << "FLOPs per token   " << n.flops_per_token << " (6N + 12 L C T, N the active parameters)\n";
-  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block (ep = " << s.ep << "), FSDP-sharded over "
-     << s.expert_fsdp() << (s.expert_fsdp() == 1 ? " rank\n" : " ranks\n");
+  // This version keeps the experts in their block's unit: sharded with it over fsdp, not over expert_fsdp.
+  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block computed per ep rank (ep = " << s.ep
+     << "); their parameters live in the block's unit (FSDP-sharded with it over " << s.fsdp()
+     << (s.fsdp() == 1 ? " rank)\n" : " ranks)\n");
   return os.str();
 }
 
-void require_computed_moe(const ModelConfig& m) {
-  if (!m.moe()) return;
-  throw Error("the deck has Mixture-of-Experts blocks (model.moe_experts = " + std::to_string(m.moe_experts) +
-              "); ndmini train does not compute them in this version (the router, the dispatch and combine over the "
-              "expert groups, the experts' forward and backward are not implemented yet); ndmini plan takes this "
-              "deck, ndmini check reports its sizes and layout; set model.moe_experts = 0 for a dense model");
+void require_trained_moe_keys(const Config& cfg) {
+  const TrainConfig& t = cfg.train;
+  const auto refuse = [](const char* key, double value, const char* what) {
+    std::ostringstream os;
+    os << key << " = " << value << ": ndmini train does not compute " << what
+       << " in this version (the routed experts are trained by the loss alone); set " << key
+       << " = 0 (ndmini plan takes the deck as it is)";
+    throw Error(os.str());
+  };
+  if (t.moe_seq_aux != 0) refuse("train.moe_seq_aux", t.moe_seq_aux, "the sequence balance loss");
+  if (t.moe_z_loss != 0) refuse("train.moe_z_loss", t.moe_z_loss, "the router z-loss");
+  if (t.moe_bias_rate != 0) refuse("train.moe_bias_rate", t.moe_bias_rate, "the selection bias's updates");
 }
 
 }  // namespace ndmini

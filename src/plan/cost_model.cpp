@@ -266,6 +266,12 @@ double exposed_with_overlap(double ms, double exposed_at_full_overlap, double ov
 
 }  // namespace
 
+Config dense_base(const Config& cfg) {
+  Config dense = cfg;
+  dense.model.moe_experts = 0;
+  return dense;
+}
+
 PlanMemory plan_memory(const MemoryEstimate& e) {
   PlanMemory p;
   p.params = e.param_bytes;
@@ -386,7 +392,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
   p.model_flops = model_counts(m).flops_per_token * tokens;  // an MoE model's active parameters
   p.hardware_flops = p.model_flops;
-  const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(cfg, l);
+  const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(dense_base(cfg), l);
 
   // Per stage: the time of one micro-batch through its chunks (compute and
   // what blocks it), and what the step adds once.
@@ -504,7 +510,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   for (const GroupTraffic& g : p.comm) p.exposed_comm_ms += g.exposed_ms;
   p.tokens_per_s = tokens / (p.step_ms / 1e3);
   p.mfu = p.model_flops / (p.step_ms / 1e3) / (d.size() * cluster.peak_flops(precision));
-  const MemoryEstimate busiest = estimate_memory(cfg, l);
+  const MemoryEstimate busiest = estimate_memory(dense_base(cfg), l);
   p.memory = plan_memory(busiest);
   p.moe_blocks = moe_blocks[p.stage];
   p.moe = moe;

@@ -63,7 +63,8 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
   for (int stage = 0; stage < d.pp; ++stage) {
     MemoryEstimate e = gpt_memory_estimate(
         cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage), l.schedule.max_in_flight(stage), l.recompute,
-        replay.actions(stage), cfg.parallel.reshard_after_forward, cfg.train.precision, cfg.comm.reduce_dtype);
+        replay.actions(stage), cfg.parallel.reshard_after_forward, cfg.train.precision, cfg.comm.reduce_dtype,
+        cfg.train.moe_max_load);
     e.async_checkpoint = cfg.checkpoint.async && (cfg.checkpoint.every > 0 || cfg.checkpoint.at_start);
     // The pipeline's transfer buffers.
     if (d.pp > 1) {
