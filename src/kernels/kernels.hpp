@@ -213,4 +213,26 @@ void widen_bf16(Slice1D out, ConstBf16Slice1D in);
 // x = float(bf16(x)) in place: the value a bf16 copy of x holds.
 void round_through_bf16(Slice1D x);
 
+// ---- Mixture-of-Experts: moving token rows (moe_kernels.cpp) --------------
+// Rows of [rows, C] matrices picked by index; the element type converts on
+// the way (rounded to nearest even into bf16, widened exactly out of it).
+// `position[r k + j]` is where slot j of row r sits among the rows it was
+// dispatched as; the slots of a row are summed in slot order (no atomics).
+using IndexView = Kokkos::View<const int*, MemSpace>;
+// dst row i = src row index[i].
+template <class Dst, class Src>
+void gather_rows(Matrix<Dst> dst, ConstMatrix<Src> src, IndexView index);
+// out[r] += sum_j weight[r k + j] rows[position[r k + j]].
+template <class T>
+void combine_rows(Slice2D out, ConstMatrix<T> rows, ConstSlice1D weight, IndexView position, int k);
+// dweight[r k + j] = dout[r] . rows[position[r k + j]].
+template <class T>
+void slot_dots(Slice1D dweight, ConstSlice2D dout, ConstMatrix<T> rows, IndexView position, int k);
+// dst[position[r k + j]] = weight[r k + j] dout[r] (every row of dst written once).
+template <class T>
+void scatter_weighted(Matrix<T> dst, ConstSlice2D dout, ConstSlice1D weight, IndexView position, int k);
+// dx[r] += sum_j rows[position[r k + j]].
+template <class T>
+void sum_slots(Slice2D dx, ConstMatrix<T> rows, IndexView position, int k);
+
 }  // namespace ndmini::kernels

@@ -48,9 +48,9 @@ struct ExpertMatrices {
   ConstMatrix<T> fc, up, proj;  // [E F, C] (c_fc, or c_gate under swiglu), [E F, C] (c_up: swiglu), [E C, F]
 };
 struct ExpertTensors {
-  Slice2D router;             // [E, C]
-  Slice1D selection_bias;     // [E]: sigmoid scores' selection bias (empty: none)
-  Slice2D fc, up, proj;       // as ExpertMatrices, fp32
+  Slice2D router;              // [E, C]
+  Slice1D selection_bias;      // [E]: sigmoid scores' selection bias (empty: none)
+  Slice2D fc, up, proj;        // as ExpertMatrices, fp32
   Slice1D fc_b, up_b, proj_b;  // [E F], [E F], [E C]; empty without model.bias
 };
 
@@ -62,8 +62,10 @@ struct MoeActivations {
   // Routing, on the host (it decides the exchange's counts).
   std::vector<std::int32_t> expert;  // [R k]: each row's experts, in slot order
   std::vector<real> weight;          // [R k]: their combine weights
+  std::vector<real> logit;           // [R E]: the router's logits (the z-loss's backward)
   std::vector<real> score;           // [R E]: softmax probabilities or sigmoids (the router's backward)
   std::vector<std::int64_t> counts;  // [ep E]: rows each member of the group sends to each expert
+  std::vector<real> sequence_load;   // [S E] with the sequence-wise aux loss: f of each sequence and expert
   bool routed = false;               // set by the forward; a recompute replays it
   // Kept operands (T under bf16): the rows this rank's experts received,
   // expert-major [capacity, C]; the experts' hidden before the activation
@@ -82,10 +84,26 @@ struct MoeSizes {
 };
 
 // What one forward routed: rows this rank sent to each expert, and the
-// router z-loss term (before its coefficient) summed over the rows.
+// auxiliary losses before their coefficients: the router z-loss summed over
+// the rows, the sequence-wise balance loss sum_e f_e P_e summed over the
+// sequences (each sequence's value shared out among the ranks that hold its
+// rows, so a sum over every token-holding rank counts it once).
 struct MoeRouteStats {
   std::vector<std::int64_t> sent;  // [E]
   double z_loss_sum = 0;
+  double seq_aux_sum = 0;
+};
+
+// The auxiliary losses (train.moe_z_loss, train.moe_seq_aux) and what the
+// sequence-wise one needs: each routed row's sequence within the
+// micro-batch, and the groups over which the rows of one sequence are
+// spread (cp, and tp under sequence parallelism): its sums run over them.
+struct MoeAuxLosses {
+  double z_loss = 0;   // times the mean over tokens of logsumexp(logits)^2
+  double seq_aux = 0;  // times the mean over sequences of sum_e f_e P_e (DeepSeek-V3)
+  std::vector<int> sequences;
+  std::vector<Communicator*> sequence_groups;
+  int seq_len = 0;  // T: the tokens of a whole sequence
 };
 
 class ExpertParallel {
@@ -97,6 +115,8 @@ class ExpertParallel {
   // position in its sequence (the balanced router's token id).
   ExpertParallel(const ModelConfig& m, double max_load, Communicator* group, std::size_t rows,
                  std::vector<int> positions, bool bf16);
+  // Adds the auxiliary losses to the objective (none by default).
+  void set_aux_losses(MoeAuxLosses aux);
 
   static MoeSizes sizes_of(const ModelConfig& m, double max_load, int ep, std::size_t rows, bool bf16);
   const MoeSizes& sizes() const { return sizes_; }
@@ -104,24 +124,31 @@ class ExpertParallel {
 
   // out [R, C] += the routed experts' combined output for the rows x [R, C]
   // (x: bf16 under mixed precision). Routes unless a.routed (a recompute:
-  // the kept routing is replayed). Throws Error when an expert's load passes
+  // the kept routing is replayed; the stats then repeat the routing's
+  // counts and carry no aux sums: count them once, from the first forward). Throws Error when an expert's load passes
   // the bound, on every member of the expert group alike.
   template <class T>
   MoeRouteStats forward(Slice2D out, ConstMatrix<T> x, const ExpertTensors& w, const ExpertMatrices<T>& wm,
                         MoeActivations& a);
   // dx [R, C] += d(x) of the routed part, for dout = d(out) [R, C]; adds
   // this rank's experts' and the router's gradients into g (only this rank's
-  // experts' rows of g change). z_loss: the coefficient times the loss scale
-  // of the forward's rows (0: none).
+  // experts' rows of g change). loss_scale: the main loss's weight of one
+  // token (1 / the global batch's tokens); the auxiliary losses' gradients
+  // are added at that scale (0: none, as in a forward-only pass).
   template <class T>
   void backward(Slice2D dx, const ExpertTensors& g, ConstSlice2D dout, ConstMatrix<T> x, const ExpertTensors& w,
-                const ExpertMatrices<T>& wm, const MoeActivations& a, real z_loss = 0);
+                const ExpertMatrices<T>& wm, const MoeActivations& a, real loss_scale = 0);
 
   int first_expert() const { return first_expert_; }
   int local_experts() const { return local_experts_; }
 
  private:
-  void route(ConstSlice2D x, const ExpertTensors& w, MoeActivations& a);
+  // Fills a's routing from the rows x; returns the z-loss sum of the rows.
+  double route(ConstSlice2D x, const ExpertTensors& w, MoeActivations& a);
+  // The sequence-wise balance loss: fills a.sequence_load, returns this rank's share.
+  double sequence_balance(MoeActivations& a);
+  // Each score as the balance loss normalises it (softmax: itself; sigmoid: over the row's sum).
+  void normalised_scores(const MoeActivations& a, std::size_t row, std::vector<double>& out) const;
   void exchange_counts(MoeActivations& a);
   // Where the assignments go (from a.expert and a.counts): send order and
   // the expert-major order of the rows received.
@@ -129,8 +156,7 @@ class ExpertParallel {
   template <class T>
   void experts_forward(const ExpertTensors& w, const ExpertMatrices<T>& wm, const MoeActivations& a);
   template <class T>
-  void experts_backward(const ExpertTensors& g, const ExpertTensors& w, const ExpertMatrices<T>& wm,
-                        const MoeActivations& a);
+  void experts_backward(const ExpertTensors& g, const ExpertMatrices<T>& wm, const MoeActivations& a);
   template <class T>
   ConstSlice2D widened(ConstMatrix<T> x);
 
@@ -140,6 +166,8 @@ class ExpertParallel {
   std::size_t bound_ = 0;  // rows an expert may receive
   MoeSizes sizes_;
   std::vector<int> positions_;
+  MoeAuxLosses aux_;
+  int sequences_ = 0;  // per micro-batch
   // The exchange of the current micro-batch (plan_exchange).
   std::vector<std::int64_t> send_counts_, recv_counts_;  // rows, per ep rank
   std::vector<std::int64_t> expert_rows_;                // rows each local expert received
@@ -149,7 +177,8 @@ class ExpertParallel {
   Kokkos::View<int*, MemSpace> received_order_;          // received position -> expert-major position
   Kokkos::View<real*, MemSpace> weight_;                 // [R k] combine weights, on the device
   // Scratch shared by the blocks.
-  View1D logits_, x_fp32_, out_rows_, dweight_;
+  View1D logits_, dlogits_, x_fp32_, out_rows_, dweight_;
+  View1D counts_send_, counts_recv_;  // the count matrix's all-gather (ep > 1)
   View1D hidden_grad_, up_grad_, row_grad_;
   View1D wire_fp32_send_, wire_fp32_recv_;
   Bf16View1D wire_bf16_send_, wire_bf16_recv_, dy_bf16_;
