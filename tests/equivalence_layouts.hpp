@@ -109,14 +109,14 @@ inline const std::vector<Layout>& layouts() {
 inline const std::vector<Layout>& moe_layouts() {
   const std::string rc = "train.recompute=block", ep2 = "parallel.ep=2", ep4 = "parallel.ep=4";
   const std::string sp = "parallel.sequence_parallel=true", balanced = "model.moe_router=balanced";
-  const std::string shared = "model.moe_shared_hidden=64", mixed = "model.moe_every=2";
+  const std::string shared = "model.moe_shared_hidden=128", mixed = "model.moe_every=2";
   static const std::vector<Layout> all = {
       {1, {rc}, {}},
       {2, {"parallel.dp_shard=2", ep2}, {}},
       {2, {"parallel.dp_shard=2", ep2}, {balanced}},
       {2, {"parallel.dp_shard=2", ep2, rc}, {}},
       {2, {"parallel.dp_shard=2", ep2}, {shared, mixed}},
-      {2, {"parallel.dp_shard=2", ep2}, {"model.mlp=swiglu"}},
+      {2, {"parallel.dp_shard=2", ep2}, {"model.mlp=swiglu", "model.ffn_hidden=128"}},
       {2, {"parallel.tp=2", sp, ep2}, {}},
       {2, {"parallel.tp=2", sp, ep2}, {shared}},
       {2, {"parallel.cp=2", ep2}, {}},

@@ -63,8 +63,10 @@ ExpertTensors expert_tensors(const BlockTensors& t) {
 void swap_routing(MoeActivations& to, MoeActivations& from) {
   std::swap(to.expert, from.expert);
   std::swap(to.weight, from.weight);
+  std::swap(to.logit, from.logit);
   std::swap(to.score, from.score);
   std::swap(to.counts, from.counts);
+  std::swap(to.sequence_load, from.sequence_load);
   std::swap(to.routed, from.routed);
 }
 
@@ -91,12 +93,10 @@ BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
     const BlockTensorSpec& spec = spec_of(p.name);
     // A matrix's rows: all its dimensions but the last (experts [E, rows,
     // cols] are [E rows, cols]); a vector member views every element.
-    std::size_t rows = 1;
-    for (std::size_t d = 0; d + 1 < p.shape.size(); ++d) rows *= static_cast<std::size_t>(p.shape[d]);
-    std::size_t cols = p.shape.size() > 1 ? static_cast<std::size_t>(p.shape.back()) : 1;
-    if (spec.vector != nullptr) {
-      rows *= cols;
-      cols = 1;
+    std::size_t rows = p.size, cols = 1;
+    if (spec.vector == nullptr) {
+      cols = static_cast<std::size_t>(p.shape.back());
+      rows = p.size / cols;
     }
     const std::size_t offset = p.offset - layout.unit_offset[unit];
     Place* joined = nullptr;

@@ -139,19 +139,20 @@ GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, 
   const std::size_t N = block.rows, Nr = block.local_rows, C = block.channels;
   const kernels::AttentionShape att = block.attention;
   Buffers b;
-  // The layers' scratch, and the GEMM's row of ones for bias gradients
-  // (kernels/gemm.cpp), as long as the most rows: N.
-  b.layers_bytes = TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() + N * sizeof(real) +
-                   ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
-  // bf16 emulated through the fp32 route (no bf16 products on this CPU):
-  // the widened operands of the largest Linear product (kernels/gemm.cpp
-  // keeps one buffer, grown to the largest product).
   MoeSizes experts;
   if (moe.blocks) {
     // The MoE blocks' own TransformerBlock, and the routed experts' scratch (one ExpertParallel).
     experts = ExpertParallel::sizes_of(m, moe.max_load, moe.ep, Nr, block.bf16);
     b.layers_bytes += blocks.moe.scratch_bytes() + experts.scratch_bytes();
   }
+  // The layers' scratch, and the GEMM's row of ones for bias gradients
+  // (kernels/gemm.cpp), as long as the most rows: N, or an expert's (at most capacity).
+  b.layers_bytes += TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() +
+                    std::max(N, experts.capacity) * sizeof(real) +
+                    ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
+  // bf16 emulated through the fp32 route (no bf16 products on this CPU):
+  // the widened operands of the largest Linear product (kernels/gemm.cpp
+  // keeps one buffer, grown to the largest product).
   b.emulated_bf16 = emulated_bf16_floats(m, blocks, experts, has_head);
   b.layers_bytes += b.emulated_bf16 * sizeof(real);
   b.positions = m.learned_positions() ? Nr : N;  // row_positions
