@@ -94,9 +94,11 @@ void expect_estimate_covers_the_peak(const std::string& path, const std::vector<
       MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (world_rank() == 0)
         std::printf("[memory] %d ranks, %s%s %-72s estimate / peak: rank 0 %.1f / %.1f KiB, over ranks %.3f .. %.3f\n",
-                    layout.ranks, path == kLlama ? "llama " : path == kMoe ? "moe " : "", precision.c_str(),
-                    label(layout).c_str(), est / 1024,
-                    peak / 1024, -worst[1], worst[0]);
+                    layout.ranks,
+                    path == kLlama ? "llama "
+                    : path == kMoe ? "moe "
+                                   : "",
+                    precision.c_str(), label(layout).c_str(), est / 1024, peak / 1024, -worst[1], worst[0]);
       const std::string what = label(layout) + " " + precision + ", stage " + std::to_string(stage) + ": estimate " +
                                std::to_string(estimate.state_bytes) + " state + " + std::to_string(estimate.in_flight) +
                                " x " + std::to_string(estimate.activation_bytes_per_micro_batch) + " records + " +

@@ -56,8 +56,8 @@ const std::array<BlockTensorSpec, 39> kBlockTensors = {{
 }};
 
 ExpertTensors expert_tensors(const BlockTensors& t) {
-  return {t.router_w, Slice1D(), t.expert_fc_w, t.expert_up_w, t.expert_proj_w,
-          t.expert_fc_b, t.expert_up_b, t.expert_proj_b};
+  return {t.router_w,      Slice1D(),     t.expert_fc_w, t.expert_up_w,
+          t.expert_proj_w, t.expert_fc_b, t.expert_up_b, t.expert_proj_b};
 }
 
 void swap_routing(MoeActivations& to, MoeActivations& from) {
@@ -337,8 +337,7 @@ MoeRouteStats TransformerBlock::forward_as(const BlockWeights& weights, ConstSli
     Kokkos::deep_copy(a.res3, a.res2);
   if (experts_ == nullptr) return {};
   // ... + the routed experts of the rows this rank holds (its residual rows).
-  return experts_->forward<T>(as_matrix(a.res3, Nr, C_), routed_rows<T>(a.ln2), expert_tensors(w), m.experts(),
-                              a.moe);
+  return experts_->forward<T>(as_matrix(a.res3, Nr, C_), routed_rows<T>(a.ln2), expert_tensors(w), m.experts(), a.moe);
 }
 
 template <class T>

@@ -346,8 +346,7 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
       }
       case Part::block_backward: {
         const BlockActivations& a = recompute_ == Recompute::block ? recomputed(layer) : r.layers[i];
-        model_.block_backward(layer, s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a,
-                              dres);
+        model_.block_backward(layer, s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres);
         return;
       }
       case Part::embedding_backward:

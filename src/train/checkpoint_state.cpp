@@ -111,7 +111,8 @@ std::map<std::string, std::vector<float>> gather_global(const ModelConfig& m, co
     const BlockRows rows = block_rows(p, block);
     const float* src = host.data() + piece.shard_offset + (block.local_begin - piece.local_begin);
     for (std::uint64_t r = 0; r < rows.rows; ++r)
-      for (std::uint64_t c = 0; c < rows.cols; ++c) global[rows.first + r * rows.stride + c] = src[r * rows.local_cols + c];
+      for (std::uint64_t c = 0; c < rows.cols; ++c)
+        global[rows.first + r * rows.stride + c] = src[r * rows.local_cols + c];
   });
   for (auto& [name, values] : out)
     mpi_all_reduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, world,
