@@ -63,7 +63,7 @@ const std::map<std::string, std::string>& meanings() {
       {"model.bias", "biases in the linear layers and the LayerNorms (Llama: false)"},
       {"model.moe_experts",
        "E: routed experts of each Mixture-of-Experts block ([model.md](model.md#mixture-of-experts)); 0: a dense "
-       "model. Today `check` and `plan` take an MoE deck; `train` refuses it (the MoE block is not computed yet)"},
+       "model; `parallel.ep` splits the experts' compute"},
       {"model.moe_top_k", "k: the experts each token is sent to; 1 to E"},
       {"model.moe_every",
        "block l is an MoE block when l >= `moe_dense_first` and l is a multiple of this (DeepSeek-V3's "

@@ -91,8 +91,9 @@ struct BlockTensorSpec {
   Bf16MatrixMember bf16_matrix;
 };
 // Every block tensor of every architecture by name. Which of them a block
-// has, their order and shapes: gpt_block_tensors (model/gpt.hpp), which
-// the parameter layout, the checkpoint and BlockLayout all walk.
+// has, their order and shapes: layer_tensors (model/moe.hpp: a dense
+// block's gpt_block_tensors, or an MoE block's), which the parameter
+// layout, the checkpoint and BlockLayout all walk.
 extern const std::array<BlockTensorSpec, 39> kBlockTensors;
 
 // Where a block's tensors sit in its unit: the same for every block of a

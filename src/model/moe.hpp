@@ -24,6 +24,11 @@ namespace ndmini {
 // MLP of width model.moe_shared_hidden (split over tp as the dense MLP).
 std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer);
 
+// The MoE blocks among layers [first, end), counted without walking them (a
+// deck may have 1e9 layers); the first MoE block (-1: none).
+std::int64_t moe_blocks_in(const ModelConfig& m, std::int64_t first, std::int64_t end);
+int first_moe_block(const ModelConfig& m);
+
 // The model's global tensors in checkpoint order: gpt_global_tensors, which
 // takes each block's tensors from layer_tensors.
 std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m);

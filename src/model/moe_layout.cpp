@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Mixture-of-Experts sizes and rules (model/moe.hpp), derived from the dense
 // block's tensor list so an MoE expert has the dense MLP's matrices.
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -73,6 +74,21 @@ std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer) {
   return out;
 }
 
+std::int64_t moe_blocks_in(const ModelConfig& m, std::int64_t first, std::int64_t end) {
+  if (!m.moe()) return 0;
+  first = std::max<std::int64_t>(first, m.moe_dense_first);
+  if (first >= end) return 0;
+  // Multiples of moe_every in [first, end).
+  const std::int64_t every = m.moe_every;
+  return (end - 1) / every - (first + every - 1) / every + 1;
+}
+
+int first_moe_block(const ModelConfig& m) {
+  if (!m.moe()) return -1;
+  const int every = m.moe_every, first = (m.moe_dense_first + every - 1) / every * every;
+  return first < m.layers ? first : -1;
+}
+
 std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) { return gpt_global_tensors(m); }
 
 MoeBlockParams moe_block_params(const ModelConfig& m) {
@@ -87,11 +103,15 @@ MoeBlockParams moe_block_params(const ModelConfig& m) {
 
 ModelCounts model_counts(const ModelConfig& m) {
   ModelCounts c;
-  for (const GlobalTensor& t : model_global_tensors(m)) c.total += elements(t.shape);
+  // The dense model's, each MoE block's MLP replaced by its MoE part (as
+  // layer_tensors does); closed form: a deck may have 1e9 layers.
+  const std::int64_t blocks = moe_blocks_in(m, 0, m.layers);
+  c.total = gpt_param_count(m);
+  if (blocks > 0) c.total += blocks * (moe_block_params(m).mlp - moe_block_params(m).dense_mlp);
   // A token meets k of the E experts of each MoE block.
   const std::int64_t idle =
       m.moe() ? static_cast<std::int64_t>(m.moe_experts - m.moe_top_k) * moe_block_params(m).expert : 0;
-  c.active = c.total - m.moe_blocks() * idle;
+  c.active = c.total - blocks * idle;
   // The lookups, as gpt_flops_param_count leaves them out.
   c.flops_params = c.active - (gpt_param_count(m) - gpt_flops_param_count(m));
   c.flops_per_token = 6.0 * static_cast<double>(c.flops_params) + 12.0 * m.layers * m.channels * m.seq_len;

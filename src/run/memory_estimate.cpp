@@ -192,16 +192,19 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
   const double N = B * T / split.cp;
-  // Per block: the tensors tp splits divided by tp, the others whole (GPT-2: 12 C^2 / tp + 13 C).
-  const auto block_params = [&](int layer) {
+  // Per block of each kind: the tensors tp splits divided by tp, the others
+  // whole (GPT-2: 12 C^2 / tp + 13 C); counted once, a deck may have 1e9 layers.
+  const auto block_params = [&](const std::vector<BlockTensorShape>& tensors) {
     double n = 0;
-    for (const BlockTensorShape& t : layer_tensors(m, layer)) {
+    for (const BlockTensorShape& t : tensors) {
       double elements = 1;
       for (const std::int64_t d : t.shape) elements *= static_cast<double>(d);
       n += t.split == TpSplit::replicated ? elements : elements / tp;
     }
     return n;
   };
+  const double dense_params = block_params(gpt_block_tensors(m));
+  const double moe_params = m.moe() ? block_params(layer_tensors(m, first_moe_block(m))) : 0;
   const double ln_f = m.norm == NormKind::layernorm && m.bias ? 2 * C : C;
   double params = 0;
   for (const Chunk& c : chunks) {
@@ -209,7 +212,8 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
     if (c.head && !m.tie_embeddings) params += V * C / tp;                  // lm_head
     if (c.embedding && m.learned_positions()) params += T * C;
     if (c.head) params += ln_f;
-    for (int l = c.first_layer; l < c.end_layer; ++l) params += block_params(l);
+    const double moe = moe_blocks_in(m, c.first_layer, c.end_layer);
+    params += (c.layers() - moe) * dense_params + moe * moe_params;
   }
   if (params > kMostElements || N * std::max(C, V) > kMostElements || m.layers > kMostLayers)
     return rough_estimate(m, params / fsdp, N, tp, in_flight);
