@@ -69,16 +69,6 @@ void require_plan_arguments(const Options& o) {
         "ndmini's own runs");
 }
 
-// An MoE deck: its sizes and expert groups, then train's refusal (the MoE
-// block is not computed yet). Throws Error.
-void refuse_moe_deck(const Runtime& runtime, const Config& cfg, const RunLayout& layout) {
-  if (runtime.rank() == 0) {
-    std::printf("%s", describe_moe(cfg.model, layout.dims).c_str());
-    std::printf("%s", describe_mesh(layout.dims, true).c_str());
-  }
-  require_computed_moe(cfg.model);
-}
-
 }  // namespace
 
 int run_train(Runtime& runtime, const Options& o) {
@@ -99,7 +89,7 @@ int run_train(Runtime& runtime, const Options& o) {
 int run_check(const Runtime& runtime, const Options& o) {
   return collective_status_of(runtime.rank(), [&] {
     const Config cfg = load_deck(o);
-    if (cfg.model.moe()) refuse_moe_deck(runtime, cfg, resolve_layout(cfg, o.check_world));
+    require_trained_moe_keys(cfg);  // what train refuses, check refuses
     // Resolve first: a bad layout is one error, not a report that ends in one.
     const RunLayout layout = resolve_layout(cfg, o.check_world);
     // Sizes before anything else: check never allocates what the deck describes.

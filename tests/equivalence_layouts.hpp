@@ -101,6 +101,40 @@ inline const std::vector<Layout>& layouts() {
   return all;
 }
 
+// The layouts of the Mixture-of-Experts suite (moe-tiny: 4 experts, top-2,
+// both blocks MoE) over 1, 2 and 4 ranks: expert parallelism (ep) over each
+// axis it may span (dp_shard, cp, tp with SP), beside dp_replicate and the
+// pipelines; the balanced test router and the learned one; a shared expert;
+// dense and MoE blocks mixed (moe_every = 2); SwiGLU experts; recompute = block.
+inline const std::vector<Layout>& moe_layouts() {
+  const std::string rc = "train.recompute=block", ep2 = "parallel.ep=2", ep4 = "parallel.ep=4";
+  const std::string sp = "parallel.sequence_parallel=true", balanced = "model.moe_router=balanced";
+  const std::string shared = "model.moe_shared_hidden=128", mixed = "model.moe_every=2";
+  static const std::vector<Layout> all = {
+      {1, {rc}, {}},
+      {2, {"parallel.dp_shard=2", ep2}, {}},
+      {2, {"parallel.dp_shard=2", ep2}, {balanced}},
+      {2, {"parallel.dp_shard=2", ep2, rc}, {}},
+      {2, {"parallel.dp_shard=2", ep2}, {shared, mixed}},
+      {2, {"parallel.dp_shard=2", ep2}, {"model.mlp=swiglu", "model.ffn_hidden=128"}},
+      {2, {"parallel.tp=2", sp, ep2}, {}},
+      {2, {"parallel.tp=2", sp, ep2}, {shared}},
+      {2, {"parallel.cp=2", ep2}, {}},
+      {2, {"parallel.cp=2", ep2, rc}, {balanced}},
+      {4, {"parallel.dp_replicate=2", "parallel.dp_shard=2", ep2}, {}},
+      {4, {"parallel.dp_shard=4", ep2}, {}},
+      {4, {"parallel.dp_shard=4", ep4}, {}},
+      {4, {"parallel.dp_shard=4", ep4}, {balanced}},
+      {4, {"parallel.dp_shard=2", "parallel.tp=2", sp, ep4}, {shared}},
+      {4, {"parallel.pp=2", "parallel.dp_shard=2", ep2, "parallel.schedule=1f1b"}, {}},
+      {4, {"parallel.pp=2", "parallel.dp_shard=2", ep2, "parallel.schedule=1f1b", rc}, {}},
+      {4,
+       {"parallel.pp=2", "parallel.dp_shard=2", ep2, "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2"},
+       {"model.layers=4", mixed}},
+  };
+  return all;
+}
+
 // The global batch (a --set value) that gives each data-parallel rank of
 // `overrides`' layout on `ranks` ranks a few micro-batches of the deck: at
 // least 2 (gradient accumulation runs), at least pp (every pipeline schedule

@@ -14,7 +14,9 @@
 // (resharding on load), and FSDP holds 1/N of the model state of DP.
 // The Llama deck (EquivalenceLlama: RMSNorm, RoPE, SwiGLU, grouped-query
 // attention, untied head) runs the same layouts for 4 steps, in fp32 and
-// bf16, with its own controls.
+// bf16, with its own controls. The Mixture-of-Experts deck (EquivalenceMoe)
+// runs its own layouts (moe_layouts: expert parallelism over every axis it
+// spans) for 4 steps, in fp32 and bf16, within the same bounds.
 //
 // Under bf16 mixed precision the same comparison runs against one rank
 // under bf16, with bounds set from measurement (a layout's sums in another
@@ -66,9 +68,12 @@ struct Deck {
   std::string path;
   int steps, eval_every;
   const char* name;
+  const std::vector<Layout>& (*layouts)() = equivalence::layouts;  // the layouts it runs
 };
 const Deck kTinyDeck{std::string(NDMINI_SOURCE_DIR) + "/inputs/tiny.toml", 10, 5, ""};
 const Deck kLlamaDeck{std::string(NDMINI_SOURCE_DIR) + "/inputs/llama-tiny.toml", 4, 2, " llama"};
+// moe-tiny: tiny with both MLPs replaced by 4 experts of 128, top-2 (learned router).
+const Deck kMoeDeck{std::string(NDMINI_SOURCE_DIR) + "/inputs/moe-tiny.toml", 4, 2, " moe", moe_layouts};
 // The validation losses either deck computes (steps 0, eval_every, last).
 constexpr std::size_t kEvaluations = 3;
 
@@ -257,7 +262,7 @@ void expect_every_layout_matches_one_rank(const std::vector<std::string>& extra,
                                           const std::vector<std::string>& layout_extra = {},
                                           bool (*runs)(const Layout&) = nullptr, const Deck& deck_of = kTinyDeck) {
   int tested = 0;
-  for (const Layout& layout : layouts()) {
+  for (const Layout& layout : deck_of.layouts()) {
     if (layout.ranks != world_size() || (runs != nullptr && !runs(layout))) continue;
     ++tested;
     Settings s = settings_of(layout, extra, deck_of);
@@ -452,6 +457,90 @@ TEST(EquivalenceLlama, Bf16BoundsCatchADroppedSum) {
                        pipeline_bounds(kLlamaBf16Bounds, pipeline_boundaries(layout)), 10, what.c_str(), true);
   }
   EXPECT_GT(tested, 0);
+}
+
+// ---- the Mixture-of-Experts deck ---------------------------------------------
+// moe-tiny's layouts (moe_layouts): each ep rank computes its experts' rows
+// of every token routed to them and only their gradients; FSDP's and data
+// parallelism's sums (and tp's, with SP) add each expert's gradient once.
+// fp32 and bf16 within the dense deck's bounds (kFp32Bounds, kBf16Bounds,
+// the pipelines' grown by their boundaries).
+TEST(EquivalenceMoe, EveryLayoutMatchesOneRank) {
+  expect_every_layout_matches_one_rank({}, kFp32Bounds, {}, nullptr, kMoeDeck);
+}
+
+// Under bf16 with the balanced router: the learned router's scores move by
+// up to 2.5e-4 between layouts that round their sums differently (tp, cp),
+// more than the gap between the k-th and the next score of a few rows (2 of
+// moe-tiny's 1024 routed rows of step 0 within 1e-4): one such row routed to
+// another expert (measured: block 1, gap 1.6e-5) moves the router's step-0
+// gradient by 6e-2 (tp = 2, cp = 2). The balanced router's routing does not
+// depend on the activations, so the bf16 bounds apply to the rest of the
+// block; fp32 (scores within 3e-8, no routing changed) checks the learned
+// router on every layout.
+// Not under bf16: the shared expert with tp, and the interleaved pipeline.
+// Their loss and step-0 gradients are inside the bounds (at most 5.5e-5 and
+// 4.3e-3), but one bias element each ends its 4 steps outside: its step-0
+// gradient is below bf16's rounding noise, so Adam's first update (lr times
+// its sign) goes the other way (shared c_proj bias 5.2e-2, interleaved
+// h/0/attn/c_attn/bias 4.1e-2 against 1.5e-2 and 3e-2; the shared expert's
+// other elements agree to 1e-4). The dense deck, 4 layers on tp = 2 for 4
+// steps, measured 1.3e-2 the same way.
+namespace {
+bool bf16_comparable(const Layout& layout) {
+  bool shared = false, tp = false, interleaved = false;
+  for (const std::string& d : joined(layout)) {
+    shared |= d.rfind("model.moe_shared_hidden=", 0) == 0;
+    tp |= d.rfind("parallel.tp=", 0) == 0;
+    interleaved |= d == "parallel.schedule=interleaved_1f1b";
+  }
+  return !(shared && tp) && !interleaved;
+}
+}  // namespace
+
+TEST(EquivalenceMoe, EveryLayoutMatchesOneRankUnderBf16) {
+  expect_every_layout_matches_one_rank({"train.precision=bf16", "model.moe_router=balanced"}, kBf16Bounds, {},
+                                       bf16_comparable, kMoeDeck);
+}
+
+TEST(EquivalenceMoe, ComparisonCanFail) {
+  if (world_size() > 1) GTEST_SKIP() << "one-rank runs: checked on 1 rank";
+  // Another seed: far outside the fp32 bounds; and the balanced router instead of the learned one.
+  const TrainedRun other = train_with(deck(with_eval({"train.seed=4321"}, kMoeDeck), kMoeDeck), MPI_COMM_SELF);
+  expect_far_outside(distance(other, reference({}, kMoeDeck), kMoeDeck), kFp32Bounds, 100, "moe, another seed", true);
+  const TrainedRun balanced =
+      train_with(deck(with_eval({"model.moe_router=balanced"}, kMoeDeck), kMoeDeck), MPI_COMM_SELF);
+  expect_far_outside(distance(balanced, reference({}, kMoeDeck), kMoeDeck), kFp32Bounds, 100,
+                     "moe, the balanced router against the learned one", false);
+}
+
+// An MoE checkpoint (the experts as [E, rows, cols] global tensors) saved
+// under expert parallelism loads bit-exactly into another layout and into one rank.
+TEST(EquivalenceMoe, CheckpointReshardsExactly) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  std::string dir = "equivalence_moe_ckpt_" + std::to_string(::getpid());
+  int len = static_cast<int>(dir.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  dir.resize(len);
+  MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), {"train.steps=3", "checkpoint.dir=" + dir});
+    return deck(v, kMoeDeck);
+  };
+  const TrainedRun written =
+      train_with(with({"parallel.dp_shard=2", "parallel.ep=2", "checkpoint.every=3"}), MPI_COMM_WORLD);
+  TrainOptions resume;
+  resume.resume = true;
+  const TrainedRun reread =
+      train_with(with({"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"}), MPI_COMM_WORLD, resume);
+  EXPECT_EQ(worst(reread.capture.final_params, written.capture.final_params).first, 0.0);
+  const TrainedRun single = train_with(with({"parallel.tp=1"}), MPI_COMM_SELF, resume);
+  EXPECT_EQ(worst(single.capture.final_params, written.capture.final_params).first, 0.0);
+  EXPECT_EQ(written.capture.final_params.at("h/0/mlp/experts/c_fc/weight").size(), 4u * 128 * 64);
+  // Negative control: the parameters did change during the 3 steps.
+  EXPECT_GT(worst(written.capture.final_params, reference({}, kMoeDeck).capture.final_params).first, 0.0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(Equivalence, CheckpointReshardsExactly) {

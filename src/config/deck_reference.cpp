@@ -63,7 +63,7 @@ const std::map<std::string, std::string>& meanings() {
       {"model.bias", "biases in the linear layers and the LayerNorms (Llama: false)"},
       {"model.moe_experts",
        "E: routed experts of each Mixture-of-Experts block ([model.md](model.md#mixture-of-experts)); 0: a dense "
-       "model. Today `check` and `plan` take an MoE deck; `train` refuses it (the MoE block is not computed yet)"},
+       "model; `parallel.ep` splits the experts' compute"},
       {"model.moe_top_k", "k: the experts each token is sent to; 1 to E"},
       {"model.moe_every",
        "block l is an MoE block when l >= `moe_dense_first` and l is a multiple of this (DeepSeek-V3's "
@@ -121,11 +121,13 @@ const std::map<std::string, std::string>& meanings() {
        "held-out source's batch of step j)"},
       {"train.moe_bias_rate",
        "sigmoid router: the step of the per-expert selection bias after each optimizer step, from the token "
-       "counts summed over every token-holding rank; 0: no bias"},
+       "counts summed over every token-holding rank; 0: no bias (not trained yet: train refuses another value)"},
       {"train.moe_seq_aux",
        "the coefficient of the balance loss computed per sequence (so it does not depend on the micro-batch); 0: "
-       "off"},
-      {"train.moe_z_loss", "the coefficient of the router's z-loss (mean squared log-sum-exp of its logits); 0: off"},
+       "off (not trained yet: train refuses another value)"},
+      {"train.moe_z_loss",
+       "the coefficient of the router's z-loss (mean squared log-sum-exp of its logits); 0: off (not trained yet: "
+       "train refuses another value)"},
       {"train.moe_max_load",
        "the bound of one expert's tokens on a rank, a multiple of the mean load (tokens x k / E); nothing is "
        "dropped: a step that exceeds it stops every rank with a message naming the expert and its load; 0: the "

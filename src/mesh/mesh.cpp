@@ -241,6 +241,15 @@ Mesh::Mesh(const ParallelDims& shape, MPI_Comm world) : dims_(shape) {
     const bool end = stage == 0 || stage == pp - 1;
     MPI_Comm_split(cart_, end ? dims_.rank_of(key) : MPI_UNDEFINED, stage, &ends_);
   }
+  // The expert groups are no Cartesian sub-grid (ep consecutive ranks of
+  // dp_shard x cp x tp): split by group, ordered by ep rank.
+  if (dims_.ep > 1) {
+    const auto groups = dims_.expert_groups();
+    int group = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      if (std::find(groups[g].begin(), groups[g].end(), rank_) != groups[g].end()) group = static_cast<int>(g);
+    MPI_Comm_split(cart_, group, dims_.ep_rank(rank_), &expert_);
+  }
 
   // Node awareness: a node is named by the lowest world rank on it; every
   // rank's node is kept on `world` (node_of_ranks), so a mesh built again on
@@ -277,6 +286,7 @@ Mesh::~Mesh() {
   auto release = [](MPI_Comm& c) {
     if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
   };
+  release(expert_);
   release(ends_);
   release(norm_);
   release(batch_);

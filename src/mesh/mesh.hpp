@@ -58,6 +58,9 @@ class Mesh {
   MPI_Comm batch() const { return batch_; }
   MPI_Comm norm() const { return norm_; }
   MPI_Comm pipeline_ends() const { return ends_; }  // MPI_COMM_NULL on middle stages and when pp = 1
+  // This rank's expert group (ParallelDims::expert_groups, ranked by ep
+  // rank); MPI_COMM_NULL when ep = 1.
+  MPI_Comm expert() const { return expert_; }
 
   int ranks_per_node() const { return ranks_per_node_; }  // on this rank's node
   // Whether any tp (or cp) group, not just this rank's, spans nodes; the same on every rank.
@@ -71,6 +74,7 @@ class Mesh {
   MPI_Comm cart_ = MPI_COMM_NULL;
   std::array<MPI_Comm, kNumAxes> axis_{};
   MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL, ends_ = MPI_COMM_NULL;
+  MPI_Comm expert_ = MPI_COMM_NULL;
   int ranks_per_node_ = 1;
   std::array<bool, 2> spans_nodes_{};  // tp, cp
 };

@@ -3,13 +3,14 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ndmini {
 
-const std::array<BlockTensorSpec, 22> kBlockTensors = {{
+const std::array<BlockTensorSpec, 39> kBlockTensors = {{
     {"ln_1/weight", &BlockTensors::ln1_w, nullptr, nullptr},
     {"ln_1/bias", &BlockTensors::ln1_b, nullptr, nullptr},
     {"attn/c_attn/weight", nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
@@ -33,7 +34,41 @@ const std::array<BlockTensorSpec, 22> kBlockTensors = {{
     {"mlp/c_up/bias", &BlockTensors::up_b, nullptr, nullptr},
     {"mlp/c_proj/weight", nullptr, &BlockTensors::mlp_proj_w, &BlockMatricesBf16::mlp_proj_w},
     {"mlp/c_proj/bias", &BlockTensors::mlp_proj_b, nullptr, nullptr},
+    // An MoE block: the router and the routed experts (the layer's ExpertTensors) ...
+    {"mlp/router/weight", nullptr, &BlockTensors::router_w, nullptr},
+    {"mlp/experts/c_fc/weight", nullptr, &BlockTensors::expert_fc_w, &BlockMatricesBf16::expert_fc_w},
+    {"mlp/experts/c_fc/bias", &BlockTensors::expert_fc_b, nullptr, nullptr},
+    {"mlp/experts/c_gate/weight", nullptr, &BlockTensors::expert_fc_w, &BlockMatricesBf16::expert_fc_w},
+    {"mlp/experts/c_gate/bias", &BlockTensors::expert_fc_b, nullptr, nullptr},
+    {"mlp/experts/c_up/weight", nullptr, &BlockTensors::expert_up_w, &BlockMatricesBf16::expert_up_w},
+    {"mlp/experts/c_up/bias", &BlockTensors::expert_up_b, nullptr, nullptr},
+    {"mlp/experts/c_proj/weight", nullptr, &BlockTensors::expert_proj_w, &BlockMatricesBf16::expert_proj_w},
+    {"mlp/experts/c_proj/bias", &BlockTensors::expert_proj_b, nullptr, nullptr},
+    // ... and its shared expert: the dense MLP's members, computed by the dense MLP's code.
+    {"mlp/shared/c_fc/weight", nullptr, &BlockTensors::fc_w, &BlockMatricesBf16::fc_w},
+    {"mlp/shared/c_fc/bias", &BlockTensors::fc_b, nullptr, nullptr},
+    {"mlp/shared/c_gate/weight", nullptr, &BlockTensors::fc_w, &BlockMatricesBf16::fc_w},
+    {"mlp/shared/c_gate/bias", &BlockTensors::fc_b, nullptr, nullptr},
+    {"mlp/shared/c_up/weight", nullptr, &BlockTensors::up_w, &BlockMatricesBf16::up_w},
+    {"mlp/shared/c_up/bias", &BlockTensors::up_b, nullptr, nullptr},
+    {"mlp/shared/c_proj/weight", nullptr, &BlockTensors::mlp_proj_w, &BlockMatricesBf16::mlp_proj_w},
+    {"mlp/shared/c_proj/bias", &BlockTensors::mlp_proj_b, nullptr, nullptr},
 }};
+
+ExpertTensors expert_tensors(const BlockTensors& t) {
+  return {t.router_w,      Slice1D(),     t.expert_fc_w, t.expert_up_w,
+          t.expert_proj_w, t.expert_fc_b, t.expert_up_b, t.expert_proj_b};
+}
+
+void swap_routing(MoeActivations& to, MoeActivations& from) {
+  std::swap(to.expert, from.expert);
+  std::swap(to.weight, from.weight);
+  std::swap(to.logit, from.logit);
+  std::swap(to.score, from.score);
+  std::swap(to.counts, from.counts);
+  std::swap(to.sequence_load, from.sequence_load);
+  std::swap(to.routed, from.routed);
+}
 
 namespace {
 
@@ -56,8 +91,14 @@ BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
   for (const ParamInfo& p : layout.params) {
     if (p.unit != unit) continue;
     const BlockTensorSpec& spec = spec_of(p.name);
-    const std::size_t offset = p.offset - layout.unit_offset[unit], rows = static_cast<std::size_t>(p.shape[0]);
-    const std::size_t cols = p.shape.size() == 2 ? static_cast<std::size_t>(p.shape[1]) : 1;
+    // A matrix's rows: all its dimensions but the last (experts [E, rows,
+    // cols] are [E rows, cols]); a vector member views every element.
+    std::size_t rows = p.size, cols = 1;
+    if (spec.vector == nullptr) {
+      cols = static_cast<std::size_t>(p.shape.back());
+      rows = p.size / cols;
+    }
+    const std::size_t offset = p.offset - layout.unit_offset[unit];
     Place* joined = nullptr;
     for (Place& q : places_)
       if (same_member(*q.spec, spec)) joined = &q;
@@ -116,10 +157,13 @@ const std::array<BlockKeptSpec, 15> kBlockKept = {{
 std::vector<BlockSizes::Kept> BlockSizes::kept_tensors(bool output_only) const {
   std::vector<Kept> kept;
   for (const BlockKeptSpec& t : kBlockKept) {
-    if (!t.kept_by(*this, output_only)) continue;
+    // An MoE block without a shared expert has no MLP hidden (F = 0): nothing allocated.
+    if (!t.kept_by(*this, output_only) || (this->*t.elements)() == 0) continue;
     const std::size_t element = t.operand != nullptr && bf16 ? sizeof(ndmini::bf16) : sizeof(real);
     kept.push_back({t.name, (this->*t.elements)() * element});
   }
+  // The routed experts' operands; with recomputation only the routing, on the host.
+  if (moe && !output_only) kept.push_back({"moe", moe_kept});
   return kept;
 }
 
@@ -136,9 +180,10 @@ std::size_t BlockSizes::scratch_bytes() const {
 }
 
 TransformerBlock::TransformerBlock(const ModelConfig& m, TensorParallel& tp, ContextParallelAttention& attention,
-                                   ConstTokenView positions, bool bf16)
+                                   ConstTokenView positions, bool bf16, ExpertParallel* experts)
     : tp_(tp),
       attention_(attention),
+      experts_(experts),
       sizes_{
           static_cast<std::size_t>(m.channels), tp.rows(), tp.local_rows(), tp.size(), attention.local_shape(), bf16},
       norm_{m.norm == NormKind::rmsnorm, static_cast<real>(m.norm_eps)},
@@ -146,7 +191,10 @@ TransformerBlock::TransformerBlock(const ModelConfig& m, TensorParallel& tp, Con
       rope_theta_(static_cast<real>(m.rope_theta)),
       positions_(positions),
       head_size_(m.head_size()) {
-  sizes_.set_widths(m);
+  if (experts_ != nullptr)
+    sizes_.set_moe_widths(m, experts_->sizes());
+  else
+    sizes_.set_widths(m);
   C_ = m.channels;
   Cl_ = C_ / tp.size();
   KVl_ = sizes_.kv_width / tp.size();
@@ -159,8 +207,8 @@ TransformerBlock::TransformerBlock(const ModelConfig& m, TensorParallel& tp, Con
   const BlockSizes& n = sizes_;
   qkv_ = uninitialized("ndmini::qkv", n.qkv());
   dln_ = uninitialized("ndmini::dln", n.full());
-  dfc_ = uninitialized("ndmini::dfc", n.hidden());
-  if (n.gated) dup_ = uninitialized("ndmini::dup", n.hidden());
+  if (n.hidden() > 0) dfc_ = uninitialized("ndmini::dfc", n.hidden());
+  if (n.gated && n.hidden() > 0) dup_ = uninitialized("ndmini::dup", n.hidden());
   dqkv_ = uninitialized("ndmini::dqkv", n.qkv());
   datty_ = uninitialized("ndmini::datty", n.attention_out());
   if (n.bf16) {
@@ -175,6 +223,7 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
     if (!t.kept_by(sizes_, output_only)) continue;
     const std::string label = std::string("ndmini::") + t.name;
     const std::size_t n = (sizes_.*t.elements)();
+    if (n == 0) continue;  // an MoE block without a shared expert: no MLP hidden
     if (t.fp32 != nullptr)
       a.*t.fp32 = uninitialized(label, n);
     else if (sizes_.bf16)
@@ -182,14 +231,13 @@ BlockActivations TransformerBlock::allocate(bool output_only) const {
     else
       (a.*t.operand).fp32 = uninitialized(label, n);
   }
+  if (experts_ != nullptr && !output_only) a.moe = experts_->allocate();
   return a;
 }
 
-void TransformerBlock::forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a) {
-  if (sizes_.bf16)
-    forward_as<bf16>(w, x, a);
-  else
-    forward_as<real>(w, x, a);
+MoeRouteStats TransformerBlock::forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a) {
+  if (sizes_.bf16) return forward_as<bf16>(w, x, a);
+  return forward_as<real>(w, x, a);
 }
 
 void TransformerBlock::backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
@@ -220,7 +268,7 @@ BlockMatrices<T> operands(const BlockWeights& weights) {
     return weights.bf16;
   } else {
     const BlockTensors& w = weights.w;
-    return {w.attn_w, w.attn_proj_w, w.fc_w, w.up_w, w.mlp_proj_w};
+    return {w.attn_w, w.attn_proj_w, w.fc_w, w.up_w, w.mlp_proj_w, w.expert_fc_w, w.expert_up_w, w.expert_proj_w};
   }
 }
 
@@ -260,7 +308,13 @@ ConstSlice2D TransformerBlock::attention_output(const KeptOperand& atty) const {
 }
 
 template <class T>
-void TransformerBlock::forward_as(const BlockWeights& weights, ConstSlice2D x, BlockActivations& a) {
+ConstMatrix<T> TransformerBlock::routed_rows(const KeptOperand& full) const {
+  const Matrix<T> all = full.as<T>(tp_.rows(), C_);
+  return ConstMatrix<T>(all.data() + tp_.first_local_row() * C_, tp_.local_rows(), C_);
+}
+
+template <class T>
+MoeRouteStats TransformerBlock::forward_as(const BlockWeights& weights, ConstSlice2D x, BlockActivations& a) {
   const BlockTensors& w = weights.w;
   const BlockMatrices<T> m = operands<T>(weights);
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
@@ -276,6 +330,22 @@ void TransformerBlock::forward_as(const BlockWeights& weights, ConstSlice2D x, B
   tp_.row_parallel_forward<T>(as_matrix(a.res2, Nr, C_), a.atty.as<T>(N, Cl_), m.attn_proj_w, w.attn_proj_b, x);
   const Matrix<T> ln2 = a.ln2.as<T>(N, C_);
   tp_.norm_enter<T>(ln2, a.ln2_mean, a.ln2_rstd, as_matrix(a.res2, Nr, C_), w.ln2_w, w.ln2_b, norm_);
+  // res3 = res2 + the MLP (an MoE block: the shared expert, if any) ...
+  if (F_ > 0)
+    mlp_forward<T>(weights, a);
+  else
+    Kokkos::deep_copy(a.res3, a.res2);
+  if (experts_ == nullptr) return {};
+  // ... + the routed experts of the rows this rank holds (its residual rows).
+  return experts_->forward<T>(as_matrix(a.res3, Nr, C_), routed_rows<T>(a.ln2), expert_tensors(w), m.experts(), a.moe);
+}
+
+template <class T>
+void TransformerBlock::mlp_forward(const BlockWeights& weights, BlockActivations& a) {
+  const BlockTensors& w = weights.w;
+  const BlockMatrices<T> m = operands<T>(weights);
+  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
+  const Matrix<T> ln2 = a.ln2.as<T>(N, C_);
   // The MLP's input of the down projection (c_proj): gelu(c_fc x), or
   // silu(c_gate x) * (c_up x). Gate and up are two products (the same FLOPs
   // as one of twice the rows): each output stays a contiguous [N, F/tp]
@@ -297,13 +367,10 @@ void TransformerBlock::forward_as(const BlockWeights& weights, ConstSlice2D x, B
 }
 
 template <class T>
-void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
-                                   const BlockActivations& a, Slice2D dres) {
-  const BlockTensors& w = weights.w;
+void TransformerBlock::mlp_backward(const BlockWeights& weights, const BlockTensors& g, const BlockActivations& a,
+                                    Slice2D dres) {
   const BlockMatrices<T> m = operands<T>(weights);
-  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
-  // dres is d(res3); res3 = res2 + mlp(ln2(res2)), so d(res2) starts as a copy
-  // (the norm's backward adds into it).
+  const std::size_t N = tp_.rows();
   ConstSlice2D dfull = tp_.gather_output_grad(dres);
   const Slice2D dfc = as_matrix(dfc_, N, F_);
   const KeptOperand& down_input = sizes_.gated ? a.fch_swiglu : a.fch_gelu;
@@ -323,11 +390,32 @@ void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTenso
     kernels::linear_backward<T>(as_matrix(dln_, N, C_), g.fc_w, g.fc_b, dfc, a.ln2.as<T>(N, C_), m.fc_w,
                                 dy_rounded<T>(F_));
   }
+}
+
+template <class T>
+void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
+                                   const BlockActivations& a, Slice2D dres) {
+  const BlockTensors& w = weights.w;
+  const BlockMatrices<T> m = operands<T>(weights);
+  const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
+  // dres is d(res3); res3 = res2 + mlp(ln2(res2)), so d(res2) starts as a copy
+  // (the norm's backward adds into it). d(ln2) over all N rows lands in dln_.
+  if (F_ > 0)
+    mlp_backward<T>(weights, g, a, dres);
+  else
+    kernels::fill(Slice1D(dln_.data(), N * C_), 0);  // only the routed rows' d(ln2) is added below
+  if (experts_ != nullptr) {
+    // The routed experts add d(ln2) of this rank's rows; the sum over tp below
+    // brings every rank's rows together (zero elsewhere).
+    const Slice2D dln_rows(dln_.data() + tp_.first_local_row() * C_, Nr, C_);
+    experts_->backward<T>(dln_rows, expert_tensors(g), dres, routed_rows<T>(a.ln2), expert_tensors(w), m.experts(),
+                          a.moe);
+  }
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
   kernels::norm_backward(dres, g.ln2_w, g.ln2_b, gin, as_matrix(a.res2, Nr, C_), w.ln2_w, a.ln2_mean, a.ln2_rstd,
                          norm_);
   // dres is now d(res2); res2 = x + attn(ln1(x)).
-  dfull = tp_.gather_output_grad(dres);
+  ConstSlice2D dfull = tp_.gather_output_grad(dres);
   kernels::linear_backward<T>(as_matrix(datty_, N, Cl_), g.attn_proj_w, Slice1D(), dfull, a.atty.as<T>(N, Cl_),
                               m.attn_proj_w, dy_rounded<T>(C_));
   tp_.row_parallel_bias_backward(g.attn_proj_b, dfull, dres);

@@ -8,6 +8,9 @@
 // Where tensor parallelism splits the work (the norms entering a region,
 // the row-parallel projections leaving it) the block calls TensorParallel;
 // the attention itself is ContextParallelAttention (a ring over cp when cp > 1).
+// An MoE block (model/moe.hpp) computes its MLP as the shared expert (the
+// dense MLP's code at the shared width; none at width 0) plus the routed
+// experts of ExpertParallel over the expert group.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -18,6 +21,7 @@
 #include "core/types.hpp"
 #include "kernels/kernels.hpp"
 #include "layers/context_parallel.hpp"
+#include "layers/expert_parallel.hpp"
 #include "layers/tensor_parallel.hpp"
 #include "model/param_layout.hpp"
 
@@ -43,13 +47,23 @@ struct BlockTensors {
   Slice1D up_b;
   Slice2D mlp_proj_w;  // mlp/c_proj [C, F/tp]
   Slice1D mlp_proj_b;
+  // An MoE block: the router [E, C] and the routed experts' matrices, each
+  // [E, rows, cols] seen as [E rows, cols], and biases [E, rows] seen as
+  // [E rows] (expert_tensors() hands them to the layer). Its shared expert
+  // (mlp/shared/...) takes the dense MLP's members above.
+  Slice2D router_w;
+  Slice2D expert_fc_w, expert_up_w, expert_proj_w;
+  Slice1D expert_fc_b, expert_up_b, expert_proj_b;
 };
+ExpertTensors expert_tensors(const BlockTensors& t);
 
 // The operands of a block's matrix products in element type T: the fp32
 // weights, or under bf16 mixed precision their bf16 working copy.
 template <class T>
 struct BlockMatrices {
   ConstMatrix<T> attn_w, attn_proj_w, fc_w, up_w, mlp_proj_w;
+  ConstMatrix<T> expert_fc_w, expert_up_w, expert_proj_w;  // an MoE block's routed experts
+  ExpertMatrices<T> experts() const { return {expert_fc_w, expert_up_w, expert_proj_w}; }
 };
 using BlockMatricesBf16 = BlockMatrices<bf16>;
 
@@ -77,11 +91,13 @@ struct BlockTensorSpec {
   Bf16MatrixMember bf16_matrix;
 };
 // Every block tensor of every architecture by name. Which of them a block
-// has, their order and shapes: gpt_block_tensors (model/gpt.hpp), which
-// the parameter layout, the checkpoint and BlockLayout all walk.
-extern const std::array<BlockTensorSpec, 22> kBlockTensors;
+// has, their order and shapes: layer_tensors (model/moe.hpp: a dense
+// block's gpt_block_tensors, or an MoE block's), which the parameter
+// layout, the checkpoint and BlockLayout all walk.
+extern const std::array<BlockTensorSpec, 39> kBlockTensors;
 
-// Where a block's tensors sit in its unit: the same for every block.
+// Where a block's tensors sit in its unit: the same for every block of a
+// kind (dense, or MoE).
 class BlockLayout {
  public:
   BlockLayout() = default;
@@ -117,6 +133,11 @@ struct BlockSizes {
   std::size_t ffn = 0;        // F: the MLP's hidden width; GPT-2: 4C
   bool gated = false;         // swiglu: the MLP keeps gate and up outputs and their product
   bool rms = false;           // rmsnorm: one statistic per row (rstd; no mean)
+  // An MoE block: ffn is the shared expert's width (0: none), and the
+  // routed experts keep moe_kept bytes per micro-batch (MoeActivations;
+  // with recomputation only its routing, on the host).
+  bool moe = false;
+  std::size_t moe_kept = 0;
   // The widths of the architecture of `m`.
   void set_widths(const ModelConfig& m) {
     kv_width = static_cast<std::size_t>(m.kv()) * m.head_size();
@@ -124,6 +145,13 @@ struct BlockSizes {
     ffn = static_cast<std::size_t>(m.ffn());
     gated = m.gated();
     rms = m.norm == NormKind::rmsnorm;
+  }
+  // An MoE block of `m` whose routed experts keep `experts` (ExpertParallel::sizes_of).
+  void set_moe_widths(const ModelConfig& m, const MoeSizes& experts) {
+    set_widths(m);
+    ffn = static_cast<std::size_t>(m.moe_shared_hidden);
+    moe = true;
+    moe_kept = experts.kept_bytes();
   }
   std::size_t full() const { return rows * channels; }                  // [N, C]: LayerNorm outputs, dln
   std::size_t residual() const { return local_rows * channels; }        // [Nr, C]: res2, res3
@@ -172,7 +200,13 @@ struct BlockActivations {
   KeptOperand fch_up;         // swiglu: the up product's output, [N, F/tp]
   KeptOperand fch_swiglu;     // swiglu: silu(gate) x up, the input of the down product, [N, F/tp]
   View1D res3;                // the block's output, residual rows
+  MoeActivations moe;         // an MoE block: its routing and the routed experts' operands
 };
+
+// Recomputation keeps an MoE block's routing per micro-batch (small, on the
+// host) so that the recomputed forward replays it rather than routing again:
+// moves the routing of `from` into `to` (from's becomes to's old one).
+void swap_routing(MoeActivations& to, MoeActivations& from);
 
 // One tensor a block keeps: its name (its label, and its line of ndmini plan
 // --json), its size, and whether recomputation keeps it too (only the
@@ -207,28 +241,42 @@ class TransformerBlock {
   // block computes on (with cp its chunks' true positions, with SP the rows
   // gathered over tp); unused under learned positions.
   // bf16: mixed precision (BlockWeights carry bf16 matrices).
+  // experts: MoE blocks' routed experts (null: dense blocks); the MLP is
+  // then the shared expert, of width model.moe_shared_hidden.
   TransformerBlock(const ModelConfig& m, TensorParallel& tp, ContextParallelAttention& attention,
-                   ConstTokenView positions, bool bf16);
+                   ConstTokenView positions, bool bf16, ExpertParallel* experts = nullptr);
   const BlockSizes& sizes() const { return sizes_; }
 
   // Activations of one block for one micro-batch: all of them, or (output_only,
-  // with recomputation) just the block output res3.
+  // with recomputation) just the block output res3 (and an MoE block's routing, kept by the caller).
   BlockActivations allocate(bool output_only) const;
 
   // x: the block input, residual rows [Nr, C]. Fills `a` (a.res3 = output).
-  void forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
+  // An MoE block routes unless a.moe.routed (a recompute replays the routing);
+  // returns what it routed (empty in a dense block).
+  MoeRouteStats forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit (residual rows). Parameter
-  // gradients are ADDED into g.
+  // gradients are ADDED into g (an MoE block's routed experts: only this ep
+  // rank's).
   void backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
 
  private:
   // forward and backward, written once for the operands' element type T:
   // real, or bf16 under mixed precision.
   template <class T>
-  void forward_as(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
+  MoeRouteStats forward_as(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
   template <class T>
   void backward_as(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
                    Slice2D dres);
+  // The dense MLP (or an MoE block's shared expert): res3 = res2 + mlp(ln2),
+  // and its backward into dln_ (d(ln2), before the sum over tp).
+  template <class T>
+  void mlp_forward(const BlockWeights& w, BlockActivations& a);
+  template <class T>
+  void mlp_backward(const BlockWeights& w, const BlockTensors& g, const BlockActivations& a, Slice2D dres);
+  // The rows of an [N, C] operand this rank routes: its residual rows.
+  template <class T>
+  ConstMatrix<T> routed_rows(const KeptOperand& full) const;
   // Where a product's dy is rounded for both of its products: under bf16
   // the dy_bf16_ scratch as [N, cols]; nothing in fp32.
   template <class T>
@@ -240,6 +288,7 @@ class TransformerBlock {
 
   TensorParallel& tp_;
   ContextParallelAttention& attention_;
+  ExpertParallel* experts_;
   BlockSizes sizes_;
   kernels::Norm norm_;
   bool rope_;

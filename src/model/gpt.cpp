@@ -28,21 +28,37 @@ kernels::AttentionShape attention_shape(const ModelConfig& m, int micro_batch, i
 // load-balanced chunks: not contiguous). Learned positions: the residual rows
 // (the embedding adds wpe to them; with SP this tp rank's slice); RoPE: all
 // N rows the blocks compute on (gathered over tp with SP).
-TokenView row_positions(const ModelConfig& m, const TensorParallel& tp, const CpLayout& cpl) {
-  const bool residual = m.learned_positions();
-  const std::size_t rows = residual ? tp.local_rows() : tp.rows(), first = residual ? tp.first_local_row() : 0;
+std::vector<int> positions_of(const CpLayout& cpl, std::size_t first, std::size_t rows) {
   const int Tl = cpl.local_len();
-  TokenView positions("ndmini::positions", rows);
+  std::vector<int> out(rows);
+  for (std::size_t r = 0; r < rows; ++r) out[r] = cpl.position(static_cast<int>((first + r) % Tl));
+  return out;
+}
+// The residual rows' positions: the balanced router's token ids.
+std::vector<int> residual_positions(const TensorParallel& tp, const CpLayout& cpl) {
+  return positions_of(cpl, tp.first_local_row(), tp.local_rows());
+}
+TokenView row_positions(const ModelConfig& m, const TensorParallel& tp, const CpLayout& cpl) {
+  const std::vector<int> rows = m.learned_positions() ? residual_positions(tp, cpl) : positions_of(cpl, 0, tp.rows());
+  TokenView positions("ndmini::positions", rows.size());
   auto h = Kokkos::create_mirror_view(positions);
-  for (std::size_t r = 0; r < rows; ++r) h(r) = cpl.position(static_cast<int>((first + r) % Tl));
+  for (std::size_t r = 0; r < rows.size(); ++r) h(r) = rows[r];
   Kokkos::deep_copy(positions, h);
   return positions;
 }
 
 }  // namespace
 
+bool has_moe_block(const ModelConfig& m, const std::vector<Chunk>& chunks) {
+  for (const Chunk& c : chunks)
+    for (int l = c.first_layer; l < c.end_layer; ++l)
+      if (m.moe_block(l)) return true;
+  return false;
+}
+
 GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp,
-                   bool sequence_parallel, Communicator* cp, Precision precision)
+                   bool sequence_parallel, Communicator* cp, Precision precision, Communicator* experts,
+                   double moe_max_load)
     : cfg_(m),
       precision_(precision),
       chunks_(std::move(chunks)),
@@ -54,13 +70,29 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
       positions_(row_positions(m, tp_, attention_.layout())),
       block_(m, tp_, attention_, positions_, precision == Precision::bf16),
       norm_{m.norm == NormKind::rmsnorm, static_cast<real>(m.norm_eps)} {
+  const bool bf16 = precision == Precision::bf16;
+  const MoeSplit moe{has_moe_block(m, chunks_), size_of(experts), moe_max_load};
+  if (moe.blocks) {
+    // Each rank routes its residual rows; the group exchanges them (none to exchange at ep = 1).
+    experts_ = std::make_unique<ExpertParallel>(m, moe_max_load, moe.ep > 1 ? experts : nullptr, tp_.local_rows(),
+                                                residual_positions(tp_, attention_.layout()), bf16);
+    moe_block_ = std::make_unique<TransformerBlock>(m, tp_, attention_, positions_, bf16, experts_.get());
+  }
   const ParamLayout layout = param_layout(1);
   for (const ParamInfo& p : layout.params)
     if (p.name == "ln_f/bias") lnf_bias_offset_ = p.offset - layout.unit_offset[p.unit];
-  if (!units_.front().blocks.empty()) block_layout_ = BlockLayout(layout, units_.front().blocks.front());
+  // Every block of a kind has its tensors at the same offsets in its unit: the first one's layout serves all.
+  bool dense_seen = false, moe_seen = false;
+  for (std::size_t k = 0; k < chunks_.size(); ++k)
+    for (int i = 0; i < chunks_[k].layers(); ++i) {
+      const bool is_moe = m.moe_block(chunks_[k].first_layer + i);
+      bool& seen = is_moe ? moe_seen : dense_seen;
+      if (!seen) (is_moe ? moe_layout_ : block_layout_) = BlockLayout(layout, units_[k].blocks[i]);
+      seen = true;
+    }
 
   const Buffers sizes = buffer_sizes(m, micro_batch, chunks_.back().head, tp_.size(), tp_.sequence_parallel(),
-                                     attention_.layout().cp, precision);
+                                     attention_.layout().cp, precision, moe);
   if (positions_.extent(0) != sizes.positions) throw InternalError("the positions are not the size counted");
 
   if (chunks_.back().head) {
@@ -89,21 +121,39 @@ std::size_t GptModel::emulated_bf16_floats(const ModelConfig& m, const BlockSize
   return floats;
 }
 
+std::size_t GptModel::emulated_bf16_floats(const ModelConfig& m, const LayerSizes& blocks, const MoeSizes& experts,
+                                           bool has_head) {
+  const std::size_t floats = emulated_bf16_floats(m, blocks.dense, has_head);
+  if (floats == 0 || experts.experts == 0) return floats;
+  // An MoE block: its shared expert's products, and each expert's (at most `capacity` rows).
+  const std::size_t rows = experts.capacity, C = experts.channels, F = experts.hidden;
+  return std::max({floats, emulated_bf16_floats(m, blocks.moe, has_head), kernels::emulated_linear_floats(rows, C, F),
+                   kernels::emulated_linear_floats(rows, F, C)});
+}
+
 GptModel::Buffers GptModel::buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp,
-                                         bool sequence_parallel, int cp, Precision precision) {
+                                         bool sequence_parallel, int cp, Precision precision, const MoeSplit& moe) {
   const bool sp = sequence_parallel && tp > 1;
-  const BlockSizes block = block_sizes_of(m, micro_batch, tp, sequence_parallel, cp, precision);
+  const LayerSizes blocks = layer_sizes_of(m, micro_batch, tp, sequence_parallel, cp, precision, moe);
+  const BlockSizes& block = blocks.dense;
   const std::size_t N = block.rows, Nr = block.local_rows, C = block.channels;
   const kernels::AttentionShape att = block.attention;
   Buffers b;
+  MoeSizes experts;
+  if (moe.blocks) {
+    // The MoE blocks' own TransformerBlock, and the routed experts' scratch (one ExpertParallel).
+    experts = ExpertParallel::sizes_of(m, moe.max_load, moe.ep, Nr, block.bf16);
+    b.layers_bytes += blocks.moe.scratch_bytes() + experts.scratch_bytes();
+  }
   // The layers' scratch, and the GEMM's row of ones for bias gradients
-  // (kernels/gemm.cpp), as long as the most rows: N.
-  b.layers_bytes = TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() + N * sizeof(real) +
-                   ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
+  // (kernels/gemm.cpp), as long as the most rows: N, or an expert's (at most capacity).
+  b.layers_bytes += TensorParallel::buffer_sizes(tp, sp, N, m.channels, block.bf16).bytes() +
+                    std::max(N, experts.capacity) * sizeof(real) +
+                    ContextParallelAttention::buffer_sizes(att, cp, block.bf16).bytes() + block.scratch_bytes();
   // bf16 emulated through the fp32 route (no bf16 products on this CPU):
   // the widened operands of the largest Linear product (kernels/gemm.cpp
   // keeps one buffer, grown to the largest product).
-  b.emulated_bf16 = emulated_bf16_floats(m, block, has_head);
+  b.emulated_bf16 = emulated_bf16_floats(m, blocks, experts, has_head);
   b.layers_bytes += b.emulated_bf16 * sizeof(real);
   b.positions = m.learned_positions() ? Nr : N;  // row_positions
   if (has_head) {
@@ -130,6 +180,24 @@ BlockSizes GptModel::block_sizes_of(const ModelConfig& m, int micro_batch, int t
                precision == Precision::bf16};
   b.set_widths(m);
   return b;
+}
+
+LayerSizes GptModel::layer_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp,
+                                    Precision precision, const MoeSplit& moe) {
+  LayerSizes s;
+  s.dense = block_sizes_of(m, micro_batch, tp, sequence_parallel, cp, precision);
+  for (int l = 0; l < m.layers; ++l) s.is_moe.push_back(m.moe_block(l));
+  if (m.moe()) {
+    s.moe = s.dense;
+    s.moe.set_moe_widths(m, ExpertParallel::sizes_of(m, moe.max_load, moe.ep, s.dense.local_rows, s.dense.bf16));
+  }
+  return s;
+}
+
+LayerSizes GptModel::layer_sizes() const {
+  LayerSizes s{block_.sizes(), moe_block_ ? moe_block_->sizes() : BlockSizes{}, {}};
+  for (int l = 0; l < cfg_.layers; ++l) s.is_moe.push_back(cfg_.moe_block(l));
+  return s;
 }
 
 GptModel::~GptModel() { kernels::release_emulated_bf16(); }
@@ -165,17 +233,14 @@ void gpt_init_param(const ModelConfig& m, const ParamInfo& p, int tp_rank, std::
   const real stddev = p.name.find("c_proj/weight") != std::string::npos ? std_proj : real(0.02);
   const std::uint64_t key = rng::stream_key(seed, p.name);
   // Each run of elements with consecutive GLOBAL indices is one kernel.
-  const std::uint64_t cols_global = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
-  const std::size_t cols_local = p.shape.size() == 2 ? p.shape[1] : 1;
   for (const auto& b : global_blocks(p, tp_rank, local_begin, local_begin + length)) {
     real* at = data.data() + (b.local_begin - local_begin);
-    const std::uint64_t rows = b.count[0], cols = b.count.size() == 2 ? b.count[1] : 1;
-    const std::uint64_t first = b.offset[0] * cols_global + (b.offset.size() == 2 ? b.offset[1] : 0);
-    if (cols == cols_global) {
-      kernels::init_normal(Slice1D(at, rows * cols), key, first, stddev);
+    const BlockRows r = block_rows(p, b);
+    if (r.cols == r.stride) {
+      kernels::init_normal(Slice1D(at, r.rows * r.cols), key, r.first, stddev);
     } else {
-      for (std::uint64_t r = 0; r < rows; ++r)
-        kernels::init_normal(Slice1D(at + r * cols_local, cols), key, first + r * cols_global, stddev);
+      for (std::uint64_t i = 0; i < r.rows; ++i)
+        kernels::init_normal(Slice1D(at + i * r.local_cols, r.cols), key, r.first + i * r.stride, stddev);
     }
   }
 }
@@ -206,20 +271,29 @@ void check_weights(const UnitWeights& w, Precision precision) {
 
 }  // namespace
 
-BlockWeights GptModel::block_weights(UnitWeights params) const {
+bool GptModel::is_moe(int layer) const {
+  if (cfg_.moe_block(layer) && !moe_block_)
+    throw InternalError("block " + std::to_string(layer) + " is an MoE block this stage does not hold");
+  return cfg_.moe_block(layer);
+}
+const TransformerBlock& GptModel::block(int layer) const { return is_moe(layer) ? *moe_block_ : block_; }
+TransformerBlock& GptModel::block(int layer) { return is_moe(layer) ? *moe_block_ : block_; }
+
+BlockWeights GptModel::block_weights(int layer, UnitWeights params) const {
   check_weights(params, precision_);
-  BlockWeights w{block_layout_.view(params.values), {}};
-  if (params.bf16_values != nullptr) w.bf16 = block_layout_.view_bf16(params.bf16_values);
+  const BlockLayout& layout = layout_of(layer);
+  BlockWeights w{layout.view(params.values), {}};
+  if (params.bf16_values != nullptr) w.bf16 = layout.view_bf16(params.bf16_values);
   return w;
 }
 
-void GptModel::block_forward(UnitWeights params, ConstSlice2D x, BlockActivations& a) {
-  block_.forward(block_weights(params), x, a);
+MoeRouteStats GptModel::block_forward(int layer, UnitWeights params, ConstSlice2D x, BlockActivations& a) {
+  return block(layer).forward(block_weights(layer, params), x, a);
 }
 
-void GptModel::block_backward(UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
+void GptModel::block_backward(int layer, UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
                               Slice2D dres) {
-  block_.backward(block_weights(params), block_layout_.view(grads), x, a, dres);
+  block(layer).backward(block_weights(layer, params), layout_of(layer).view(grads), x, a, dres);
 }
 
 double GptModel::head_forward(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,

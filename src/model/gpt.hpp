@@ -14,6 +14,7 @@
 // in flight and the gradient reductions live above, in the stage runtime
 // (parallel/stage_runtime.hpp).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "config/config.hpp"
 #include "core/types.hpp"
 #include "layers/context_parallel.hpp"
+#include "layers/expert_parallel.hpp"
 #include "layers/tensor_parallel.hpp"
 #include "mesh/dims.hpp"
 #include "model/block.hpp"
@@ -76,7 +78,8 @@ double gpt_flops_per_token(const ModelConfig& m);
 void check_model_split(const ModelConfig& m, const ParallelDims& split);
 
 // The global tensors of the model, in checkpoint order: names and shapes.
-// wte, wpe (learned positions only), the blocks' (gpt_block_tensors),
+// wte, wpe (learned positions only), each block's (layer_tensors in
+// model/moe.hpp: gpt_block_tensors, an MoE block's MLP replaced),
 // ln_f/weight, ln_f/bias (LayerNorm with model.bias), lm_head/weight
 // (untied head only).
 struct GlobalTensor {
@@ -111,6 +114,24 @@ std::vector<ChunkUnits> gpt_chunk_units(const std::vector<Chunk>& chunks);
 void gpt_init_param(const ModelConfig& m, const ParamInfo& p, int tp_rank, std::size_t local_begin, Slice1D data,
                     std::uint64_t seed);
 
+// How a stage's MoE blocks split their routed experts: whether the stage
+// holds an MoE block, the expert group's size ep and train.moe_max_load.
+struct MoeSplit {
+  bool blocks = false;
+  int ep = 1;
+  double max_load = 0;
+};
+// Whether `chunks` hold an MoE block of `m`.
+bool has_moe_block(const ModelConfig& m, const std::vector<Chunk>& chunks);
+
+// The sizes of both kinds of block for one split (what GptModel allocates
+// per layer): dense blocks, and MoE blocks (`moe`, set when m has any).
+struct LayerSizes {
+  BlockSizes dense, moe;
+  std::vector<bool> is_moe;  // per layer of the model
+  const BlockSizes& of(int layer) const { return is_moe[layer] ? moe : dense; }
+};
+
 // ---- the units of one rank's chunks ------------------------------------------
 
 class GptModel {
@@ -118,9 +139,11 @@ class GptModel {
   // The chunks `chunks` of the model, for micro-batches of `micro_batch`
   // sequences; tp and cp: the groups its layers split over (null: none).
   // `precision`: bf16 runs the matrix products on bf16 operands (UnitWeights
-  // then carry bf16 values) and keeps their inputs in bf16.
+  // then carry bf16 values) and keeps their inputs in bf16. experts: the
+  // expert group of the MoE blocks (null: ep = 1); moe_max_load: train.moe_max_load.
   GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp = nullptr,
-           bool sequence_parallel = false, Communicator* cp = nullptr, Precision precision = Precision::fp32);
+           bool sequence_parallel = false, Communicator* cp = nullptr, Precision precision = Precision::fp32,
+           Communicator* experts = nullptr, double moe_max_load = 0);
   // Releases the emulated bf16 products' buffer (kernels/gemm.cpp): it lives as long as the model.
   ~GptModel();
   GptModel(const GptModel&) = delete;
@@ -140,16 +163,21 @@ class GptModel {
   std::size_t local_rows() const { return tp_.local_rows(); }
   // Floats of the activations between chunks: Nr x C.
   std::size_t activation_elements() const { return tp_.local_rows() * cfg_.channels; }
-  // The sizes of one block's buffers on a rank of this split (what block_sizes() returns).
+  // The sizes of one dense block's buffers on a rank of this split.
   static BlockSizes block_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp,
                                    Precision precision = Precision::fp32);
+  // Both kinds of block (what block_sizes(layer) returns); `moe` only for a model with MoE blocks.
+  static LayerSizes layer_sizes_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel, int cp,
+                                   Precision precision = Precision::fp32, const MoeSplit& moe = {});
   static std::size_t activation_elements_of(const ModelConfig& m, int micro_batch, int tp, bool sequence_parallel,
                                             int cp) {
     return block_sizes_of(m, micro_batch, tp, sequence_parallel, cp).residual();
   }
-  const BlockSizes& block_sizes() const { return block_.sizes(); }
+  const BlockSizes& block_sizes(int layer) const { return block(layer).sizes(); }
+  // The sizes of both kinds of block as this model allocates them.
+  LayerSizes layer_sizes() const;
   // One block's activations for one micro-batch (all, or only its output).
-  BlockActivations allocate_block(bool output_only) const { return block_.allocate(output_only); }
+  BlockActivations allocate_block(int layer, bool output_only) const { return block(layer).allocate(output_only); }
 
   // ---- forward and backward of one unit, one micro-batch ----
   // Parameters and gradients are the full (tp-local) units, indexed like the
@@ -157,10 +185,13 @@ class GptModel {
   // The embedding of `tokens` ([N]) into out [Nr, C]; wpe null under RoPE.
   void embedding_forward(Slice2D out, ConstTokenView tokens, real* wte, real* wpe);
   void embedding_backward(real* dwte, real* dwpe, ConstSlice2D dres, ConstTokenView tokens);
-  // x: the block input [Nr, C]; fills a (a.res3 = output).
-  void block_forward(UnitWeights params, ConstSlice2D x, BlockActivations& a);
+  // x: the input [Nr, C] of block `layer`; fills a (a.res3 = output).
+  // An MoE block routes unless a.moe.routed (a recompute: replays the
+  // routing) and returns what it routed; a dense block returns nothing.
+  MoeRouteStats block_forward(int layer, UnitWeights params, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit.
-  void block_backward(UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
+  void block_backward(int layer, UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
+                      Slice2D dres);
   // The head: final norm, LM head, loss of `targets`; returns the sum of
   // the per-token losses. `head` is the LM head's unit: wte's (tied) or
   // lm_head's (untied), both [V/tp, C] alone in their unit. With grad_scale
@@ -175,11 +206,15 @@ class GptModel {
 
   // The floats the emulated bf16 products widen at most (0 where bf16 runs on a library of its own).
   static std::size_t emulated_bf16_floats(const ModelConfig& m, const BlockSizes& block, bool has_head);
+  static std::size_t emulated_bf16_floats(const ModelConfig& m, const LayerSizes& blocks, const MoeSizes& experts,
+                                          bool has_head);
   // The buffers a GptModel allocates for itself (its constructor allocates
   // these; the memory estimate adds them up): the layers' scratch, the
   // positions, and on the head stage the head's, in floats.
   struct Buffers {
-    std::size_t layers_bytes = 0;   // TensorParallel, ContextParallelAttention, TransformerBlock, the GEMM's ones
+    // TensorParallel, ContextParallelAttention, the TransformerBlocks (an MoE
+    // block's too) and ExpertParallel, the GEMM's ones
+    std::size_t layers_bytes = 0;
     std::size_t emulated_bf16 = 0;  // floats of the emulated bf16 products' widened operands (in layers_bytes)
     std::size_t positions = 0;      // tokens
     // Head stage only; lnf_stats: the final norm's rstd, lnf_mean its mean (LayerNorm only).
@@ -192,7 +227,7 @@ class GptModel {
     }
   };
   static Buffers buffer_sizes(const ModelConfig& m, int micro_batch, bool has_head, int tp, bool sequence_parallel,
-                              int cp, Precision precision = Precision::fp32);
+                              int cp, Precision precision = Precision::fp32, const MoeSplit& moe = {});
 
  private:
   Slice2D wte(real* unit_base) const;       // wte or lm_head: alone in its unit, [V/tp, C]
@@ -201,7 +236,12 @@ class GptModel {
   // wte as the LM head's operand: the fp32 values, or under bf16 the bf16 copy.
   template <class T>
   ConstMatrix<T> wte_operand(UnitWeights params) const;
-  BlockWeights block_weights(UnitWeights params) const;
+  // Block `layer`'s compute and tensors: a dense block's, or an MoE block's.
+  bool is_moe(int layer) const;  // InternalError for an MoE block of another stage
+  const TransformerBlock& block(int layer) const;
+  TransformerBlock& block(int layer);
+  BlockWeights block_weights(int layer, UnitWeights params) const;
+  const BlockLayout& layout_of(int layer) const { return cfg_.moe_block(layer) ? moe_layout_ : block_layout_; }
   // The head, written once for the operands' element type T (real or bf16).
   template <class T>
   double head_forward_as(real* ln_f, UnitWeights wte, ConstSlice2D x, ConstTokenView targets, real grad_scale);
@@ -216,8 +256,11 @@ class GptModel {
   ContextParallelAttention attention_;
   TokenView positions_;  // absolute position of each row (row_positions in gpt.cpp: residual rows, or all N under RoPE)
   TransformerBlock block_;
+  // The stage's MoE blocks: their routed experts and their block (null: none here).
+  std::unique_ptr<ExpertParallel> experts_;
+  std::unique_ptr<TransformerBlock> moe_block_;
   kernels::Norm norm_;  // the final norm's kind and eps
-  BlockLayout block_layout_;
+  BlockLayout block_layout_, moe_layout_;
   std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it); 0: none
   KeptOperand lnf_;                  // the final LayerNorm's output: the LM head's operand
   View1D lnf_mean_, lnf_rstd_, logits_, losses_, dln_;

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "model/block.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 
 namespace ndmini {
 namespace {
@@ -181,9 +182,8 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m) {
   const std::int64_t C = m.channels;
   std::vector<GlobalTensor> out = {{"wte", {m.vocab, C}}};
   if (m.learned_positions()) out.push_back({"wpe", {m.seq_len, C}});
-  const std::vector<BlockTensorShape> block = gpt_block_tensors(m);
   for (int l = 0; l < m.layers; ++l)
-    for (const BlockTensorShape& t : block) out.push_back({block_prefix(l) + t.suffix, t.shape});
+    for (const BlockTensorShape& t : layer_tensors(m, l)) out.push_back({block_prefix(l) + t.suffix, t.shape});
   out.push_back({"ln_f/weight", {C}});
   if (m.norm == NormKind::layernorm && m.bias) out.push_back({"ln_f/bias", {C}});
   if (!m.tie_embeddings) out.push_back({"lm_head/weight", {m.vocab, C}});
@@ -207,7 +207,10 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     if (split == TpSplit::cols) local[1] /= tp;
     std::size_t size = 1;
     for (auto d : local) size *= static_cast<std::size_t>(d);
-    const bool decay = global.size() == 2;
+    // Matrices decay: 2-D weights, and an MoE block's stacks of expert
+    // matrices [E, rows, cols]; never a bias (an expert's [E, rows] neither).
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, "/bias") == 0;
+    const bool decay = global.size() >= 2 && !is_bias;
     layout.params.push_back(
         {std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size, decay, tied_copy});
     end = offset + size;
@@ -221,7 +224,6 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     unit_begin = offset;
     ++unit;
   };
-  const std::vector<BlockTensorShape> block = gpt_block_tensors(m);
   for (const Chunk& chunk : chunks) {
     if (chunk.embedding || (chunk.head && m.tie_embeddings)) {
       // The LM head's copy on the last stage is the tied copy; the embedding's is the owner.
@@ -234,7 +236,8 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     }
     for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = block_prefix(l);
-      for (const BlockTensorShape& t : block) add(prefix + t.suffix, t.shape, t.split, t.sections, false, t.packed);
+      for (const BlockTensorShape& t : layer_tensors(m, l))
+        add(prefix + t.suffix, t.shape, t.split, t.sections, false, t.packed);
       close_unit();
     }
     if (chunk.head) {

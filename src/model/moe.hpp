@@ -3,9 +3,8 @@
 // Mixture-of-Experts blocks, their sizes and rules, computed without building
 // them (docs/model.md, "Mixture-of-Experts"): the tensors of an MoE block,
 // total and active parameter counts, FLOPs per token, the split over the
-// expert groups (mesh/dims.hpp). The MoE block's forward and backward are not
-// computed yet: train refuses an MoE deck (require_computed_moe); check and
-// plan take it.
+// expert groups (mesh/dims.hpp). The block itself is model/block.hpp's with
+// the routed experts of layers/expert_parallel.hpp.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,8 +24,13 @@ namespace ndmini {
 // MLP of width model.moe_shared_hidden (split over tp as the dense MLP).
 std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer);
 
-// The model's global tensors in checkpoint order (gpt_global_tensors, with the
-// MLP of each MoE block replaced as layer_tensors says).
+// The MoE blocks among layers [first, end), counted without walking them (a
+// deck may have 1e9 layers); the first MoE block (-1: none).
+std::int64_t moe_blocks_in(const ModelConfig& m, std::int64_t first, std::int64_t end);
+int first_moe_block(const ModelConfig& m);
+
+// The model's global tensors in checkpoint order: gpt_global_tensors, which
+// takes each block's tensors from layer_tensors.
 std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m);
 
 // Parameters of one MoE block's MoE part: its router [E, C], one routed
@@ -58,8 +62,10 @@ void check_moe_split(const ModelConfig& m, const ParallelDims& split);
 // the MoE blocks, the parameters (total, active), the experts per ep rank.
 std::string describe_moe(const ModelConfig& m, const ParallelDims& split);
 
-// The MoE block is not computed yet: train (and check, after its report)
-// refuses an MoE deck with what is missing; plan takes it. Throws Error.
-void require_computed_moe(const ModelConfig& m);
+// What train does not compute yet: the sequence balance loss
+// (train.moe_seq_aux), the router z-loss (train.moe_z_loss) and the sigmoid
+// router's selection bias (train.moe_bias_rate). train and check refuse a
+// deck that sets one (plan takes it). Throws Error.
+void require_trained_moe_keys(const Config& cfg);
 
 }  // namespace ndmini

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Mixture-of-Experts sizes and rules (model/moe.hpp), derived from the dense
 // block's tensor list so an MoE expert has the dense MLP's matrices.
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -73,29 +74,22 @@ std::vector<BlockTensorShape> layer_tensors(const ModelConfig& m, int layer) {
   return out;
 }
 
-std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) {
-  std::vector<GlobalTensor> dense = gpt_global_tensors(m);
-  if (!m.moe()) return dense;
-  std::vector<GlobalTensor> out;
-  int replaced = -1;
-  for (GlobalTensor& t : dense) {
-    int layer = -1;
-    std::size_t end = 0;
-    if (t.name.compare(0, 2, "h/") == 0) {
-      layer = std::stoi(t.name.substr(2), &end);
-      end += 3;  // "h/" and the "/" after the index
-    }
-    if (layer < 0 || !m.moe_block(layer) || !is_mlp(t.name.substr(end))) {
-      out.push_back(std::move(t));
-      continue;
-    }
-    if (replaced == layer) continue;
-    const std::string prefix = "h/" + std::to_string(layer) + "/";
-    for (const BlockTensorShape& e : moe_mlp_tensors(m)) out.push_back({prefix + e.suffix, e.shape});
-    replaced = layer;
-  }
-  return out;
+std::int64_t moe_blocks_in(const ModelConfig& m, std::int64_t first, std::int64_t end) {
+  if (!m.moe()) return 0;
+  first = std::max<std::int64_t>(first, m.moe_dense_first);
+  if (first >= end) return 0;
+  // Multiples of moe_every in [first, end).
+  const std::int64_t every = m.moe_every;
+  return (end - 1) / every - (first + every - 1) / every + 1;
 }
+
+int first_moe_block(const ModelConfig& m) {
+  if (!m.moe()) return -1;
+  const int every = m.moe_every, first = (m.moe_dense_first + every - 1) / every * every;
+  return first < m.layers ? first : -1;
+}
+
+std::vector<GlobalTensor> model_global_tensors(const ModelConfig& m) { return gpt_global_tensors(m); }
 
 MoeBlockParams moe_block_params(const ModelConfig& m) {
   MoeBlockParams p;
@@ -109,11 +103,15 @@ MoeBlockParams moe_block_params(const ModelConfig& m) {
 
 ModelCounts model_counts(const ModelConfig& m) {
   ModelCounts c;
-  for (const GlobalTensor& t : model_global_tensors(m)) c.total += elements(t.shape);
+  // The dense model's, each MoE block's MLP replaced by its MoE part (as
+  // layer_tensors does); closed form: a deck may have 1e9 layers.
+  const std::int64_t blocks = moe_blocks_in(m, 0, m.layers);
+  c.total = gpt_param_count(m);
+  if (blocks > 0) c.total += blocks * (moe_block_params(m).mlp - moe_block_params(m).dense_mlp);
   // A token meets k of the E experts of each MoE block.
   const std::int64_t idle =
       m.moe() ? static_cast<std::int64_t>(m.moe_experts - m.moe_top_k) * moe_block_params(m).expert : 0;
-  c.active = c.total - m.moe_blocks() * idle;
+  c.active = c.total - blocks * idle;
   // The lookups, as gpt_flops_param_count leaves them out.
   c.flops_params = c.active - (gpt_param_count(m) - gpt_flops_param_count(m));
   c.flops_per_token = 6.0 * static_cast<double>(c.flops_params) + 12.0 * m.layers * m.channels * m.seq_len;
@@ -147,17 +145,25 @@ std::string describe_moe(const ModelConfig& m, const ParallelDims& s) {
   os << "parameters        " << n.total << " total, " << n.active << " active per token (" << n.flops_params
      << " in MFU's N)\n";
   os << "FLOPs per token   " << n.flops_per_token << " (6N + 12 L C T, N the active parameters)\n";
-  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block (ep = " << s.ep << "), FSDP-sharded over "
-     << s.expert_fsdp() << (s.expert_fsdp() == 1 ? " rank\n" : " ranks\n");
+  // This version keeps the experts in their block's unit: sharded with it over fsdp, not over expert_fsdp.
+  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block computed per ep rank (ep = " << s.ep
+     << "); their parameters live in the block's unit (FSDP-sharded with it over " << s.fsdp()
+     << (s.fsdp() == 1 ? " rank)\n" : " ranks)\n");
   return os.str();
 }
 
-void require_computed_moe(const ModelConfig& m) {
-  if (!m.moe()) return;
-  throw Error("the deck has Mixture-of-Experts blocks (model.moe_experts = " + std::to_string(m.moe_experts) +
-              "); ndmini train does not compute them in this version (the router, the dispatch and combine over the "
-              "expert groups, the experts' forward and backward are not implemented yet); ndmini plan takes this "
-              "deck, ndmini check reports its sizes and layout; set model.moe_experts = 0 for a dense model");
+void require_trained_moe_keys(const Config& cfg) {
+  const TrainConfig& t = cfg.train;
+  const auto refuse = [](const char* key, double value, const char* what) {
+    std::ostringstream os;
+    os << key << " = " << value << ": ndmini train does not compute " << what
+       << " in this version (the routed experts are trained by the loss alone); set " << key
+       << " = 0 (ndmini plan takes the deck as it is)";
+    throw Error(os.str());
+  };
+  if (t.moe_seq_aux != 0) refuse("train.moe_seq_aux", t.moe_seq_aux, "the sequence balance loss");
+  if (t.moe_z_loss != 0) refuse("train.moe_z_loss", t.moe_z_loss, "the router z-loss");
+  if (t.moe_bias_rate != 0) refuse("train.moe_bias_rate", t.moe_bias_rate, "the selection bias's updates");
 }
 
 }  // namespace ndmini

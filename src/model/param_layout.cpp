@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/error.hpp"
+
 namespace ndmini {
 namespace {
 
@@ -35,7 +37,35 @@ std::int64_t global_row(const ParamInfo& p, const MatrixShape& m, int tp_rank, s
 
 }  // namespace
 
+namespace {
+
+// The rows of one expert at most per block: the 2-D blocks of [E rows, cols]
+// cut where an expert ends.
+std::vector<GlobalBlock> expert_blocks(const ParamInfo& p, std::size_t begin, std::size_t end) {
+  if (p.split != TpSplit::replicated || p.shape != p.global_shape)
+    throw InternalError(p.name + ": a 3-D tensor must be whole on every tp rank");
+  const std::uint64_t E = p.global_shape[0], R = p.global_shape[1], C = p.global_shape[2];
+  ParamInfo flat = p;
+  flat.shape = flat.global_shape = {static_cast<std::int64_t>(E * R), static_cast<std::int64_t>(C)};
+  std::vector<GlobalBlock> out;
+  for (const GlobalBlock& b : global_blocks(flat, 0, begin, end)) {
+    std::uint64_t row = b.offset[0], left = b.count[0];
+    std::size_t local = b.local_begin;
+    while (left > 0) {
+      const std::uint64_t e = row / R, r = row % R, n = std::min(left, R - r);
+      out.push_back({{e, r, b.offset[1]}, {1, n, b.count[1]}, local});
+      row += n;
+      left -= n;
+      local += n * C;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end) {
+  if (p.shape.size() == 3) return expert_blocks(p, begin, end);
   const MatrixShape m = shape_of(p, tp_rank);
   std::vector<GlobalBlock> blocks;
   auto emit = [&](std::int64_t row, std::int64_t nrows, std::int64_t col, std::int64_t ncols, std::size_t local) {
@@ -69,6 +99,28 @@ std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::siz
     }
   }
   return blocks;
+}
+
+BlockRows block_rows(const ParamInfo& p, const GlobalBlock& b) {
+  const std::vector<std::int64_t>& g = p.global_shape;
+  BlockRows r;
+  if (g.size() == 1) {
+    r.first = b.offset[0];
+    r.rows = b.count[0];
+    r.cols = r.stride = r.local_cols = 1;
+    return r;
+  }
+  // Row-major: every dimension but the last counts rows; a block's leading
+  // counts are 1 but for one (global_blocks), so its rows are `stride` apart.
+  r.rows = 1;
+  for (std::size_t d = 0; d < g.size(); ++d) {
+    r.first = r.first * static_cast<std::uint64_t>(g[d]) + b.offset[d];
+    if (d + 1 < g.size()) r.rows *= b.count[d];
+  }
+  r.cols = b.count.back();
+  r.stride = static_cast<std::uint64_t>(g.back());
+  r.local_cols = static_cast<std::uint64_t>(p.shape.back());
+  return r;
 }
 
 }  // namespace ndmini

@@ -69,6 +69,17 @@ struct GlobalBlock {
 // The global blocks that local elements [begin, end) of `p` on tp rank
 // `tp_rank` cover, in local order. A contiguous local range is one block per
 // run of whole rows (split at q/k/v section boundaries) plus partial rows.
+// A 3-D tensor (an MoE block's experts [E, rows, cols], never split over tp)
+// is cut at each expert too: its blocks hold rows of one expert ({1, n, cols}).
 std::vector<GlobalBlock> global_blocks(const ParamInfo& p, int tp_rank, std::size_t begin, std::size_t end);
+
+// A block as rows of the row-major global tensor: the flat index of its
+// first element, its rows (of `cols` elements, `stride` apart: the global
+// tensor's last dimension; 1-D tensors are a column) and the local row
+// length `local_cols` (the tp-local tensor's last dimension).
+struct BlockRows {
+  std::uint64_t first = 0, rows = 0, cols = 0, stride = 0, local_cols = 0;
+};
+BlockRows block_rows(const ParamInfo& p, const GlobalBlock& b);
 
 }  // namespace ndmini

@@ -18,6 +18,7 @@ ParallelContext::ParallelContext(const ParallelDims& dims, MPI_Comm world) : mes
   norm_ = std::make_unique<Communicator>(mesh_.norm(), "norm");
   if (mesh_.pipeline_ends() != MPI_COMM_NULL)
     tied_ = std::make_unique<Communicator>(mesh_.pipeline_ends(), "tied_wte", device);
+  if (mesh_.expert() != MPI_COMM_NULL) experts_ = std::make_unique<Communicator>(mesh_.expert(), "ep", device);
 }
 
 std::vector<ParallelContext::Reported> ParallelContext::reported() const {
@@ -28,6 +29,7 @@ std::vector<ParallelContext::Reported> ParallelContext::reported() const {
                                {cp_->name().c_str(), cp_.get(), d.cp},
                                {pp_->name().c_str(), pp_.get(), d.pp}};
   if (d.pp > 1) out.push_back({"tied_wte", tied_.get(), 2});  // the first and the last stage
+  if (d.ep > 1) out.push_back({"ep", experts_.get(), d.ep});  // the MoE blocks' all-to-all
   out.push_back({"batch", batch_.get(), d.batch()});
   out.push_back({"norm", norm_.get(), d.norm()});
   return out;

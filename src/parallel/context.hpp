@@ -4,8 +4,9 @@
 // the model splits over (tp, cp, pp, dp_replicate) and one for the fsdp group
 // (dp_shard x cp, accounted as "fsdp"). Two more carry the scalar reductions
 // ("batch" sums the loss, "norm" the gradient norm), and one the tied
-// embedding's pair of pipeline ends. The mesh (mesh/mesh.hpp) defines which
-// ranks each one holds.
+// embedding's pair of pipeline ends, and with ep > 1 one the MoE blocks'
+// expert group ("ep": their all-to-all). The mesh (mesh/mesh.hpp) defines
+// which ranks each one holds.
 //
 // Backends: device buffers go through NCCL where the build has it, host
 // buffers through MPI; the scalar groups and the pipeline (whose sends must
@@ -40,6 +41,8 @@ class ParallelContext {
   Communicator& norm() { return *norm_; }
   // The first and last pipeline stage of this pipeline; null elsewhere and when pp = 1.
   Communicator* tied_embedding() { return tied_.get(); }
+  // The expert group of the MoE blocks (mesh/dims.hpp); null when ep = 1.
+  Communicator* experts() { return experts_.get(); }
 
   // Every group whose traffic a step reports, in report order; the same
   // names and sizes on every rank (the tied pair, when pp > 1, is null on
@@ -61,7 +64,7 @@ class ParallelContext {
 
  private:
   Mesh mesh_;
-  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_replicate_, fsdp_, batch_, norm_, tied_;
+  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_replicate_, fsdp_, batch_, norm_, tied_, experts_;
 };
 
 }  // namespace ndmini

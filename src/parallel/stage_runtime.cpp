@@ -93,7 +93,7 @@ class PartRegions {
 StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute,
                            Precision precision)
     : model_(m, micro_batch, chunks_or_whole_model(par.chunks, m.layers), par.tp, par.sequence_parallel, par.cp,
-             precision),
+             precision, par.experts, par.moe_max_load),
       recompute_(recompute),
       tied_(m.tie_embeddings ? par.tied_embedding : nullptr) {  // untied: wte and lm_head, nothing to sum
   // The store learns the FSDP group size here: every unit is padded to split evenly over it.
@@ -116,7 +116,19 @@ StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelPar
   }
   end_of_evaluation_ = end_of_evaluation_events(store_->units());
   spare_.resize(chunks().size());
-  if (recompute_ == Recompute::block) recomputed_ = model_.allocate_block(false);
+  if (recompute_ == Recompute::block)
+    for (const Chunk& c : chunks())
+      for (int l = c.first_layer; l < c.end_layer; ++l) {
+        BlockActivations& kind = recomputed(l);
+        if (!kind.res3.data()) kind = model_.allocate_block(l, false);
+      }
+  if (m.moe()) routed_rows_.assign(static_cast<std::size_t>(m.layers) * m.moe_experts, 0);
+}
+
+std::vector<std::int64_t> StageRuntime::take_routed_rows() {
+  std::vector<std::int64_t> out(routed_rows_.size(), 0);
+  std::swap(out, routed_rows_);
+  return out;
 }
 
 StageRuntime::~StageRuntime() = default;
@@ -133,10 +145,23 @@ StageRuntime::RecordContents StageRuntime::record_contents(const Chunk& chunk, c
   return {block.residual(), chunk.embedding ? block.rows : 0, chunk.layers(), recompute == Recompute::block};
 }
 
+std::size_t StageRuntime::record_bytes(const Chunk& chunk, const LayerSizes& blocks, Recompute recompute) {
+  const RecordContents r = record_contents(chunk, blocks.dense, recompute);
+  std::size_t bytes = 2 * r.activation_floats * sizeof(real) + r.tokens * sizeof(token_t);
+  for (int l = chunk.first_layer; l < chunk.end_layer; ++l) bytes += blocks.of(l).activation_bytes(r.output_only);
+  return bytes;
+}
+
 std::size_t StageRuntime::record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute) {
-  const RecordContents r = record_contents(chunk, block, recompute);
-  return 2 * r.activation_floats * sizeof(real) + r.tokens * sizeof(token_t) +
-         r.layers * block.activation_bytes(r.output_only);
+  return record_bytes(chunk, LayerSizes{block, block, std::vector<bool>(chunk.end_layer, false)}, recompute);
+}
+
+std::size_t StageRuntime::recomputed_bytes(const ModelConfig& m, const std::vector<Chunk>& chunks,
+                                           const LayerSizes& blocks) {
+  bool dense = false, moe = false;
+  for (const Chunk& c : chunks)
+    for (int l = c.first_layer; l < c.end_layer; ++l) (m.moe_block(l) ? moe : dense) = true;
+  return (dense ? blocks.dense.activation_bytes(false) : 0) + (moe ? blocks.moe.activation_bytes(false) : 0);
 }
 
 StageRuntime::Record& StageRuntime::record(int chunk, int micro_batch) {
@@ -149,16 +174,23 @@ StageRuntime::Record& StageRuntime::record(int chunk, int micro_batch) {
     spare_[k].pop_back();
   } else {
     const Chunk& c = chunks()[k];
-    const RecordContents holds = record_contents(c, model_.block_sizes(), recompute_);
+    const LayerSizes sizes = model_.layer_sizes();
+    const RecordContents holds = record_contents(c, sizes.dense, recompute_);
     r.input = uninitialized("ndmini::chunk_input", holds.activation_floats);
     r.grad = uninitialized("ndmini::chunk_output_grad", holds.activation_floats);
     if (holds.tokens > 0) r.tokens = TokenView("ndmini::tokens", holds.tokens);
-    for (int l = 0; l < holds.layers; ++l) r.layers.push_back(model_.allocate_block(holds.output_only));
-    r.bytes = record_bytes(c, model_.block_sizes(), recompute_);
+    for (int l = 0; l < holds.layers; ++l)
+      r.layers.push_back(model_.allocate_block(c.first_layer + l, holds.output_only));
+    r.bytes = record_bytes(c, sizes, recompute_);
   }
   activation_bytes_ += r.bytes;
   peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_bytes_);
   return records_.emplace(std::make_pair(k, micro_batch), std::move(r)).first->second;
+}
+
+void StageRuntime::count_routed(int layer, const MoeRouteStats& routed) {
+  const std::size_t E = routed.sent.size();
+  for (std::size_t e = 0; e < E; ++e) routed_rows_[layer * E + e] += routed.sent[e];
 }
 
 StageRuntime::Record& StageRuntime::find_record(int chunk, int micro_batch) {
@@ -244,16 +276,23 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
                                  u.wpe >= 0 ? s.params(u.wpe) : nullptr);
         return;
       case Part::block_forward: {
+        const int layer = c.first_layer + e.block;
         BlockActivations& a = r.layers[e.block];
+        MoeRouteStats routed;
         if (recompute_ == Recompute::block) {
-          // Only the block output is kept; the rest goes to the shared buffers
-          // and is computed again in the backward.
-          BlockActivations work = recomputed_;
+          // Only the block output is kept (and an MoE block's routing, which
+          // the recompute replays); the rest goes to the shared buffers and is
+          // computed again in the backward.
+          BlockActivations work = recomputed(layer);
           work.res3 = a.res3;
-          model_.block_forward(s.weights(e.unit.index()), as_matrix(*x, Nr, C), work);
+          work.moe.routed = false;  // a fresh forward routes
+          routed = model_.block_forward(layer, s.weights(e.unit.index()), as_matrix(*x, Nr, C), work);
+          swap_routing(a.moe, work.moe);
         } else {
-          model_.block_forward(s.weights(e.unit.index()), as_matrix(*x, Nr, C), a);
+          a.moe.routed = false;
+          routed = model_.block_forward(layer, s.weights(e.unit.index()), as_matrix(*x, Nr, C), a);
         }
+        if (loss_scale != 0) count_routed(layer, routed);
         x = &a.res3;
         return;
       }
@@ -289,24 +328,25 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
   // r.grad holds d(output) and becomes, block by block, d(input).
   const Slice2D dres = as_matrix(r.grad, Nr, C);
   execute(events_[k].backward, c.first_layer, last_micro_batch, [&](const UnitEvent& e) {
-    const int i = e.block;
+    const int i = e.block, layer = c.first_layer + i;
     const View1D& x = i > 0 ? r.layers[i - 1].res3 : r.input;
     switch (e.part) {
       case Part::block_recompute: {
         ExecSpace().fence();
         const auto t0 = Clock::now();
         {
-          const ProfileRegion again(
-              [&] { return "ndmini::block " + std::to_string(c.first_layer + i) + " recompute"; });
-          model_.block_forward(s.weights(e.unit.index()), as_matrix(x, Nr, C), recomputed_);
+          const ProfileRegion again([&] { return "ndmini::block " + std::to_string(layer) + " recompute"; });
+          // The routing the forward kept: the recompute replays it (routed = true).
+          swap_routing(recomputed(layer).moe, r.layers[i].moe);
+          model_.block_forward(layer, s.weights(e.unit.index()), as_matrix(x, Nr, C), recomputed(layer));
           ExecSpace().fence();
         }
         recompute_ms_ += ms_since(t0);
         return;
       }
       case Part::block_backward: {
-        const BlockActivations& a = recompute_ == Recompute::block ? recomputed_ : r.layers[i];
-        model_.block_backward(s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres);
+        const BlockActivations& a = recompute_ == Recompute::block ? recomputed(layer) : r.layers[i];
+        model_.block_backward(layer, s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres);
         return;
       }
       case Part::embedding_backward:

@@ -34,6 +34,10 @@ struct ModelParallel {
   DataParallelGroups data;                 // FSDP and data-parallel groups
   Communicator* tied_embedding = nullptr;  // first and last pipeline stage (pp > 1)
   std::vector<Chunk> chunks;               // empty: one chunk of every layer, the embedding and the head
+  // MoE blocks: the expert group their routed experts split over (null: ep =
+  // 1) and train.moe_max_load, the bound of an expert's rows.
+  Communicator* experts = nullptr;
+  double moe_max_load = 0;
 };
 
 class StageRuntime {
@@ -110,6 +114,10 @@ class StageRuntime {
   // With recompute = block: milliseconds spent re-running block forwards
   // since the last call (fenced, so the figure is the kernels' own time).
   double take_recompute_ms() { return std::exchange(recompute_ms_, 0.0); }
+  // The rows this rank's MoE blocks routed to each expert in the training
+  // forwards since the last call: [layer E + expert] over every layer of the
+  // model (zero for dense blocks and other stages' blocks); empty without MoE.
+  std::vector<std::int64_t> take_routed_rows();
 
   // What one record of `chunk` holds: record() allocates it, record_bytes() counts it.
   struct RecordContents {
@@ -119,7 +127,12 @@ class StageRuntime {
     bool output_only;               // recompute = block: of each block only its output
   };
   static RecordContents record_contents(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
+  // Blocks of their layer's kind (dense or MoE), or all alike: `block`.
+  static std::size_t record_bytes(const Chunk& chunk, const LayerSizes& blocks, Recompute recompute);
   static std::size_t record_bytes(const Chunk& chunk, const BlockSizes& block, Recompute recompute);
+  // recompute = block: the one block's activations of each kind the stage
+  // holds, shared by its blocks (their bytes: scratch).
+  static std::size_t recomputed_bytes(const ModelConfig& m, const std::vector<Chunk>& chunks, const LayerSizes& blocks);
 
   // Tests: every unit event executed from now on is appended to `log`
   // (null: none). The memory estimate replays the same list.
@@ -138,6 +151,7 @@ class StageRuntime {
   Record& record(int chunk, int micro_batch);       // found or made (a forward's start)
   Record& find_record(int chunk, int micro_batch);  // must exist (after its forward)
   void free_record(int chunk, int micro_batch);
+  void count_routed(int layer, const MoeRouteStats& routed);  // a training forward's, into routed_rows_
   // Runs `events`: the FSDP ones on the store, the compute ones by
   // `compute(event)`, each part of the chunk in its profile region.
   template <class Compute>
@@ -158,7 +172,10 @@ class StageRuntime {
   std::vector<UnitEvent>* event_log_ = nullptr;
   std::map<std::pair<int, int>, Record> records_;  // (local chunk, micro-batch) in flight
   std::vector<std::vector<Record>> spare_;         // freed records per local chunk, reused
-  BlockActivations recomputed_;                    // recompute = block: one block's activations
+  // recompute = block: one block's activations of each kind (dense, MoE).
+  BlockActivations recomputed_, recomputed_moe_;
+  BlockActivations& recomputed(int layer) { return config().moe_block(layer) ? recomputed_moe_ : recomputed_; }
+  std::vector<std::int64_t> routed_rows_;  // take_routed_rows()
   std::size_t activation_bytes_ = 0, peak_activation_bytes_ = 0;
   double recompute_ms_ = 0;
 };

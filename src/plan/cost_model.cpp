@@ -164,13 +164,15 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
 
   // After the last backward (StageRuntime::finish_grads).
   const int fsdp = d.fsdp();
-  const ParamLayout layout = gpt_param_layout(m, chunks, d.tp, 0, fsdp);
+  // The dense model's units: the planner prices an MoE block's experts itself (moe_cost.hpp).
+  const ModelConfig dense = dense_base(cfg).model;
+  const ParamLayout layout = gpt_param_layout(dense, chunks, d.tp, 0, fsdp);
   if (sp)  // the tp-replicated tensors' gradients are partial sums over tp
     for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
       if (layout.params[piece.param].split == TpSplit::replicated)
         t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kGradFloat);
   if (fsdp > 1) {
-    const FsdpTraffic f = fsdp_traffic(m, layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
+    const FsdpTraffic f = fsdp_traffic(dense, layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
     if (f.all_gathers > 0)
       t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kHalf);
     if (f.reduce_scatters > 0)
@@ -186,7 +188,7 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
             static_cast<double>(layout.total) / layout.unit_size.size() * kGradFloat);
   }
   if (d.pp > 1 && m.tie_embeddings)  // untied: wte and lm_head are two tensors, nothing to sum
-    for (const ChunkUnits& u : gpt_chunk_units(m, chunks))
+    for (const ChunkUnits& u : gpt_chunk_units(dense, chunks))
       if (u.wte >= 0)  // the tied embedding's gradients summed over the pipeline's two ends
         t.add(kTied, Collective::all_reduce, 1, static_cast<double>(layout.unit_size[u.wte]) / fsdp * kGradFloat);
   t.add(kBatch, Collective::all_reduce, 1, sizeof(double));  // the step's loss
@@ -265,6 +267,12 @@ double exposed_with_overlap(double ms, double exposed_at_full_overlap, double ov
 }
 
 }  // namespace
+
+Config dense_base(const Config& cfg) {
+  Config dense = cfg;
+  dense.model.moe_experts = 0;
+  return dense;
+}
 
 PlanMemory plan_memory(const MemoryEstimate& e) {
   PlanMemory p;
@@ -386,7 +394,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   const double tokens = static_cast<double>(cfg.train.global_batch) * m.seq_len;
   p.model_flops = model_counts(m).flops_per_token * tokens;  // an MoE model's active parameters
   p.hardware_flops = p.model_flops;
-  const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(cfg, l);
+  const std::vector<MemoryEstimate> memory = estimate_memory_per_stage(dense_base(cfg), l);
 
   // Per stage: the time of one micro-batch through its chunks (compute and
   // what blocks it), and what the step adds once.
@@ -504,7 +512,7 @@ StepPrediction predict_step(const Config& cfg, const RunLayout& l, const Cluster
   for (const GroupTraffic& g : p.comm) p.exposed_comm_ms += g.exposed_ms;
   p.tokens_per_s = tokens / (p.step_ms / 1e3);
   p.mfu = p.model_flops / (p.step_ms / 1e3) / (d.size() * cluster.peak_flops(precision));
-  const MemoryEstimate busiest = estimate_memory(cfg, l);
+  const MemoryEstimate busiest = estimate_memory(dense_base(cfg), l);
   p.memory = plan_memory(busiest);
   p.moe_blocks = moe_blocks[p.stage];
   p.moe = moe;

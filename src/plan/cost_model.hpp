@@ -70,6 +70,11 @@ struct PlanMemory {
   std::int64_t total() const { return params + grads + optimizer + activations + comm_buffers + workspace; }
 };
 PlanMemory plan_memory(const MemoryEstimate& e);
+// The deck whose memory estimate the planner starts from: `cfg` with each
+// MoE block's MLP dense (a trained MoE deck's estimate holds every expert in
+// its block's unit); the planner prices the MoE part itself (moe_cost.hpp:
+// the experts sharded over the expert fsdp group).
+Config dense_base(const Config& cfg);
 
 // One communicator's traffic in one optimizer step on one rank, as the comm
 // layer counts it (calls, and bytes: the full buffer for all-reduce, the

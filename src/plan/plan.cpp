@@ -302,9 +302,9 @@ PlanSearch search_layouts(const Config& base, int world, const ClusterSpec& clus
     apply(c);
     RunLayout layout = resolve_layout(cfg, world);
     // Too large already by the bound: the estimate, which is larger, is not needed.
-    const double bound = memory_lower_bound(cfg, layout);
+    const double bound = memory_lower_bound(dense_base(cfg), layout);
     const double bytes =
-        bound > cluster.memory_bytes() ? bound : static_cast<double>(estimate_memory(cfg, layout).total());
+        bound > cluster.memory_bytes() ? bound : static_cast<double>(estimate_memory(dense_base(cfg), layout).total());
     if (out.least_bytes < 0 || bytes < out.least_bytes) out.least_bytes = bytes;
     if (bytes > cluster.memory_bytes()) continue;
     StepPrediction prediction = predict_step(cfg, layout, cluster, precision, code);

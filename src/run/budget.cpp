@@ -10,6 +10,7 @@
 #include "core/regular_file.hpp"
 #include "core/types.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "run/memory_estimate.hpp"
 
 namespace ndmini {
@@ -134,7 +135,7 @@ void require_memory_fits(const Config& cfg, const RunLayout& layout, int ranks_o
 
 std::uint64_t checkpoint_bytes(const ModelConfig& m) {
   // Three float32 tensors per parameter: the model and both AdamW moments.
-  return static_cast<std::uint64_t>(3 * kFloat) * static_cast<std::uint64_t>(gpt_param_count(m));
+  return static_cast<std::uint64_t>(3 * kFloat) * static_cast<std::uint64_t>(model_counts(m).total);
 }
 
 }  // namespace ndmini

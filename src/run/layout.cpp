@@ -61,9 +61,10 @@ std::vector<MemoryEstimate> estimate_memory_per_stage(const Config& cfg, const R
       GptModel::activation_elements_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   std::vector<MemoryEstimate> out;
   for (int stage = 0; stage < d.pp; ++stage) {
-    MemoryEstimate e = gpt_memory_estimate(
-        cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage), l.schedule.max_in_flight(stage), l.recompute,
-        replay.actions(stage), cfg.parallel.reshard_after_forward, cfg.train.precision, cfg.comm.reduce_dtype);
+    MemoryEstimate e = gpt_memory_estimate(cfg.model, d, cfg.train.micro_batch, l.plan.chunks_of(stage),
+                                           l.schedule.max_in_flight(stage), l.recompute, replay.actions(stage),
+                                           cfg.parallel.reshard_after_forward, cfg.train.precision,
+                                           cfg.comm.reduce_dtype, cfg.train.moe_max_load);
     e.async_checkpoint = cfg.checkpoint.async && (cfg.checkpoint.every > 0 || cfg.checkpoint.at_start);
     // The pipeline's transfer buffers.
     if (d.pp > 1) {

@@ -9,6 +9,7 @@
 #include <deque>
 
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "parallel/fsdp.hpp"
 #include "parallel/param_store.hpp"
 #include "parallel/stage_runtime.hpp"
@@ -186,14 +187,24 @@ FsdpTraffic fsdp_traffic(const ModelConfig& m, const ParamLayout& layout, const 
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
                                    const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                   Precision precision, Precision reduce_dtype) {
+                                   Precision precision, Precision reduce_dtype, double moe_max_load) {
   const int fsdp = split.fsdp();
   // Doubles first: a deck may describe a model whose bytes overflow 64 bits.
   const double C = m.channels, V = m.vocab, T = m.seq_len, B = micro_batch, tp = split.tp;
   const double N = B * T / split.cp;
-  // Per block: the matrices split over tp, the vectors counted whole (GPT-2: 12 C^2 / tp + 13 C).
-  const double block_matrices = static_cast<double>(gpt_block_matrix_param_count(m));
-  const double block_params = block_matrices / tp + (static_cast<double>(gpt_block_param_count(m)) - block_matrices);
+  // Per block of each kind: the tensors tp splits divided by tp, the others
+  // whole (GPT-2: 12 C^2 / tp + 13 C); counted once, a deck may have 1e9 layers.
+  const auto block_params = [&](const std::vector<BlockTensorShape>& tensors) {
+    double n = 0;
+    for (const BlockTensorShape& t : tensors) {
+      double elements = 1;
+      for (const std::int64_t d : t.shape) elements *= static_cast<double>(d);
+      n += t.split == TpSplit::replicated ? elements : elements / tp;
+    }
+    return n;
+  };
+  const double dense_params = block_params(gpt_block_tensors(m));
+  const double moe_params = m.moe() ? block_params(layer_tensors(m, first_moe_block(m))) : 0;
   const double ln_f = m.norm == NormKind::layernorm && m.bias ? 2 * C : C;
   double params = 0;
   for (const Chunk& c : chunks) {
@@ -201,7 +212,8 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
     if (c.head && !m.tie_embeddings) params += V * C / tp;                  // lm_head
     if (c.embedding && m.learned_positions()) params += T * C;
     if (c.head) params += ln_f;
-    params += c.layers() * block_params;
+    const double moe = moe_blocks_in(m, c.first_layer, c.end_layer);
+    params += (c.layers() - moe) * dense_params + moe * moe_params;
   }
   if (params > kMostElements || N * std::max(C, V) > kMostElements || m.layers > kMostLayers)
     return rough_estimate(m, params / fsdp, N, tp, in_flight);
@@ -217,13 +229,14 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   e.optimizer_bytes = saturated_bytes(2.0 * shard * sizeof(real));
   e.state_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes;
   e.async_checkpoint_bytes = saturated_bytes(3.0 * shard * sizeof(real));  // CheckpointState's staged copies
-  const BlockSizes block =
-      GptModel::block_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp, precision);
+  const MoeSplit moe{has_moe_block(m, chunks), split.ep, moe_max_load};
+  const LayerSizes blocks =
+      GptModel::layer_sizes_of(m, micro_batch, split.tp, split.sequence_parallel, split.cp, precision, moe);
   // Records: freed ones are kept for reuse per chunk, so the stage holds, of
   // each chunk, the most of its micro-batches the schedule has in flight at once.
   double records = 0, record_bytes = 0, largest = 0;
   for (std::size_t k = 0; k < chunks.size(); ++k) {
-    const double bytes = static_cast<double>(StageRuntime::record_bytes(chunks[k], block, recompute));
+    const double bytes = static_cast<double>(StageRuntime::record_bytes(chunks[k], blocks, recompute));
     const int most = most_in_flight(chunks[k].index, actions);
     records += most;
     record_bytes += most * bytes;
@@ -237,10 +250,10 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   e.in_flight = static_cast<std::int64_t>(records);
   e.activation_bytes_per_micro_batch = saturated_bytes(std::ceil(record_bytes / std::max(records, 1.0)));
   // Scratch: the model's own buffers, a recomputed block, what FSDP holds at most.
-  double scratch = static_cast<double>(
-      GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp, split.sequence_parallel, split.cp, precision)
-          .bytes());
-  if (recompute == Recompute::block) scratch += block.activation_bytes(false);
+  double scratch = static_cast<double>(GptModel::buffer_sizes(m, micro_batch, chunks.back().head, split.tp,
+                                                              split.sequence_parallel, split.cp, precision, moe)
+                                           .bytes());
+  if (recompute == Recompute::block) scratch += StageRuntime::recomputed_bytes(m, chunks, blocks);
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
   const std::vector<PipelineAction> first(actions.begin(), actions.begin() + replayed);

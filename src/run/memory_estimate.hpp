@@ -21,7 +21,8 @@ namespace ndmini {
 // in_flight records of (chunk, micro-batch), activation_bytes_per_micro_batch
 // each on average. Scratch: the layers' buffers, the head's, and the most
 // FSDP holds at once over split.fsdp(). `in_flight` is the most records the
-// schedule keeps at once on the stage.
+// schedule keeps at once on the stage. MoE blocks: their routed experts
+// split over split.ep, an expert's rows bounded by moe_max_load (train.moe_max_load).
 struct MemoryEstimate {
   std::int64_t state_bytes = 0;
   std::int64_t activation_bytes_per_micro_batch = 0;
@@ -49,7 +50,8 @@ struct MemoryEstimate {
 MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& split, int micro_batch,
                                    const std::vector<Chunk>& chunks, int in_flight, Recompute recompute,
                                    const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                                   Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32);
+                                   Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32,
+                                   double moe_max_load = 0);
 
 // The most bytes FSDP holds at once (gathered units, full gradients, the
 // reduce-scatters in flight) when a stage of `chunks` of model `m` (its

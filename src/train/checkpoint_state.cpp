@@ -108,14 +108,11 @@ std::map<std::string, std::vector<float>> gather_global(const ModelConfig& m, co
     if (store.is_replica(piece)) return;
     const ParamInfo& p = store.layout().params[piece.param];
     auto& global = out[p.name];
-    const std::uint64_t cols = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
-    const std::uint64_t ncols = block.count.size() == 2 ? block.count[1] : 1;
-    const std::size_t local_cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    const BlockRows rows = block_rows(p, block);
     const float* src = host.data() + piece.shard_offset + (block.local_begin - piece.local_begin);
-    for (std::uint64_t r = 0; r < block.count[0]; ++r) {
-      const std::uint64_t g = (block.offset[0] + r) * cols + (block.offset.size() == 2 ? block.offset[1] : 0);
-      for (std::uint64_t c = 0; c < ncols; ++c) global[g + c] = src[r * local_cols + c];
-    }
+    for (std::uint64_t r = 0; r < rows.rows; ++r)
+      for (std::uint64_t c = 0; c < rows.cols; ++c)
+        global[rows.first + r * rows.stride + c] = src[r * rows.local_cols + c];
   });
   for (auto& [name, values] : out)
     mpi_all_reduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, world,

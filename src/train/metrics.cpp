@@ -41,6 +41,13 @@ std::string progress_line(const StepRecord& r) {
                 r.step_ms, r.tokens_per_s, 100 * r.mfu, r.exposed_comm_ms, r.mem_bytes / 1048576.0,
                 duration(r.elapsed_s).c_str(), duration(r.eta_s).c_str());
   std::string line = buf;
+  // On every line of an MoE run, after the fields every run has.
+  if (r.moe) {
+    std::snprintf(buf, sizeof buf, " | moe tokens/expert min %lld mean %.1f max %lld imbalance %.2f",
+                  static_cast<long long>(r.moe->min), r.moe->mean, static_cast<long long>(r.moe->max),
+                  r.moe->imbalance);
+    line += buf;
+  }
   // Last, so the fields before it keep their places on every line.
   if (r.val_loss) {
     std::snprintf(buf, sizeof buf, " | val_loss %.6f", *r.val_loss);
@@ -102,6 +109,11 @@ void MetricsWriter::step(const StepRecord& r) {
                       {"time", r.unix_time},
                       {"elapsed_s", r.elapsed_s},
                       {"tokens", r.tokens}};
+  if (r.moe)
+    j["moe"] = {{"tokens_per_expert_min", r.moe->min},
+                {"tokens_per_expert_mean", r.moe->mean},
+                {"tokens_per_expert_max", r.moe->max},
+                {"imbalance", r.moe->imbalance}};
   if (r.val_loss) {
     j["val_loss"] = *r.val_loss;
     j["eval_ms"] = r.eval_ms;

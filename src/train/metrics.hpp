@@ -12,6 +12,15 @@
 
 namespace ndmini {
 
+// One step's routing over every MoE block: the tokens each expert received
+// (summed over the ranks), their least, mean and most over every block's
+// experts, and imbalance = most / mean (the worst block's: every block routes
+// the same tokens, so all share the mean).
+struct MoeLoad {
+  std::int64_t min = 0, max = 0;
+  double mean = 0, imbalance = 0;
+};
+
 struct StepRecord {
   std::int64_t step = 0;
   std::int64_t steps = 0;  // train.steps: the line reads "step N/M"
@@ -35,6 +44,7 @@ struct StepRecord {
   double eval_ms = 0;
   std::int64_t mem_bytes = 0;
   std::vector<std::pair<std::string, CommStats>> comm;  // per communicator (axis or reduction group)
+  std::optional<MoeLoad> moe;                           // an MoE model's expert load
 };
 
 std::string progress_line(const StepRecord& r);

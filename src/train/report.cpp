@@ -13,6 +13,7 @@
 #include "kernels/gemm_library.hpp"
 #include "mesh/mesh.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "run/budget.hpp"
 #include "run/memory_estimate.hpp"
 #include "train/metrics.hpp"
@@ -31,6 +32,32 @@ double median_of(const std::vector<StepStats>& steps, F&& f) {
 }
 
 }  // namespace
+
+std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, std::vector<std::int64_t> routed, MPI_Comm world) {
+  if (!m.moe()) return std::nullopt;
+  // Every rank routes distinct token rows (its residual rows), and each block
+  // lives on one pipeline stage: the sum over the world is every token's.
+  mpi_all_reduce(MPI_IN_PLACE, routed.data(), static_cast<int>(routed.size()), MPI_INT64_T, MPI_SUM, world,
+                 "the tokens routed to each expert");
+  MoeLoad load;
+  std::int64_t total = 0, counted = 0;
+  load.min = std::numeric_limits<std::int64_t>::max();
+  const std::size_t E = m.moe_experts;
+  for (int l = 0; l < m.layers; ++l) {
+    if (!m.moe_block(l)) continue;
+    for (std::size_t e = 0; e < E; ++e) {
+      const std::int64_t n = routed[l * E + e];
+      load.min = std::min(load.min, n);
+      load.max = std::max(load.max, n);
+      total += n;
+      ++counted;
+    }
+  }
+  // Every block routes the same tokens: the mean is each block's, and max / mean the worst block's imbalance.
+  load.mean = static_cast<double>(total) / static_cast<double>(std::max<std::int64_t>(counted, 1));
+  load.imbalance = load.mean > 0 ? static_cast<double>(load.max) / load.mean : 0;
+  return load;
+}
 
 StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms) {
   const auto groups = ctx.reported();
@@ -109,9 +136,13 @@ void print_check(const Config& cfg, const RunLayout& layout, int ranks_on_node) 
   // N leaves out the lookup tables: wpe, and wte when lm_head is the head's product.
   const char* lookups = m.learned_positions() ? (m.tie_embeddings ? "all but wpe" : "all but the lookups wpe and wte")
                                               : (m.tie_embeddings ? "all" : "all but wte, a lookup");
-  std::printf("parameters        %lld (%lld in MFU's N: %s)\n", static_cast<long long>(gpt_param_count(m)),
-              static_cast<long long>(gpt_flops_param_count(m)), lookups);
-  std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
+  if (m.moe()) {  // the MoE blocks, their parameters (total, active) and FLOPs, the experts per rank
+    std::printf("%s", describe_moe(m, layout.dims).c_str());
+  } else {
+    std::printf("parameters        %lld (%lld in MFU's N: %s)\n", static_cast<long long>(gpt_param_count(m)),
+                static_cast<long long>(gpt_flops_param_count(m)), lookups);
+    std::printf("FLOPs per token   %.4g (6N + 12 L C T)\n", gpt_flops_per_token(m));
+  }
   std::printf("accumulation      %d micro-batches of %d per data-parallel rank (%d of them) per step\n",
               layout.micro_batches, cfg.train.micro_batch, layout.dims.data_parallel());
   if (layout.dims.pp > 1) {
@@ -151,7 +182,7 @@ void print_banner(const Config& cfg, const RunLayout& layout, const ParallelCont
   std::printf("ndmini %s | Kokkos %d.%d.%d %s | mesh %s | ranks/node %d | params %lld | %.3g FLOP/token\n",
               NDMINI_VERSION, KOKKOS_VERSION / 10000, KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
               ExecSpace::name(), layout.dims.str().c_str(), ctx.mesh().ranks_per_node(),
-              static_cast<long long>(gpt_param_count(cfg.model)), gpt_flops_per_token(cfg.model));
+              static_cast<long long>(model_counts(cfg.model).total), model_counts(cfg.model).flops_per_token);
   std::printf("model: %s\n", architecture_text(cfg.model).c_str());
   if (const std::string filled = describe_filled_degree(cfg.parallel, layout.dims);
       !filled.empty() && layout.dims.size() > 1)

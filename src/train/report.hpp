@@ -14,6 +14,7 @@
 #include "parallel/context.hpp"
 #include "run/calibration.hpp"
 #include "run/layout.hpp"
+#include "train/metrics.hpp"
 #include "train/prediction.hpp"
 #include "train/result.hpp"
 
@@ -21,6 +22,9 @@ namespace ndmini {
 
 // Collective over the world: reduces this rank's figures; resets the comm stats.
 StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms);
+// Collective over `world`: the load of the experts from the rows each rank
+// routed ([layer E + expert], StageRuntime::take_routed_rows); none for a dense model.
+std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, std::vector<std::int64_t> routed, MPI_Comm world);
 
 // `ndmini check`: the resolved deck, the model's sizes, the batch split,
 // the pipeline's stages, the cp chunks, the memory estimate per stage and

@@ -59,6 +59,8 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
   par.data.reduce_dtype = cfg.comm.reduce_dtype;
   par.tied_embedding = ctx.tied_embedding();
   par.chunks = layout.plan.chunks_of(ctx.coord(Axis::pp));
+  par.experts = ctx.experts();
+  par.moe_max_load = cfg.train.moe_max_load;
   return par;
 }
 
@@ -179,7 +181,7 @@ class Trainer {
   std::optional<double> validate_if_due(std::int64_t step, double* eval_ms);
   double mfu(double tokens_per_s) const;
   void log_step(std::int64_t step, double loss, std::optional<double> val_loss, double eval_ms, double lr,
-                double grad_norm, const StepStats& stats, double io_ms);
+                double grad_norm, const StepStats& stats, double io_ms, const std::optional<MoeLoad>& moe_load);
   void reset_comm_stats();
 
   const Config& cfg_;
@@ -242,7 +244,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
       tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
       watchdog_(comm, cfg.comm.timeout_s),
       progress_(comm, cfg.comm.progress_poll_us) {
-  require_computed_moe(cfg_.model);  // before anything is built for the deck
+  require_trained_moe_keys(cfg_);  // before anything is built for the deck
   effective_config_ = effective_toml(resolved_config(cfg_, layout_.dims));
   setup();
   if (opts_.resume) resume();
@@ -497,10 +499,11 @@ void Trainer::step() {
 
   const double io_ms = result_.io_ms - io_ms_before;
   const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
+  const std::optional<MoeLoad> moe_load = reduce_moe_load(cfg_.model, model_->take_routed_rows(), comm_);
   steps_.push_back(stats);
   result_.losses.push_back(loss);
   if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
-    log_step(step, loss, val_loss, eval_ms, lr, grad_norm, stats, io_ms);
+    log_step(step, loss, val_loss, eval_ms, lr, grad_norm, stats, io_ms, moe_load);
   agree_on_stop(step);
 }
 
@@ -547,11 +550,11 @@ void Trainer::agree_on_stop(std::int64_t step) {
 
 // Model FLOPs utilisation of a throughput, over the peak of every rank.
 double Trainer::mfu(double tokens_per_s) const {
-  return gpt_flops_per_token(cfg_.model) * tokens_per_s / (result_.peak.flops_per_rank * world_);
+  return model_counts(cfg_.model).flops_per_token * tokens_per_s / (result_.peak.flops_per_rank * world_);
 }
 
 void Trainer::log_step(std::int64_t step, double loss, std::optional<double> val_loss, double eval_ms, double lr,
-                       double grad_norm, const StepStats& stats, double io_ms) {
+                       double grad_norm, const StepStats& stats, double io_ms, const std::optional<MoeLoad>& moe_load) {
   StepRecord r;
   r.step = step;
   r.steps = cfg_.train.steps;
@@ -579,6 +582,7 @@ void Trainer::log_step(std::int64_t step, double loss, std::optional<double> val
   r.io_ms = io_ms;
   r.mem_bytes = result_.mem_bytes;
   r.comm = stats.comm;
+  r.moe = moe_load;
   if (!opts_.quiet) std::printf("%s\n", progress_line(r).c_str());
   std::fflush(stdout);
   metrics_->step(r);
