@@ -105,7 +105,11 @@ inline const std::vector<Layout>& layouts() {
 // both blocks MoE) over 1, 2 and 4 ranks: expert parallelism (ep) over each
 // axis it may span (dp_shard, cp, tp with SP), beside dp_replicate and the
 // pipelines; the balanced test router and the learned one; a shared expert;
-// dense and MoE blocks mixed (moe_every = 2); SwiGLU experts; recompute = block.
+// dense and MoE blocks mixed (moe_every = 2); SwiGLU experts; recompute = block;
+// the balancing terms (balancing()).
+inline std::vector<std::string> balancing() {
+  return {"model.moe_score=sigmoid", "train.moe_bias_rate=0.01", "train.moe_seq_aux=0.01", "train.moe_z_loss=0.001"};
+}
 inline const std::vector<Layout>& moe_layouts() {
   const std::string rc = "train.recompute=block", ep2 = "parallel.ep=2", ep4 = "parallel.ep=4";
   const std::string sp = "parallel.sequence_parallel=true", balanced = "model.moe_router=balanced";
@@ -131,6 +135,13 @@ inline const std::vector<Layout>& moe_layouts() {
       {4,
        {"parallel.pp=2", "parallel.dp_shard=2", ep2, "parallel.schedule=interleaved_1f1b", "parallel.virtual_stages=2"},
        {"model.layers=4", mixed}},
+      // The balancing terms: sigmoid scores with the selection bias moved every
+      // step from the counts of every rank, the sequence-wise balance loss
+      // (a sequence's sums over cp and tp) and the z-loss.
+      {2, {"parallel.dp_shard=2", ep2}, balancing()},
+      {2, {"parallel.tp=2", sp, ep2}, balancing()},
+      {2, {"parallel.cp=2", ep2}, balancing()},
+      {4, {"parallel.pp=2", "parallel.dp_shard=2", ep2, "parallel.schedule=1f1b"}, balancing()},
   };
   return all;
 }

@@ -282,6 +282,7 @@ TEST(ExpertParallel, AuxLossGradientsMatchFiniteDifferences) {
     aux.z_loss = 0.25;
     aux.seq_aux = 0.5;
     aux.seq_len = 8;
+    aux.micro_batch = 2;
     for (std::size_t r = 0; r < L.R; ++r) aux.sequences.push_back(static_cast<int>(r / 8));  // 2 sequences
     layer.set_aux_losses(aux);
     const double scale = 1.0 / L.R, sequences = 2;
@@ -472,6 +473,7 @@ TEST(ExpertParallel, SequenceBalanceLossSpansTheRanksOfASequence) {
     MoeAuxLosses aux;
     aux.seq_aux = 0.5;
     aux.seq_len = static_cast<int>(T);
+    aux.micro_batch = static_cast<int>(S);
     for (std::size_t r = 0; r < rows; ++r) aux.sequences.push_back(static_cast<int>(r / per_sequence));
     aux.sequence_groups = std::move(groups);
     return aux;

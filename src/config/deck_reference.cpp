@@ -121,13 +121,13 @@ const std::map<std::string, std::string>& meanings() {
        "held-out source's batch of step j)"},
       {"train.moe_bias_rate",
        "sigmoid router: the step of the per-expert selection bias after each optimizer step, from the token "
-       "counts summed over every token-holding rank; 0: no bias (not trained yet: train refuses another value)"},
+       "counts summed over every token-holding rank (sign of mean - load); 0: no bias"},
       {"train.moe_seq_aux",
        "the coefficient of the balance loss computed per sequence (so it does not depend on the micro-batch); 0: "
-       "off (not trained yet: train refuses another value)"},
+       "off (reported as `aux` in the progress line)"},
       {"train.moe_z_loss",
-       "the coefficient of the router's z-loss (mean squared log-sum-exp of its logits); 0: off (not trained yet: "
-       "train refuses another value)"},
+       "the coefficient of the router's z-loss (mean squared log-sum-exp of its logits); 0: off (reported as "
+       "`aux` in the progress line)"},
       {"train.moe_max_load",
        "the bound of one expert's tokens on a rank, a multiple of the mean load (tokens x k / E); nothing is "
        "dropped: a step that exceeds it stops every rank with a message naming the expert and its load; 0: the "

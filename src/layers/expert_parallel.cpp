@@ -134,9 +134,10 @@ ExpertParallel::ExpertParallel(const ModelConfig& m, double max_load, Communicat
 
 void ExpertParallel::set_aux_losses(MoeAuxLosses aux) {
   if (aux.seq_aux != 0) {
-    if (aux.sequences.size() != sizes_.rows || aux.seq_len <= 0)
+    if (aux.sequences.size() != sizes_.rows || aux.seq_len <= 0 || aux.micro_batch <= 0 ||
+        *std::max_element(aux.sequences.begin(), aux.sequences.end()) >= aux.micro_batch)
       throw InternalError("the sequence-wise aux loss needs the sequence of every routed row");
-    sequences_ = 1 + *std::max_element(aux.sequences.begin(), aux.sequences.end());
+    sequences_ = aux.micro_batch;
   }
   aux_ = std::move(aux);
 }

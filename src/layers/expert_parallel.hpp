@@ -99,11 +99,12 @@ struct MoeRouteStats {
 // micro-batch, and the groups over which the rows of one sequence are
 // spread (cp, and tp under sequence parallelism): its sums run over them.
 struct MoeAuxLosses {
-  double z_loss = 0;   // times the mean over tokens of logsumexp(logits)^2
-  double seq_aux = 0;  // times the mean over sequences of sum_e f_e P_e (DeepSeek-V3)
-  std::vector<int> sequences;
+  double z_loss = 0;           // times the mean over tokens of logsumexp(logits)^2
+  double seq_aux = 0;          // times the mean over sequences of sum_e f_e P_e (DeepSeek-V3)
+  std::vector<int> sequences;  // [R]: 0 .. micro_batch - 1
   std::vector<Communicator*> sequence_groups;
-  int seq_len = 0;  // T: the tokens of a whole sequence
+  int micro_batch = 0;  // the sequences of a micro-batch (the same on every rank of the groups)
+  int seq_len = 0;      // T: the tokens of a whole sequence
 };
 
 class ExpertParallel {

@@ -10,7 +10,7 @@
 
 namespace ndmini {
 
-const std::array<BlockTensorSpec, 39> kBlockTensors = {{
+const std::array<BlockTensorSpec, 40> kBlockTensors = {{
     {"ln_1/weight", &BlockTensors::ln1_w, nullptr, nullptr},
     {"ln_1/bias", &BlockTensors::ln1_b, nullptr, nullptr},
     {"attn/c_attn/weight", nullptr, &BlockTensors::attn_w, &BlockMatricesBf16::attn_w},
@@ -36,6 +36,7 @@ const std::array<BlockTensorSpec, 39> kBlockTensors = {{
     {"mlp/c_proj/bias", &BlockTensors::mlp_proj_b, nullptr, nullptr},
     // An MoE block: the router and the routed experts (the layer's ExpertTensors) ...
     {"mlp/router/weight", nullptr, &BlockTensors::router_w, nullptr},
+    {"mlp/router/selection_bias", &BlockTensors::selection_bias, nullptr, nullptr},
     {"mlp/experts/c_fc/weight", nullptr, &BlockTensors::expert_fc_w, &BlockMatricesBf16::expert_fc_w},
     {"mlp/experts/c_fc/bias", &BlockTensors::expert_fc_b, nullptr, nullptr},
     {"mlp/experts/c_gate/weight", nullptr, &BlockTensors::expert_fc_w, &BlockMatricesBf16::expert_fc_w},
@@ -56,8 +57,8 @@ const std::array<BlockTensorSpec, 39> kBlockTensors = {{
 }};
 
 ExpertTensors expert_tensors(const BlockTensors& t) {
-  return {t.router_w,      Slice1D(),     t.expert_fc_w, t.expert_up_w,
-          t.expert_proj_w, t.expert_fc_b, t.expert_up_b, t.expert_proj_b};
+  return {t.router_w,      t.selection_bias, t.expert_fc_w, t.expert_up_w,
+          t.expert_proj_w, t.expert_fc_b,    t.expert_up_b, t.expert_proj_b};
 }
 
 void swap_routing(MoeActivations& to, MoeActivations& from) {
@@ -241,11 +242,11 @@ MoeRouteStats TransformerBlock::forward(const BlockWeights& w, ConstSlice2D x, B
 }
 
 void TransformerBlock::backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
-                                Slice2D dres) {
+                                Slice2D dres, real loss_scale) {
   if (sizes_.bf16)
-    backward_as<bf16>(w, g, x, a, dres);
+    backward_as<bf16>(w, g, x, a, dres, loss_scale);
   else
-    backward_as<real>(w, g, x, a, dres);
+    backward_as<real>(w, g, x, a, dres, loss_scale);
 }
 
 // ---- one computation for both precisions ----------------------------------
@@ -394,7 +395,7 @@ void TransformerBlock::mlp_backward(const BlockWeights& weights, const BlockTens
 
 template <class T>
 void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTensors& g, ConstSlice2D x,
-                                   const BlockActivations& a, Slice2D dres) {
+                                   const BlockActivations& a, Slice2D dres, real loss_scale) {
   const BlockTensors& w = weights.w;
   const BlockMatrices<T> m = operands<T>(weights);
   const std::size_t N = tp_.rows(), Nr = tp_.local_rows();
@@ -409,7 +410,7 @@ void TransformerBlock::backward_as(const BlockWeights& weights, const BlockTenso
     // brings every rank's rows together (zero elsewhere).
     const Slice2D dln_rows(dln_.data() + tp_.first_local_row() * C_, Nr, C_);
     experts_->backward<T>(dln_rows, expert_tensors(g), dres, routed_rows<T>(a.ln2), expert_tensors(w), m.experts(),
-                          a.moe);
+                          a.moe, loss_scale);
   }
   ConstSlice2D gin = tp_.reduce_input_grad(as_matrix(dln_, N, C_));
   kernels::norm_backward(dres, g.ln2_w, g.ln2_b, gin, as_matrix(a.res2, Nr, C_), w.ln2_w, a.ln2_mean, a.ln2_rstd,

@@ -52,6 +52,7 @@ struct BlockTensors {
   // [E rows] (expert_tensors() hands them to the layer). Its shared expert
   // (mlp/shared/...) takes the dense MLP's members above.
   Slice2D router_w;
+  Slice1D selection_bias;  // [E]: sigmoid scores' selection bias
   Slice2D expert_fc_w, expert_up_w, expert_proj_w;
   Slice1D expert_fc_b, expert_up_b, expert_proj_b;
 };
@@ -94,7 +95,7 @@ struct BlockTensorSpec {
 // has, their order and shapes: layer_tensors (model/moe.hpp: a dense
 // block's gpt_block_tensors, or an MoE block's), which the parameter
 // layout, the checkpoint and BlockLayout all walk.
-extern const std::array<BlockTensorSpec, 39> kBlockTensors;
+extern const std::array<BlockTensorSpec, 40> kBlockTensors;
 
 // Where a block's tensors sit in its unit: the same for every block of a
 // kind (dense, or MoE).
@@ -257,8 +258,10 @@ class TransformerBlock {
   MoeRouteStats forward(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit (residual rows). Parameter
   // gradients are ADDED into g (an MoE block's routed experts: only this ep
-  // rank's).
-  void backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres);
+  // rank's). loss_scale: the main loss's weight of a token, at which the
+  // MoE auxiliary losses add their gradients (0: none).
+  void backward(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a, Slice2D dres,
+                real loss_scale = 0);
 
  private:
   // forward and backward, written once for the operands' element type T:
@@ -267,7 +270,7 @@ class TransformerBlock {
   MoeRouteStats forward_as(const BlockWeights& w, ConstSlice2D x, BlockActivations& a);
   template <class T>
   void backward_as(const BlockWeights& w, const BlockTensors& g, ConstSlice2D x, const BlockActivations& a,
-                   Slice2D dres);
+                   Slice2D dres, real loss_scale);
   // The dense MLP (or an MoE block's shared expert): res3 = res2 + mlp(ln2),
   // and its backward into dln_ (d(ln2), before the sum over tp).
   template <class T>

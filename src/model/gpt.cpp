@@ -58,7 +58,7 @@ bool has_moe_block(const ModelConfig& m, const std::vector<Chunk>& chunks) {
 
 GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp,
                    bool sequence_parallel, Communicator* cp, Precision precision, Communicator* experts,
-                   double moe_max_load)
+                   double moe_max_load, double moe_z_loss, double moe_seq_aux)
     : cfg_(m),
       precision_(precision),
       chunks_(std::move(chunks)),
@@ -77,6 +77,20 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
     experts_ = std::make_unique<ExpertParallel>(m, moe_max_load, moe.ep > 1 ? experts : nullptr, tp_.local_rows(),
                                                 residual_positions(tp_, attention_.layout()), bf16);
     moe_block_ = std::make_unique<TransformerBlock>(m, tp_, attention_, positions_, bf16, experts_.get());
+    if (moe_z_loss != 0 || moe_seq_aux != 0) {
+      // The rows are sequence-major, T/cp of each sequence here; a
+      // sequence's other rows are on its cp ranks and, with SP, tp ranks.
+      MoeAuxLosses aux;
+      aux.z_loss = moe_z_loss;
+      aux.seq_aux = moe_seq_aux;
+      aux.micro_batch = micro_batch;
+      aux.seq_len = m.seq_len;
+      const std::size_t per_sequence = static_cast<std::size_t>(attention_.layout().local_len());
+      for (std::size_t r = 0; r < tp_.local_rows(); ++r)
+        aux.sequences.push_back(static_cast<int>((tp_.first_local_row() + r) / per_sequence));
+      aux.sequence_groups = {cp, tp_.sequence_parallel() ? tp : nullptr};
+      experts_->set_aux_losses(std::move(aux));
+    }
   }
   const ParamLayout layout = param_layout(1);
   for (const ParamInfo& p : layout.params)
@@ -292,8 +306,8 @@ MoeRouteStats GptModel::block_forward(int layer, UnitWeights params, ConstSlice2
 }
 
 void GptModel::block_backward(int layer, UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
-                              Slice2D dres) {
-  block(layer).backward(block_weights(layer, params), layout_of(layer).view(grads), x, a, dres);
+                              Slice2D dres, real loss_scale) {
+  block(layer).backward(block_weights(layer, params), layout_of(layer).view(grads), x, a, dres, loss_scale);
 }
 
 double GptModel::head_forward(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,

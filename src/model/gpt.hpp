@@ -143,7 +143,7 @@ class GptModel {
   // expert group of the MoE blocks (null: ep = 1); moe_max_load: train.moe_max_load.
   GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chunks, Communicator* tp = nullptr,
            bool sequence_parallel = false, Communicator* cp = nullptr, Precision precision = Precision::fp32,
-           Communicator* experts = nullptr, double moe_max_load = 0);
+           Communicator* experts = nullptr, double moe_max_load = 0, double moe_z_loss = 0, double moe_seq_aux = 0);
   // Releases the emulated bf16 products' buffer (kernels/gemm.cpp): it lives as long as the model.
   ~GptModel();
   GptModel(const GptModel&) = delete;
@@ -190,8 +190,9 @@ class GptModel {
   // routing) and returns what it routed; a dense block returns nothing.
   MoeRouteStats block_forward(int layer, UnitWeights params, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit.
+  // loss_scale: the forward's (the MoE auxiliary losses' gradients use it).
   void block_backward(int layer, UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
-                      Slice2D dres);
+                      Slice2D dres, real loss_scale = 0);
   // The head: final norm, LM head, loss of `targets`; returns the sum of
   // the per-token losses. `head` is the LM head's unit: wte's (tied) or
   // lm_head's (untied), both [V/tp, C] alone in their unit. With grad_scale

@@ -62,10 +62,4 @@ void check_moe_split(const ModelConfig& m, const ParallelDims& split);
 // the MoE blocks, the parameters (total, active), the experts per ep rank.
 std::string describe_moe(const ModelConfig& m, const ParallelDims& split);
 
-// What train does not compute yet: the sequence balance loss
-// (train.moe_seq_aux), the router z-loss (train.moe_z_loss) and the sigmoid
-// router's selection bias (train.moe_bias_rate). train and check refuse a
-// deck that sets one (plan takes it). Throws Error.
-void require_trained_moe_keys(const Config& cfg);
-
 }  // namespace ndmini

@@ -44,6 +44,11 @@ std::int64_t count(const std::vector<BlockTensorShape>& tensors) {
 std::vector<BlockTensorShape> moe_mlp_tensors(const ModelConfig& m) {
   const std::int64_t E = m.moe_experts;
   std::vector<BlockTensorShape> out = {{"mlp/router/weight", {E, m.channels}, TpSplit::replicated, 1}};
+  // Sigmoid scores select with a per-expert bias (DeepSeek-V3): state, not a
+  // trained parameter (its gradient is zero, so AdamW leaves it; the
+  // trainer moves it after each step by train.moe_bias_rate).
+  if (m.moe_score == MoeScore::sigmoid && m.moe_router == MoeRouter::learned)
+    out.push_back({"mlp/router/selection_bias", {E}, TpSplit::replicated, 1});
   // Each expert whole on its ep rank: the expert index first, no tp split.
   for (BlockTensorShape t : mlp_tensors(m, m.moe_ffn(), "mlp/experts/")) {
     t.shape.insert(t.shape.begin(), E);
@@ -150,20 +155,6 @@ std::string describe_moe(const ModelConfig& m, const ParallelDims& s) {
      << "); their parameters live in the block's unit (FSDP-sharded with it over " << s.fsdp()
      << (s.fsdp() == 1 ? " rank)\n" : " ranks)\n");
   return os.str();
-}
-
-void require_trained_moe_keys(const Config& cfg) {
-  const TrainConfig& t = cfg.train;
-  const auto refuse = [](const char* key, double value, const char* what) {
-    std::ostringstream os;
-    os << key << " = " << value << ": ndmini train does not compute " << what
-       << " in this version (the routed experts are trained by the loss alone); set " << key
-       << " = 0 (ndmini plan takes the deck as it is)";
-    throw Error(os.str());
-  };
-  if (t.moe_seq_aux != 0) refuse("train.moe_seq_aux", t.moe_seq_aux, "the sequence balance loss");
-  if (t.moe_z_loss != 0) refuse("train.moe_z_loss", t.moe_z_loss, "the router z-loss");
-  if (t.moe_bias_rate != 0) refuse("train.moe_bias_rate", t.moe_bias_rate, "the selection bias's updates");
 }
 
 }  // namespace ndmini

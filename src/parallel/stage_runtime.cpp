@@ -93,7 +93,7 @@ class PartRegions {
 StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute,
                            Precision precision)
     : model_(m, micro_batch, chunks_or_whole_model(par.chunks, m.layers), par.tp, par.sequence_parallel, par.cp,
-             precision, par.experts, par.moe_max_load),
+             precision, par.experts, par.moe_max_load, par.moe_z_loss, par.moe_seq_aux),
       recompute_(recompute),
       tied_(m.tie_embeddings ? par.tied_embedding : nullptr) {  // untied: wte and lm_head, nothing to sum
   // The store learns the FSDP group size here: every unit is padded to split evenly over it.
@@ -191,6 +191,8 @@ StageRuntime::Record& StageRuntime::record(int chunk, int micro_batch) {
 void StageRuntime::count_routed(int layer, const MoeRouteStats& routed) {
   const std::size_t E = routed.sent.size();
   for (std::size_t e = 0; e < E; ++e) routed_rows_[layer * E + e] += routed.sent[e];
+  aux_sums_.z_loss += routed.z_loss_sum;
+  aux_sums_.seq_aux += routed.seq_aux_sum;
 }
 
 StageRuntime::Record& StageRuntime::find_record(int chunk, int micro_batch) {
@@ -262,6 +264,7 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
   const ChunkUnits& u = model_.units()[k];
   ParamStore& s = *store_;
   Record& r = record(chunk, micro_batch);
+  r.loss_scale = loss_scale;
   const std::size_t Nr = model_.local_rows(), C = config().channels;
   const View1D* x = &r.input;                           // the input of the next compute
   const int head = u.lm_head >= 0 ? u.lm_head : u.wte;  // the LM head's matrix: lm_head, or the tied wte
@@ -346,7 +349,8 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
       }
       case Part::block_backward: {
         const BlockActivations& a = recompute_ == Recompute::block ? recomputed(layer) : r.layers[i];
-        model_.block_backward(layer, s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres);
+        model_.block_backward(layer, s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres,
+                              r.loss_scale);
         return;
       }
       case Part::embedding_backward:

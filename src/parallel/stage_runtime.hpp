@@ -38,6 +38,7 @@ struct ModelParallel {
   // 1) and train.moe_max_load, the bound of an expert's rows.
   Communicator* experts = nullptr;
   double moe_max_load = 0;
+  double moe_z_loss = 0, moe_seq_aux = 0;  // train.moe_z_loss, train.moe_seq_aux: the auxiliary losses
 };
 
 class StageRuntime {
@@ -118,6 +119,13 @@ class StageRuntime {
   // forwards since the last call: [layer E + expert] over every layer of the
   // model (zero for dense blocks and other stages' blocks); empty without MoE.
   std::vector<std::int64_t> take_routed_rows();
+  // The MoE auxiliary losses' sums of those forwards, before their
+  // coefficients (MoeRouteStats): z-loss over the rows, the sequence-wise
+  // balance loss over the sequences.
+  struct AuxSums {
+    double z_loss = 0, seq_aux = 0;
+  };
+  AuxSums take_aux_sums() { return std::exchange(aux_sums_, AuxSums{}); }
 
   // What one record of `chunk` holds: record() allocates it, record_bytes() counts it.
   struct RecordContents {
@@ -145,6 +153,7 @@ class StageRuntime {
     View1D grad;                           // d(output): received, or computed by the head's loss
     TokenView tokens;                      // first chunk: the embedding backward needs them
     std::vector<BlockActivations> layers;  // per block (only the outputs with recomputation)
+    real loss_scale = 0;                   // the forward's: the backward's MoE auxiliary losses use it
     std::size_t bytes = 0;
   };
   int local_chunk(int chunk) const;
@@ -176,6 +185,7 @@ class StageRuntime {
   BlockActivations recomputed_, recomputed_moe_;
   BlockActivations& recomputed(int layer) { return config().moe_block(layer) ? recomputed_moe_ : recomputed_; }
   std::vector<std::int64_t> routed_rows_;  // take_routed_rows()
+  AuxSums aux_sums_;                       // take_aux_sums()
   std::size_t activation_bytes_ = 0, peak_activation_bytes_ = 0;
   double recompute_ms_ = 0;
 };

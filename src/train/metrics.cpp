@@ -47,6 +47,10 @@ std::string progress_line(const StepRecord& r) {
                   static_cast<long long>(r.moe->min), r.moe->mean, static_cast<long long>(r.moe->max),
                   r.moe->imbalance);
     line += buf;
+    if (r.moe->aux_loss) {
+      std::snprintf(buf, sizeof buf, " aux %.6f", *r.moe->aux_loss);
+      line += buf;
+    }
   }
   // Last, so the fields before it keep their places on every line.
   if (r.val_loss) {
@@ -114,6 +118,7 @@ void MetricsWriter::step(const StepRecord& r) {
                 {"tokens_per_expert_mean", r.moe->mean},
                 {"tokens_per_expert_max", r.moe->max},
                 {"imbalance", r.moe->imbalance}};
+  if (r.moe && r.moe->aux_loss) j["moe"]["aux_loss"] = *r.moe->aux_loss;
   if (r.val_loss) {
     j["val_loss"] = *r.val_loss;
     j["eval_ms"] = r.eval_ms;

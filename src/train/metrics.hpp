@@ -19,6 +19,7 @@ namespace ndmini {
 struct MoeLoad {
   std::int64_t min = 0, max = 0;
   double mean = 0, imbalance = 0;
+  std::optional<double> aux_loss;  // the auxiliary losses' sum (train.moe_z_loss, train.moe_seq_aux), when on
 };
 
 struct StepRecord {

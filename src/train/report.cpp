@@ -33,7 +33,9 @@ double median_of(const std::vector<StepStats>& steps, F&& f) {
 
 }  // namespace
 
-std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, std::vector<std::int64_t> routed, MPI_Comm world) {
+std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, const TrainConfig& t, std::vector<std::int64_t>& routed,
+                                       double z_loss_sum, double seq_aux_sum, double tokens, double sequences,
+                                       MPI_Comm world) {
   if (!m.moe()) return std::nullopt;
   // Every rank routes distinct token rows (its residual rows), and each block
   // lives on one pipeline stage: the sum over the world is every token's.
@@ -56,6 +58,11 @@ std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, std::vector<std::in
   // Every block routes the same tokens: the mean is each block's, and max / mean the worst block's imbalance.
   load.mean = static_cast<double>(total) / static_cast<double>(std::max<std::int64_t>(counted, 1));
   load.imbalance = load.mean > 0 ? static_cast<double>(load.max) / load.mean : 0;
+  if (t.moe_z_loss != 0 || t.moe_seq_aux != 0) {
+    double sums[2] = {z_loss_sum, seq_aux_sum};
+    mpi_all_reduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world, "the MoE auxiliary losses");
+    load.aux_loss = t.moe_z_loss * sums[0] / tokens + t.moe_seq_aux * sums[1] / sequences;
+  }
   return load;
 }
 

@@ -23,8 +23,14 @@ namespace ndmini {
 // Collective over the world: reduces this rank's figures; resets the comm stats.
 StepStats reduce_step(ParallelContext& ctx, double step_ms, double bubble_ms, double recompute_ms);
 // Collective over `world`: the load of the experts from the rows each rank
-// routed ([layer E + expert], StageRuntime::take_routed_rows); none for a dense model.
-std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, std::vector<std::int64_t> routed, MPI_Comm world);
+// routed ([layer E + expert], StageRuntime::take_routed_rows), summed over
+// the ranks in place (every rank then holds the step's counts), and the
+// auxiliary losses from their sums (StageRuntime::take_aux_sums): the z-loss
+// coefficient times its mean over the step's `tokens`, the balance loss
+// coefficient times its mean over the step's `sequences`. None for a dense model.
+std::optional<MoeLoad> reduce_moe_load(const ModelConfig& m, const TrainConfig& t, std::vector<std::int64_t>& routed,
+                                       double z_loss_sum, double seq_aux_sum, double tokens, double sequences,
+                                       MPI_Comm world);
 
 // `ndmini check`: the resolved deck, the model's sizes, the batch split,
 // the pipeline's stages, the cp chunks, the memory estimate per stage and

@@ -61,6 +61,8 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
   par.chunks = layout.plan.chunks_of(ctx.coord(Axis::pp));
   par.experts = ctx.experts();
   par.moe_max_load = cfg.train.moe_max_load;
+  par.moe_z_loss = cfg.train.moe_z_loss;
+  par.moe_seq_aux = cfg.train.moe_seq_aux;
   return par;
 }
 
@@ -244,7 +246,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, MPI_Comm comm)
       tokens_per_step_(static_cast<double>(cfg.train.global_batch) * cfg.model.seq_len),
       watchdog_(comm, cfg.comm.timeout_s),
       progress_(comm, cfg.comm.progress_poll_us) {
-  require_trained_moe_keys(cfg_);  // before anything is built for the deck
   effective_config_ = effective_toml(resolved_config(cfg_, layout_.dims));
   setup();
   if (opts_.resume) resume();
@@ -470,6 +471,35 @@ std::optional<double> Trainer::validate_if_due(std::int64_t step, double* eval_m
 // One optimizer step: the validation loss when due (outside the step's
 // time), the gradients, the save of the state they showed sane, the update,
 // the figures, and the agreement on stopping.
+// DeepSeek-V3's balancing without an auxiliary loss: after each step every
+// MoE block's selection bias moves by `rate` towards the mean load, up for an
+// expert that received fewer tokens than the mean, down for one that received
+// more, from the counts summed over every token-holding rank (`routed`, the
+// step's [layer E + expert]), so every layout moves it alike. The bias is
+// never trained (its gradient is zero): only this changes it.
+void move_selection_bias(ParamStore& store, const ModelConfig& m, const std::vector<std::int64_t>& routed,
+                         double rate) {
+  const std::string suffix = "/mlp/router/selection_bias";
+  const std::size_t E = static_cast<std::size_t>(m.moe_experts);
+  for (const ParamStore::Piece& piece : store.pieces()) {
+    const std::string& name = store.layout().params[piece.param].name;
+    if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::size_t layer = std::stoul(name.substr(2));  // "h/<layer>/..."
+    double total = 0;
+    for (std::size_t e = 0; e < E; ++e) total += static_cast<double>(routed[layer * E + e]);
+    const double mean = total / static_cast<double>(E);
+    const auto values =
+        Kokkos::subview(store.shard_params(), std::make_pair(piece.shard_offset, piece.shard_offset + piece.length));
+    const auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), values);
+    for (std::size_t i = 0; i < piece.length; ++i) {
+      const auto load = static_cast<double>(routed[layer * E + piece.local_begin + i]);
+      h(i) += static_cast<real>(rate * ((load < mean) - (load > mean)));
+    }
+    Kokkos::deep_copy(values, h);
+  }
+  store.params_changed();
+}
+
 void Trainer::step() {
   const auto& t = cfg_.train;
   const std::int64_t step = next_step_++;
@@ -499,7 +529,11 @@ void Trainer::step() {
 
   const double io_ms = result_.io_ms - io_ms_before;
   const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
-  const std::optional<MoeLoad> moe_load = reduce_moe_load(cfg_.model, model_->take_routed_rows(), comm_);
+  std::vector<std::int64_t> routed = model_->take_routed_rows();
+  const StageRuntime::AuxSums aux = model_->take_aux_sums();
+  const std::optional<MoeLoad> moe_load =
+      reduce_moe_load(cfg_.model, t, routed, aux.z_loss, aux.seq_aux, tokens_per_step_, t.global_batch, comm_);
+  if (t.moe_bias_rate > 0) move_selection_bias(model_->store(), cfg_.model, routed, t.moe_bias_rate);
   steps_.push_back(stats);
   result_.losses.push_back(loss);
   if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
