@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
@@ -373,6 +374,14 @@ void exchange(Communicator* group, const T* send, T* recv, const std::vector<std
 }  // namespace
 
 template <class T>
+std::pair<Buffer<T>, Buffer<T>> ExpertParallel::wire() const {
+  if constexpr (kBf16<T>)
+    return {wire_bf16_send_, wire_bf16_recv_};
+  else
+    return {wire_fp32_send_, wire_fp32_recv_};
+}
+
+template <class T>
 ConstSlice2D ExpertParallel::widened(ConstMatrix<T> x) {
   if constexpr (kBf16<T>) {
     kernels::widen_bf16(Slice1D(x_fp32_.data(), x.size()), ConstBf16Slice1D(x.data(), x.size()));
@@ -398,14 +407,7 @@ MoeRouteStats ExpertParallel::forward(Slice2D out, ConstMatrix<T> x, const Exper
   stats.sent.assign(E, 0);
   for (std::int32_t e : a.expert) ++stats.sent[e];
 
-  Buffer<T> send_buf, recv_buf;
-  if constexpr (kBf16<T>) {
-    send_buf = wire_bf16_send_;
-    recv_buf = wire_bf16_recv_;
-  } else {
-    send_buf = wire_fp32_send_;
-    recv_buf = wire_fp32_recv_;
-  }
+  const auto [send_buf, recv_buf] = wire<T>();
   const std::size_t Q = static_cast<std::size_t>(std::accumulate(recv_counts_.begin(), recv_counts_.end(), 0LL));
   // Dispatch: this rank's rows in send order, out to the experts' ranks.
   kernels::gather_rows<T, T>(as_matrix(send_buf, A, C), x, send_row_);
@@ -461,14 +463,7 @@ void ExpertParallel::backward(Slice2D dx, const ExpertTensors& g, ConstSlice2D d
   if (!a.routed) throw InternalError("an MoE backward without its forward's routing");
   plan_exchange(a);
   const std::size_t Q = static_cast<std::size_t>(std::accumulate(recv_counts_.begin(), recv_counts_.end(), 0LL));
-  Buffer<T> send_buf, recv_buf;
-  if constexpr (kBf16<T>) {
-    send_buf = wire_bf16_send_;
-    recv_buf = wire_bf16_recv_;
-  } else {
-    send_buf = wire_fp32_send_;
-    recv_buf = wire_fp32_recv_;
-  }
+  const auto [send_buf, recv_buf] = wire<T>();
   const int slots = static_cast<int>(k);
   // d(weight) of each slot: dout . the output it weighted.
   kernels::slot_dots<T>(dweight_, dout, kept<T>(a.returned, A, C), slot_position_, slots);

@@ -30,6 +30,7 @@
 // other activation transfer), and the expert products take bf16 operands.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -160,6 +161,9 @@ class ExpertParallel {
   void experts_backward(const ExpertTensors& g, const ExpertMatrices<T>& wm, const MoeActivations& a);
   template <class T>
   ConstSlice2D widened(ConstMatrix<T> x);
+  // The exchange's send and receive buffers in T (bf16 rows travel as bf16).
+  template <class T>
+  std::pair<Buffer<T>, Buffer<T>> wire() const;
 
   ModelConfig m_;
   Communicator* group_;
