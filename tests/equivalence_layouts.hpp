@@ -104,9 +104,10 @@ inline const std::vector<Layout>& layouts() {
 // The layouts of the Mixture-of-Experts suite (moe-tiny: 4 experts, top-2,
 // both blocks MoE) over 1, 2 and 4 ranks: expert parallelism (ep) over each
 // axis it may span (dp_shard, cp, tp with SP), beside dp_replicate and the
-// pipelines; the balanced test router and the learned one; a shared expert;
-// dense and MoE blocks mixed (moe_every = 2); SwiGLU experts; recompute = block;
-// the balancing terms (balancing()).
+// pipelines; the experts FSDP-sharded over the rest of dp_shard x cp x tp
+// (ep = 1 on 2 ranks; ep 2 of dp_shard 4) or whole (ep = dp_shard x cp x tp); the balanced test router and the learned
+// one; a shared expert; dense and MoE blocks mixed (moe_every = 2); SwiGLU experts; recompute = block; the balancing
+// terms (balancing()).
 inline std::vector<std::string> balancing() {
   return {"model.moe_score=sigmoid", "train.moe_bias_rate=0.01", "train.moe_seq_aux=0.01", "train.moe_z_loss=0.001"};
 }
@@ -116,6 +117,8 @@ inline const std::vector<Layout>& moe_layouts() {
   const std::string shared = "model.moe_shared_hidden=128", mixed = "model.moe_every=2";
   static const std::vector<Layout> all = {
       {1, {rc}, {}},
+      {2, {"parallel.dp_shard=2"}, {}},
+      {2, {"parallel.tp=2", sp}, {}},
       {2, {"parallel.dp_shard=2", ep2}, {}},
       {2, {"parallel.dp_shard=2", ep2}, {balanced}},
       {2, {"parallel.dp_shard=2", ep2, rc}, {}},

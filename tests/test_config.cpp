@@ -303,7 +303,7 @@ TEST(Config, FaultsThatCouldNeverFireAreRefused) {
       deck, "deck.toml", {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=1", "fault.group=dp_replicate"});
   EXPECT_EQ(every.fault.rank, -1);
   EXPECT_EQ(every.fault.group, "dp_replicate");
-  expect_error(deck, {"fault.group = \"cp\"", "a communicator that sums", "cp and pp only exchange"},
+  expect_error(deck, {"fault.group = \"cp\"", "a communicator that sums", "cp, pp and ep only exchange"},
                {"fault.kind=skip_collective", "fault.rank=-1", "fault.group=cp"});
   expect_error(deck, {"fault.group applies to", "fault.rank = -1", "remove it"},
                {"fault.kind=skip_collective", "fault.rank=1", "fault.group=tp"});

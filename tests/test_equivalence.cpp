@@ -514,6 +514,25 @@ TEST(EquivalenceMoe, ComparisonCanFail) {
                      "moe, the balanced router against the learned one", false);
 }
 
+// The routed experts' own gradient sums: with ep = 1 on 2 ranks they are
+// FSDP-sharded over the expert fsdp group (dp_shard, or the tp ranks), and
+// every rank dropping that group's sums (fault.group = "efsdp": each
+// reduce-scatter keeps this rank's own part) must land at least 10x
+// outside the fp32 bounds.
+TEST(EquivalenceMoe, BoundsCatchADroppedExpertSum) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  const std::vector<Layout> sharded = {{2, {"parallel.dp_shard=2"}, {}},
+                                       {2, {"parallel.tp=2", "parallel.sequence_parallel=true"}, {}}};
+  for (const Layout& layout : sharded) {
+    Settings s = settings_of(layout, {}, kMoeDeck);
+    s.overrides.insert(s.overrides.end(),
+                       {"fault.kind=skip_collective", "fault.rank=-1", "fault.step=0", "fault.group=efsdp"});
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, kMoeDeck), kMoeDeck), MPI_COMM_WORLD);
+    const std::string what = "moe " + label(layout) + ", efsdp's sums dropped";
+    expect_far_outside(distance(run, reference(s.model, kMoeDeck), kMoeDeck), kFp32Bounds, 10, what.c_str(), true);
+  }
+}
+
 // An MoE checkpoint (the experts as [E, rows, cols] global tensors) saved
 // under expert parallelism loads bit-exactly into another layout and into one rank.
 TEST(EquivalenceMoe, CheckpointReshardsExactly) {

@@ -101,16 +101,36 @@ struct Layer {
     return v.extent(0) > 0 ? Slice2D(v.data(), rows, cols) : Slice2D();
   }
   static Slice1D vec(const View1D& v) { return v.extent(0) > 0 ? Slice1D(v.data(), v.extent(0)) : Slice1D(); }
-  ExpertTensors weights() const {
-    return {mat(router, E, C),   vec(bias), mat(fc, E * F, C), mat(up, E * F, C),
-            mat(proj, E * C, F), vec(fc_b), vec(up_b),         vec(proj_b)};
+  // Experts [first, first + n) of a stack of E experts of `rows` rows each
+  // (what an ep rank holds: ExpertParallel reads its own experts only).
+  static Slice2D experts(const View1D& v, std::size_t first, std::size_t n, std::size_t rows, std::size_t cols) {
+    return v.extent(0) > 0 ? Slice2D(v.data() + first * rows * cols, n * rows, cols) : Slice2D();
   }
-  ExpertTensors grads() const {
-    return {mat(g_router, E, C),   Slice1D(),   mat(g_fc, E * F, C), mat(g_up, E * F, C),
-            mat(g_proj, E * C, F), vec(g_fc_b), vec(g_up_b),         vec(g_proj_b)};
+  static Slice1D experts(const View1D& v, std::size_t first, std::size_t n, std::size_t rows) {
+    return v.extent(0) > 0 ? Slice1D(v.data() + first * rows, n * rows) : Slice1D();
   }
-  ExpertMatrices<real> matrices() const {
-    const ExpertTensors w = weights();
+  // The router of all E experts and the matrices of the layer's experts.
+  ExpertTensors tensors(const ExpertParallel& layer, const View1D& r, const View1D& b, const View1D& f,
+                        const View1D& f_b, const View1D& u, const View1D& u_b, const View1D& p,
+                        const View1D& p_b) const {
+    const std::size_t first = layer.first_expert(), n = layer.local_experts();
+    return {mat(r, E, C),
+            vec(b),
+            experts(f, first, n, F, C),
+            experts(u, first, n, F, C),
+            experts(p, first, n, C, F),
+            experts(f_b, first, n, F),
+            experts(u_b, first, n, F),
+            experts(p_b, first, n, C)};
+  }
+  ExpertTensors weights(const ExpertParallel& layer) const {
+    return tensors(layer, router, bias, fc, fc_b, up, up_b, proj, proj_b);
+  }
+  ExpertTensors grads(const ExpertParallel& layer) const {
+    return tensors(layer, g_router, View1D(), g_fc, g_fc_b, g_up, g_up_b, g_proj, g_proj_b);
+  }
+  ExpertMatrices<real> matrices(const ExpertParallel& layer) const {
+    const ExpertTensors w = weights(layer);
     return {w.fc, w.up, w.proj};
   }
   std::vector<View1D> grad_views() const { return {g_router, g_fc, g_fc_b, g_up, g_up_b, g_proj, g_proj_b}; }
@@ -124,11 +144,12 @@ struct Layer {
   double forward(ExpertParallel& layer, MoeActivations& a) {
     Kokkos::deep_copy(out, real(0));
     a.routed = false;
-    layer.forward<real>(mat(out, R, C), mat(x, R, C), weights(), matrices(), a);
+    layer.forward<real>(mat(out, R, C), mat(x, R, C), weights(layer), matrices(layer), a);
     return dot(host(out), host(dout));
   }
   void backward(ExpertParallel& layer, const MoeActivations& a) {
-    layer.backward<real>(mat(dx, R, C), grads(), mat(dout, R, C), mat(x, R, C), weights(), matrices(), a);
+    layer.backward<real>(mat(dx, R, C), grads(layer), mat(dout, R, C), mat(x, R, C), weights(layer), matrices(layer),
+                         a);
   }
 };
 
@@ -291,13 +312,13 @@ TEST(ExpertParallel, AuxLossGradientsMatchFiniteDifferences) {
     Layer elsewhere(L.m, L.R, 31, 900);
     elsewhere.forward(layer, other);
     L.zero_grads();
-    layer.backward<real>(Layer::mat(L.dx, L.R, L.C), L.grads(), Layer::mat(L.dout, L.R, L.C), Layer::mat(L.x, L.R, L.C),
-                         L.weights(), L.matrices(), a, static_cast<real>(scale));
+    layer.backward<real>(Layer::mat(L.dx, L.R, L.C), L.grads(layer), Layer::mat(L.dout, L.R, L.C),
+                         Layer::mat(L.x, L.R, L.C), L.weights(layer), L.matrices(layer), a, static_cast<real>(scale));
     auto objective = [&] {
       Kokkos::deep_copy(L.out, real(0));
       probe.routed = false;
-      const MoeRouteStats st =
-          layer.forward<real>(Layer::mat(L.out, L.R, L.C), Layer::mat(L.x, L.R, L.C), L.weights(), L.matrices(), probe);
+      const MoeRouteStats st = layer.forward<real>(Layer::mat(L.out, L.R, L.C), Layer::mat(L.x, L.R, L.C),
+                                                   L.weights(layer), L.matrices(layer), probe);
       EXPECT_EQ(probe.expert, a.expert) << c.name << ": a finite-difference step changed the routing";
       return aux.z_loss * st.z_loss_sum * scale + aux.seq_aux * st.seq_aux_sum / sequences;
     };
@@ -407,17 +428,21 @@ TEST(ExpertParallel, Bf16ExpertGroupEqualsEachRankAlone) {
     return b;
   };
   const Bf16View1D x = rounded(L.x), fc = rounded(L.fc), up = rounded(L.up), proj = rounded(L.proj);
-  const std::size_t E = L.E, F = L.F, C = L.C, R = L.R;
-  const ExpertMatrices<bf16> mats{ConstBf16Slice2D(fc.data(), E * F, C), ConstBf16Slice2D(up.data(), E * F, C),
-                                  ConstBf16Slice2D(proj.data(), E * C, F)};
+  const std::size_t F = L.F, C = L.C, R = L.R;
   const ConstBf16Slice2D xs(x.data(), R, C);
   auto run = [&](Communicator* g) {
     ExpertParallel layer(L.m, 0, g, R, L.positions, true);
+    // The layer's experts of the bf16 copies.
+    const std::size_t first = layer.first_expert(), n = layer.local_experts();
+    const ExpertMatrices<bf16> mats{ConstBf16Slice2D(fc.data() + first * F * C, n * F, C),
+                                    ConstBf16Slice2D(up.data() + first * F * C, n * F, C),
+                                    ConstBf16Slice2D(proj.data() + first * C * F, n * C, F)};
     MoeActivations a = layer.allocate();
     Kokkos::deep_copy(L.out, real(0));
-    layer.forward<bf16>(Layer::mat(L.out, R, C), xs, L.weights(), mats, a);
+    layer.forward<bf16>(Layer::mat(L.out, R, C), xs, L.weights(layer), mats, a);
     L.zero_grads();
-    layer.backward<bf16>(Layer::mat(L.dx, R, C), L.grads(), Layer::mat(L.dout, R, C), xs, L.weights(), mats, a);
+    layer.backward<bf16>(Layer::mat(L.dx, R, C), L.grads(layer), Layer::mat(L.dout, R, C), xs, L.weights(layer), mats,
+                         a);
     std::vector<std::vector<double>> r = {host(L.out), host(L.dx), summed_over_world(host(L.g_fc)),
                                           summed_over_world(host(L.g_router))};
     return r;
@@ -485,11 +510,11 @@ TEST(ExpertParallel, SequenceBalanceLossSpansTheRanksOfASequence) {
   Kokkos::deep_copy(whole.out, real(0));
   const double loss = alone
                           .forward<real>(Layer::mat(whole.out, R, m.channels), Layer::mat(whole.x, R, m.channels),
-                                         whole.weights(), whole.matrices(), a)
+                                         whole.weights(alone), whole.matrices(alone), a)
                           .seq_aux_sum;
   whole.zero_grads();
-  alone.backward<real>(Layer::mat(whole.dx, R, m.channels), whole.grads(), Layer::mat(whole.dout, R, m.channels),
-                       Layer::mat(whole.x, R, m.channels), whole.weights(), whole.matrices(), a, scale);
+  alone.backward<real>(Layer::mat(whole.dx, R, m.channels), whole.grads(alone), Layer::mat(whole.dout, R, m.channels),
+                       Layer::mat(whole.x, R, m.channels), whole.weights(alone), whole.matrices(alone), a, scale);
 
   // This rank's slice: tokens [rank share, + share) of each sequence.
   Layer part(m, S * share, 91, 950);
@@ -509,15 +534,15 @@ TEST(ExpertParallel, SequenceBalanceLossSpansTheRanksOfASequence) {
   const double mine =
       split
           .forward<real>(Layer::mat(part.out, rows.size(), m.channels), Layer::mat(part.x, rows.size(), m.channels),
-                         part.weights(), part.matrices(), b)
+                         part.weights(split), part.matrices(split), b)
           .seq_aux_sum;
   double summed = mine;
   MPI_Allreduce(MPI_IN_PLACE, &summed, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_NEAR(summed, loss, 1e-6 * std::abs(loss));
   part.zero_grads();
-  split.backward<real>(Layer::mat(part.dx, rows.size(), m.channels), part.grads(),
+  split.backward<real>(Layer::mat(part.dx, rows.size(), m.channels), part.grads(split),
                        Layer::mat(part.dout, rows.size(), m.channels), Layer::mat(part.x, rows.size(), m.channels),
-                       part.weights(), part.matrices(), b, scale);
+                       part.weights(split), part.matrices(split), b, scale);
   const auto dx = host(whole.dx);
   std::vector<double> dx_rows;
   for (std::size_t r : rows)

@@ -391,7 +391,7 @@ TEST(Architecture, GqaPacksQkvIntoOneMatrix) {
     // The block's view: q | k | v rows of this rank, and the bias beside them.
     const BlockLayout view(layout, 2);  // units: wte, wpe, block 0
     std::vector<real> unit(layout.unit_size[2]);
-    const BlockTensors t = view.view(unit.data());
+    const BlockTensors t = view.view(unit.data(), nullptr);
     EXPECT_EQ(t.attn_w.extent(0), static_cast<std::size_t>((12 + 2 * 6) / tp));
     EXPECT_EQ(t.attn_w.extent(1), 12u);
     EXPECT_EQ(t.attn_b.extent(0), static_cast<std::size_t>((12 + 2 * 6) / tp));

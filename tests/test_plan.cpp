@@ -289,7 +289,7 @@ TEST(PlanArchitecture, UntiedHeadHasNoTiedEmbeddingSum) {
     const RunLayout run = resolve_layout(cfg, 2);
     const std::vector<Chunk> chunks = run.plan.chunks_of(0);
     const ParamLayout layout = gpt_param_layout(cfg.model, chunks, 1, 0, 2);
-    return std::make_pair(fsdp_traffic(cfg.model, layout, chunks, 2, run.schedule.actions(0), true), layout);
+    return std::make_pair(fsdp_traffic(cfg.model, layout, chunks, run.schedule.actions(0), true), layout);
   };
   const auto [fu, lu] = traffic(llama_tiny({"parallel.dp_shard=2"}));
   const auto [ft, lt] = traffic(llama_tiny({"parallel.dp_shard=2", "model.tie_embeddings=true"}));

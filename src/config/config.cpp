@@ -393,10 +393,10 @@ void validate_fault(const Config& c, const std::string& origin) {
               "must be >= 0 (a world rank), or -1 (every rank) with fault.kind = \"skip_collective\"");
   check_range(f.step >= 0, origin, "fault.step", std::to_string(f.step), "must be >= 0");
   const bool sums = f.group == "tp" || f.group == "fsdp" || f.group == "dp_replicate" || f.group == "tied_wte" ||
-                    f.group == "batch" || f.group == "norm";
+                    f.group == "efsdp" || f.group == "batch" || f.group == "norm";
   check_range(sums, origin, "fault.group", "\"" + f.group + "\"",
-              "must name a communicator that sums: \"tp\", \"fsdp\", \"dp_replicate\", \"tied_wte\", \"batch\" "
-              "or \"norm\" (cp and pp only exchange)");
+              "must name a communicator that sums: \"tp\", \"fsdp\", \"dp_replicate\", \"tied_wte\", \"efsdp\", "
+              "\"batch\" or \"norm\" (cp, pp and ep only exchange)");
   require(every_rank || f.group == "batch",
           origin +
               ": fault.group applies to fault.kind = \"skip_collective\" with fault.rank = -1 (every rank); "

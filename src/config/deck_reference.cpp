@@ -201,8 +201,8 @@ const std::map<std::string, std::string>& meanings() {
        "for saves: `\"create\"`, `\"write\"`, `\"close\"`, `\"rename\"` or `\"latest\"`; required by `enospc`"},
       {"fault.group",
        "`skip_collective` with `fault.rank = -1`: the communicator whose sums every rank drops: `\"tp\"`, "
-       "`\"fsdp\"`, `\"dp_replicate\"`, `\"tied_wte\"`, `\"batch\"` or `\"norm\"`; it must have 2 ranks or "
-       "more in the layout"},
+       "`\"fsdp\"`, `\"dp_replicate\"`, `\"tied_wte\"`, `\"efsdp\"` (the routed experts' FSDP group), "
+       "`\"batch\"` or `\"norm\"`; it must have 2 ranks or more in the layout"},
   };
   return text;
 }

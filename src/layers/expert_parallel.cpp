@@ -427,7 +427,7 @@ void ExpertParallel::experts_forward(const ExpertTensors& w, const ExpertMatrice
   std::size_t first = 0;
   for (int le = 0; le < local_experts_; ++le) {
     const std::size_t n = static_cast<std::size_t>(expert_rows_[le]);
-    const int e = first_expert_ + le;
+    const int e = le;  // the weights hold this rank's experts only
     if (n == 0) continue;
     const ConstMatrix<T> in = rows_of(kept<T>(a.received, sizes_.capacity, C), first, n);
     // fp32 results land in place (fp32) or in the backward's scratch, then rounded (bf16).
@@ -547,7 +547,7 @@ void ExpertParallel::experts_backward(const ExpertTensors& g, const ExpertMatric
   std::size_t first = 0;
   for (int le = 0; le < local_experts_; ++le) {
     const std::size_t n = static_cast<std::size_t>(expert_rows_[le]);
-    const int e = first_expert_ + le;
+    const int e = le;  // the weights hold this rank's experts only
     if (n == 0) continue;
     Matrix<T> dy_c, dy_f;  // dy rounded for the products (bf16); none in fp32
     if constexpr (kBf16<T>) {

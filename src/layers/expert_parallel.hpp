@@ -39,20 +39,20 @@
 
 namespace ndmini {
 
-// One MoE block's expert tensors as the layer reads them: every routed
-// expert's matrices stacked on the expert index (the unit's [E, rows, cols]
-// tensors seen as [E rows, cols]); the layer computes with its ep rank's
-// experts [ep_rank E/ep, (ep_rank + 1) E/ep) of them. T is the products'
+// One MoE block's expert tensors as the layer reads them: the router of all
+// E experts, and the matrices of this ep rank's El = E/ep experts [ep_rank El,
+// (ep_rank + 1) El) stacked on the local expert index (the experts unit's
+// [El, rows, cols] tensors seen as [El rows, cols]). T is the products'
 // operand type (real, or bf16 under mixed precision); the router stays fp32.
 template <class T>
 struct ExpertMatrices {
-  ConstMatrix<T> fc, up, proj;  // [E F, C] (c_fc, or c_gate under swiglu), [E F, C] (c_up: swiglu), [E C, F]
+  ConstMatrix<T> fc, up, proj;  // [El F, C] (c_fc, or c_gate under swiglu), [El F, C] (c_up: swiglu), [El C, F]
 };
 struct ExpertTensors {
   Slice2D router;              // [E, C]
   Slice1D selection_bias;      // [E]: sigmoid scores' selection bias (empty: none)
   Slice2D fc, up, proj;        // as ExpertMatrices, fp32
-  Slice1D fc_b, up_b, proj_b;  // [E F], [E F], [E C]; empty without model.bias
+  Slice1D fc_b, up_b, proj_b;  // [El F], [El F], [El C]; empty without model.bias
 };
 
 // The routing of one micro-batch through one MoE block, and what its
@@ -133,14 +133,15 @@ class ExpertParallel {
   MoeRouteStats forward(Slice2D out, ConstMatrix<T> x, const ExpertTensors& w, const ExpertMatrices<T>& wm,
                         MoeActivations& a);
   // dx [R, C] += d(x) of the routed part, for dout = d(out) [R, C]; adds
-  // this rank's experts' and the router's gradients into g (only this rank's
-  // experts' rows of g change). loss_scale: the main loss's weight of one
+  // this rank's experts' and the router's gradients into g. loss_scale: the main loss's weight of one
   // token (1 / the global batch's tokens); the auxiliary losses' gradients
   // are added at that scale (0: none, as in a forward-only pass).
   template <class T>
   void backward(Slice2D dx, const ExpertTensors& g, ConstSlice2D dout, ConstMatrix<T> x, const ExpertTensors& w,
                 const ExpertMatrices<T>& wm, const MoeActivations& a, real loss_scale = 0);
 
+  int ep() const { return ep_; }
+  int ep_rank() const { return ep_rank_; }
   int first_expert() const { return first_expert_; }
   int local_experts() const { return local_experts_; }
 

@@ -242,14 +242,13 @@ Mesh::Mesh(const ParallelDims& shape, MPI_Comm world) : dims_(shape) {
     MPI_Comm_split(cart_, end ? dims_.rank_of(key) : MPI_UNDEFINED, stage, &ends_);
   }
   // The expert groups are no Cartesian sub-grid (ep consecutive ranks of
-  // dp_shard x cp x tp): split by group, ordered by ep rank.
-  if (dims_.ep > 1) {
-    const auto groups = dims_.expert_groups();
-    int group = 0;
-    for (std::size_t g = 0; g < groups.size(); ++g)
-      if (std::find(groups[g].begin(), groups[g].end(), rank_) != groups[g].end()) group = static_cast<int>(g);
-    MPI_Comm_split(cart_, group, dims_.ep_rank(rank_), &expert_);
-  }
+  // dp_shard x cp x tp): split by group, ordered by ep rank. The expert fsdp
+  // groups (the ranks of one (pp, dp_replicate) block with the same ep rank)
+  // neither. Colours as ParallelDims::expert_groups and expert_fsdp_groups key them.
+  const int host = dims_.span(kExpertHostAxes), block = rank_ / host * host;
+  if (dims_.ep > 1)
+    MPI_Comm_split(cart_, block + dims_.expert_host_index(rank_) / dims_.ep, dims_.ep_rank(rank_), &expert_);
+  MPI_Comm_split(cart_, block + dims_.ep_rank(rank_), rank_, &expert_fsdp_);
 
   // Node awareness: a node is named by the lowest world rank on it; every
   // rank's node is kept on `world` (node_of_ranks), so a mesh built again on
@@ -286,6 +285,7 @@ Mesh::~Mesh() {
   auto release = [](MPI_Comm& c) {
     if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
   };
+  release(expert_fsdp_);
   release(expert_);
   release(ends_);
   release(norm_);

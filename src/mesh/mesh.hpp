@@ -61,6 +61,9 @@ class Mesh {
   // This rank's expert group (ParallelDims::expert_groups, ranked by ep
   // rank); MPI_COMM_NULL when ep = 1.
   MPI_Comm expert() const { return expert_; }
+  // This rank's expert fsdp group (ParallelDims::expert_fsdp_groups): the
+  // ranks that hold the same experts, which shard them.
+  MPI_Comm expert_fsdp() const { return expert_fsdp_; }
 
   int ranks_per_node() const { return ranks_per_node_; }  // on this rank's node
   // Whether any tp (or cp) group, not just this rank's, spans nodes; the same on every rank.
@@ -74,7 +77,7 @@ class Mesh {
   MPI_Comm cart_ = MPI_COMM_NULL;
   std::array<MPI_Comm, kNumAxes> axis_{};
   MPI_Comm fsdp_ = MPI_COMM_NULL, batch_ = MPI_COMM_NULL, norm_ = MPI_COMM_NULL, ends_ = MPI_COMM_NULL;
-  MPI_Comm expert_ = MPI_COMM_NULL;
+  MPI_Comm expert_ = MPI_COMM_NULL, expert_fsdp_ = MPI_COMM_NULL;
   int ranks_per_node_ = 1;
   std::array<bool, 2> spans_nodes_{};  // tp, cp
 };

@@ -89,8 +89,9 @@ bool same_member(const BlockTensorSpec& a, const BlockTensorSpec& b) {
 }  // namespace
 
 BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
+  const int experts = layout.experts_unit[static_cast<std::size_t>(unit)];
   for (const ParamInfo& p : layout.params) {
-    if (p.unit != unit) continue;
+    if (p.unit != unit && p.unit != experts) continue;
     const BlockTensorSpec& spec = spec_of(p.name);
     // A matrix's rows: all its dimensions but the last (experts [E, rows,
     // cols] are [E rows, cols]); a vector member views every element.
@@ -99,37 +100,46 @@ BlockLayout::BlockLayout(const ParamLayout& layout, int unit) {
       cols = static_cast<std::size_t>(p.shape.back());
       rows = p.size / cols;
     }
-    const std::size_t offset = p.offset - layout.unit_offset[unit];
+    const std::size_t offset = p.offset - layout.unit_offset[p.unit];
     Place* joined = nullptr;
     for (Place& q : places_)
       if (same_member(*q.spec, spec)) joined = &q;
     if (joined == nullptr) {
-      places_.push_back({&spec, offset, rows, cols});
+      places_.push_back({&spec, p.unit == experts, offset, rows, cols});
       continue;
     }
     // c_k and c_v extend c_q's rows: one matrix only if nothing lies between.
-    if (joined->cols != cols || joined->offset + joined->rows * joined->cols != offset)
+    if (joined->in_experts_unit != (p.unit == experts) || joined->cols != cols ||
+        joined->offset + joined->rows * joined->cols != offset)
       throw InternalError(p.name + " does not follow " + joined->spec->suffix + " in its unit without a gap");
     joined->rows += rows;
   }
   if (places_.empty()) throw InternalError("a block unit holds no tensor");
 }
 
-BlockTensors BlockLayout::view(real* base) const {
+template <class P>
+P* BlockLayout::base_of(const Place& p, P* unit_base, P* experts_base) {
+  P* base = p.in_experts_unit ? experts_base : unit_base;
+  if (base == nullptr) throw InternalError(std::string(p.spec->suffix) + ": its unit was not given");
+  return base + p.offset;
+}
+
+BlockTensors BlockLayout::view(real* unit_base, real* experts_base) const {
   BlockTensors t;
   for (const Place& p : places_) {
     if (p.spec->vector != nullptr)
-      t.*p.spec->vector = Slice1D(base + p.offset, p.rows);
+      t.*p.spec->vector = Slice1D(base_of(p, unit_base, experts_base), p.rows);
     else
-      t.*p.spec->matrix = Slice2D(base + p.offset, p.rows, p.cols);
+      t.*p.spec->matrix = Slice2D(base_of(p, unit_base, experts_base), p.rows, p.cols);
   }
   return t;
 }
 
-BlockMatricesBf16 BlockLayout::view_bf16(const bf16* base) const {
+BlockMatricesBf16 BlockLayout::view_bf16(const bf16* unit_base, const bf16* experts_base) const {
   BlockMatricesBf16 t;
   for (const Place& p : places_)
-    if (p.spec->bf16_matrix != nullptr) t.*p.spec->bf16_matrix = ConstBf16Slice2D(base + p.offset, p.rows, p.cols);
+    if (p.spec->bf16_matrix != nullptr)
+      t.*p.spec->bf16_matrix = ConstBf16Slice2D(base_of(p, unit_base, experts_base), p.rows, p.cols);
   return t;
 }
 

@@ -97,25 +97,30 @@ struct BlockTensorSpec {
 // layout, the checkpoint and BlockLayout all walk.
 extern const std::array<BlockTensorSpec, 40> kBlockTensors;
 
-// Where a block's tensors sit in its unit: the same for every block of a
-// kind (dense, or MoE).
+// Where a block's tensors sit in its unit, and an MoE block's routed
+// experts in theirs (ParamLayout::experts_unit): the same for every block of
+// a kind (dense, or MoE).
 class BlockLayout {
  public:
   BlockLayout() = default;
-  // From the parameters of one block unit `unit` of `layout`, by name
-  // (InternalError for a name kBlockTensors lacks, or tensors of one member
-  // that are not side by side).
+  // From the parameters of one block unit `unit` of `layout` and of its
+  // experts' unit, by name (InternalError for a name kBlockTensors lacks, or
+  // tensors of one member that are not side by side).
   BlockLayout(const ParamLayout& layout, int unit);
-  BlockTensors view(real* unit_base) const;
-  // The matrices of a bf16 copy of the unit (same offsets).
-  BlockMatricesBf16 view_bf16(const bf16* unit_base) const;
+  // experts_base: the experts' unit (an MoE block; ignored by a dense one).
+  BlockTensors view(real* unit_base, real* experts_base) const;
+  // The matrices of a bf16 copy of the units (same offsets).
+  BlockMatricesBf16 view_bf16(const bf16* unit_base, const bf16* experts_base) const;
 
  private:
   struct Place {
     const BlockTensorSpec* spec = nullptr;
-    std::size_t offset = 0;  // from the unit's start
+    bool in_experts_unit = false;
+    std::size_t offset = 0;  // from its unit's start
     std::size_t rows = 0, cols = 0;
   };
+  template <class P>
+  static P* base_of(const Place& p, P* unit_base, P* experts_base);
   std::vector<Place> places_;
 };
 

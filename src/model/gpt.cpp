@@ -92,7 +92,7 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
       experts_->set_aux_losses(std::move(aux));
     }
   }
-  const ParamLayout layout = param_layout(1);
+  const ParamLayout layout = param_layout(1, 1);
   for (const ParamInfo& p : layout.params)
     if (p.name == "ln_f/bias") lnf_bias_offset_ = p.offset - layout.unit_offset[p.unit];
   // Every block of a kind has its tensors at the same offsets in its unit: the first one's layout serves all.
@@ -216,8 +216,9 @@ LayerSizes GptModel::layer_sizes() const {
 
 GptModel::~GptModel() { kernels::release_emulated_bf16(); }
 
-ParamLayout GptModel::param_layout(int shards) const {
-  return gpt_param_layout(cfg_, chunks_, tp_.size(), tp_.rank(), shards);
+ParamLayout GptModel::param_layout(int shards, int expert_shards) const {
+  const ExpertSplit experts{experts_ ? experts_->ep() : 1, experts_ ? experts_->ep_rank() : 0, expert_shards};
+  return gpt_param_layout(cfg_, chunks_, tp_.size(), tp_.rank(), shards, experts);
 }
 
 Slice2D GptModel::wte(real* unit_base) const {
@@ -293,21 +294,24 @@ bool GptModel::is_moe(int layer) const {
 const TransformerBlock& GptModel::block(int layer) const { return is_moe(layer) ? *moe_block_ : block_; }
 TransformerBlock& GptModel::block(int layer) { return is_moe(layer) ? *moe_block_ : block_; }
 
-BlockWeights GptModel::block_weights(int layer, UnitWeights params) const {
-  check_weights(params, precision_);
+BlockWeights GptModel::block_weights(int layer, const BlockParams& params) const {
+  check_weights(params.unit, precision_);
+  if (is_moe(layer)) check_weights(params.experts, precision_);
   const BlockLayout& layout = layout_of(layer);
-  BlockWeights w{layout.view(params.values), {}};
-  if (params.bf16_values != nullptr) w.bf16 = layout.view_bf16(params.bf16_values);
+  BlockWeights w{layout.view(params.unit.values, params.experts.values), {}};
+  if (params.unit.bf16_values != nullptr)
+    w.bf16 = layout.view_bf16(params.unit.bf16_values, params.experts.bf16_values);
   return w;
 }
 
-MoeRouteStats GptModel::block_forward(int layer, UnitWeights params, ConstSlice2D x, BlockActivations& a) {
+MoeRouteStats GptModel::block_forward(int layer, const BlockParams& params, ConstSlice2D x, BlockActivations& a) {
   return block(layer).forward(block_weights(layer, params), x, a);
 }
 
-void GptModel::block_backward(int layer, UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
-                              Slice2D dres, real loss_scale) {
-  block(layer).backward(block_weights(layer, params), layout_of(layer).view(grads), x, a, dres, loss_scale);
+void GptModel::block_backward(int layer, const BlockParams& params, const BlockGrads& grads, ConstSlice2D x,
+                              const BlockActivations& a, Slice2D dres, real loss_scale) {
+  block(layer).backward(block_weights(layer, params), layout_of(layer).view(grads.unit, grads.experts), x, a, dres,
+                        loss_scale);
 }
 
 double GptModel::head_forward(real* ln_f, UnitWeights wte_params, ConstSlice2D x, ConstTokenView targets,

@@ -95,14 +95,30 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m);
 // the head is tied: a unit of its own, so the embedding's and the head's
 // copies shard alike), wpe (embedding chunk, learned positions), one per
 // block, ln_f (head chunk), lm_head (head chunk, untied head: a unit of its
-// own, like wte).
+// own, like wte). An MoE block's routed experts follow its unit in one of
+// their own: this rank's E/ep experts, padded for `experts.shards` (the
+// expert fsdp group) instead of `shards`.
+struct ExpertSplit {
+  int ep = 1, ep_rank = 0, shards = 1;
+};
 ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp = 1, int tp_rank = 0,
-                             int shards = 1);
+                             int shards = 1, const ExpertSplit& experts = {});
 
 // The units of one chunk in that layout (-1: not in this chunk).
+// A block's parameters and gradients: its unit's, and an MoE block's routed
+// experts' (a unit of their own; none for a dense block).
+struct BlockParams {
+  UnitWeights unit, experts;
+};
+struct BlockGrads {
+  real* unit = nullptr;
+  real* experts = nullptr;
+};
+
 struct ChunkUnits {
   int wte = -1, wpe = -1, ln_f = -1, lm_head = -1;
   std::vector<int> blocks;
+  std::vector<int> experts;  // per block: the unit of its routed experts (-1: a dense block)
 };
 std::vector<ChunkUnits> gpt_chunk_units(const ModelConfig& m, const std::vector<Chunk>& chunks);
 // GPT-2's units (tied head, learned positions).
@@ -153,8 +169,9 @@ class GptModel {
   Precision precision() const { return precision_; }
   const std::vector<Chunk>& chunks() const { return chunks_; }
   const std::vector<ChunkUnits>& units() const { return units_; }
-  // The parameter layout of these chunks on this tp rank, units padded to `shards`.
-  ParamLayout param_layout(int shards) const;
+  // The parameter layout of these chunks on this tp rank and ep rank: units
+  // padded to `shards`, the routed experts' units to `expert_shards`.
+  ParamLayout param_layout(int shards, int expert_shards) const;
   int tp_rank() const { return tp_.rank(); }
   // Which tokens of each sequence this rank holds (context parallelism).
   const CpLayout& cp_layout() const { return attention_.layout(); }
@@ -188,11 +205,11 @@ class GptModel {
   // x: the input [Nr, C] of block `layer`; fills a (a.res3 = output).
   // An MoE block routes unless a.moe.routed (a recompute: replays the
   // routing) and returns what it routed; a dense block returns nothing.
-  MoeRouteStats block_forward(int layer, UnitWeights params, ConstSlice2D x, BlockActivations& a);
+  MoeRouteStats block_forward(int layer, const BlockParams& params, ConstSlice2D x, BlockActivations& a);
   // dres: d(output) on entry, d(input) on exit.
   // loss_scale: the forward's (the MoE auxiliary losses' gradients use it).
-  void block_backward(int layer, UnitWeights params, real* grads, ConstSlice2D x, const BlockActivations& a,
-                      Slice2D dres, real loss_scale = 0);
+  void block_backward(int layer, const BlockParams& params, const BlockGrads& grads, ConstSlice2D x,
+                      const BlockActivations& a, Slice2D dres, real loss_scale = 0);
   // The head: final norm, LM head, loss of `targets`; returns the sum of
   // the per-token losses. `head` is the LM head's unit: wte's (tied) or
   // lm_head's (untied), both [V/tp, C] alone in their unit. With grad_scale
@@ -241,7 +258,7 @@ class GptModel {
   bool is_moe(int layer) const;  // InternalError for an MoE block of another stage
   const TransformerBlock& block(int layer) const;
   TransformerBlock& block(int layer);
-  BlockWeights block_weights(int layer, UnitWeights params) const;
+  BlockWeights block_weights(int layer, const BlockParams& params) const;
   const BlockLayout& layout_of(int layer) const { return cfg_.moe_block(layer) ? moe_layout_ : block_layout_; }
   // The head, written once for the operands' element type T (real or bf16).
   template <class T>

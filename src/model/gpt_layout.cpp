@@ -190,11 +190,16 @@ std::vector<GlobalTensor> gpt_global_tensors(const ModelConfig& m) {
   return out;
 }
 
-ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp, int tp_rank, int shards) {
+ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chunks, int tp, int tp_rank, int shards,
+                             const ExpertSplit& experts) {
   const std::int64_t C = m.channels, V = m.vocab, T = m.seq_len;
   ParamLayout layout;
   layout.tp_rank = tp_rank;
   layout.tp_size = tp;
+  layout.ep_rank = experts.ep_rank;
+  layout.ep = experts.ep;
+  layout.shards = shards;
+  layout.expert_shards = experts.shards;
   std::size_t offset = 0, unit_begin = 0;
   int unit = 0;
   std::size_t end = 0;  // where the tensor added last ends (before its padding)
@@ -205,22 +210,26 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     std::vector<std::int64_t> local = global;
     if (split == TpSplit::rows) local[0] /= tp;
     if (split == TpSplit::cols) local[1] /= tp;
+    if (split == TpSplit::experts) local[0] /= experts.ep;
     std::size_t size = 1;
     for (auto d : local) size *= static_cast<std::size_t>(d);
     // Matrices decay: 2-D weights, and an MoE block's stacks of expert
     // matrices [E, rows, cols]; never a bias (an expert's [E, rows] neither).
     const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, "/bias") == 0;
     const bool decay = global.size() >= 2 && !is_bias;
-    layout.params.push_back(
-        {std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size, decay, tied_copy});
+    const std::int64_t first_expert = split == TpSplit::experts ? experts.ep_rank * local[0] : 0;
+    layout.params.push_back({std::move(name), std::move(global), std::move(local), split, sections, unit, offset, size,
+                             decay, tied_copy, first_expert});
     end = offset + size;
     offset = round_up(end, kAlign);
   };
-  // Every unit padded so that it splits into equal FSDP shards.
-  auto close_unit = [&] {
-    offset = unit_begin + round_up(offset - unit_begin, shards * kAlign);
+  // Every unit padded so that it splits into equal FSDP shards over its group.
+  auto close_unit = [&](bool holds_experts = false) {
+    offset = unit_begin + round_up(offset - unit_begin, (holds_experts ? experts.shards : shards) * kAlign);
     layout.unit_offset.push_back(unit_begin);
     layout.unit_size.push_back(offset - unit_begin);
+    layout.experts_unit.push_back(-1);
+    layout.holds_experts.push_back(holds_experts);
     unit_begin = offset;
     ++unit;
   };
@@ -236,9 +245,18 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
     }
     for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = block_prefix(l);
-      for (const BlockTensorShape& t : layer_tensors(m, l))
-        add(prefix + t.suffix, t.shape, t.split, t.sections, false, t.packed);
+      const std::vector<BlockTensorShape> tensors = layer_tensors(m, l);
+      bool routed = false;
+      for (const BlockTensorShape& t : tensors) {
+        routed = routed || t.split == TpSplit::experts;
+        if (t.split != TpSplit::experts) add(prefix + t.suffix, t.shape, t.split, t.sections, false, t.packed);
+      }
       close_unit();
+      if (!routed) continue;
+      layout.experts_unit.back() = unit;
+      for (const BlockTensorShape& t : tensors)
+        if (t.split == TpSplit::experts) add(prefix + t.suffix, t.shape, t.split, t.sections, false, t.packed);
+      close_unit(true);
     }
     if (chunk.head) {
       add("ln_f/weight", {C}, TpSplit::replicated, 1, false);
@@ -262,7 +280,10 @@ std::vector<ChunkUnits> gpt_chunk_units(const ModelConfig& m, const std::vector<
     ChunkUnits u;
     if (c.embedding || (c.head && m.tie_embeddings)) u.wte = unit++;
     if (c.embedding && m.learned_positions()) u.wpe = unit++;
-    for (int l = c.first_layer; l < c.end_layer; ++l) u.blocks.push_back(unit++);
+    for (int l = c.first_layer; l < c.end_layer; ++l) {
+      u.blocks.push_back(unit++);
+      u.experts.push_back(m.moe_block(l) ? unit++ : -1);  // the routed experts' unit follows its block's
+    }
     if (c.head) u.ln_f = unit++;
     if (c.head && !m.tie_embeddings) u.lm_head = unit++;
     out.push_back(std::move(u));

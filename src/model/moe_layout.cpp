@@ -49,10 +49,10 @@ std::vector<BlockTensorShape> moe_mlp_tensors(const ModelConfig& m) {
   // trainer moves it after each step by train.moe_bias_rate).
   if (m.moe_score == MoeScore::sigmoid && m.moe_router == MoeRouter::learned)
     out.push_back({"mlp/router/selection_bias", {E}, TpSplit::replicated, 1});
-  // Each expert whole on its ep rank: the expert index first, no tp split.
+  // Each expert whole on its ep rank: the expert index first, split over ep, not tp.
   for (BlockTensorShape t : mlp_tensors(m, m.moe_ffn(), "mlp/experts/")) {
     t.shape.insert(t.shape.begin(), E);
-    t.split = TpSplit::replicated;
+    t.split = TpSplit::experts;
     t.sections = 1;
     out.push_back(std::move(t));
   }
@@ -150,10 +150,9 @@ std::string describe_moe(const ModelConfig& m, const ParallelDims& s) {
   os << "parameters        " << n.total << " total, " << n.active << " active per token (" << n.flops_params
      << " in MFU's N)\n";
   os << "FLOPs per token   " << n.flops_per_token << " (6N + 12 L C T, N the active parameters)\n";
-  // This version keeps the experts in their block's unit: sharded with it over fsdp, not over expert_fsdp.
-  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block computed per ep rank (ep = " << s.ep
-     << "); their parameters live in the block's unit (FSDP-sharded with it over " << s.fsdp()
-     << (s.fsdp() == 1 ? " rank)\n" : " ranks)\n");
+  os << "experts per rank  " << m.moe_experts / s.ep << " of each MoE block per ep rank (ep = " << s.ep
+     << "), FSDP-sharded over the expert fsdp group of " << s.expert_fsdp()
+     << (s.expert_fsdp() == 1 ? " rank" : " ranks") << " and replicated over dp_replicate\n";
   return os.str();
 }
 

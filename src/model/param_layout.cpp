@@ -30,6 +30,7 @@ MatrixShape shape_of(const ParamInfo& p, int tp_rank) {
 
 // Global row of local row i.
 std::int64_t global_row(const ParamInfo& p, const MatrixShape& m, int tp_rank, std::int64_t i) {
+  if (p.split == TpSplit::experts) return p.first_expert + i;  // [E, rows]: a row per expert
   if (p.split != TpSplit::rows) return i;
   const std::int64_t section = i / m.rows_per_section_local, within = i % m.rows_per_section_local;
   return section * m.rows_per_section_global + tp_rank * m.rows_per_section_local + within;
@@ -39,21 +40,22 @@ std::int64_t global_row(const ParamInfo& p, const MatrixShape& m, int tp_rank, s
 
 namespace {
 
-// The rows of one expert at most per block: the 2-D blocks of [E rows, cols]
-// cut where an expert ends.
+// The rows of one expert at most per block: the 2-D blocks of this rank's
+// experts [E/ep rows, cols] cut where an expert ends, at the global expert index.
 std::vector<GlobalBlock> expert_blocks(const ParamInfo& p, std::size_t begin, std::size_t end) {
-  if (p.split != TpSplit::replicated || p.shape != p.global_shape)
-    throw InternalError(p.name + ": a 3-D tensor must be whole on every tp rank");
-  const std::uint64_t E = p.global_shape[0], R = p.global_shape[1], C = p.global_shape[2];
+  if (p.split != TpSplit::experts || p.shape[1] != p.global_shape[1] || p.shape[2] != p.global_shape[2])
+    throw InternalError(p.name + ": a 3-D tensor must hold whole experts");
+  const std::uint64_t El = p.shape[0], R = p.shape[1], C = p.shape[2];
   ParamInfo flat = p;
-  flat.shape = flat.global_shape = {static_cast<std::int64_t>(E * R), static_cast<std::int64_t>(C)};
+  flat.split = TpSplit::replicated;
+  flat.shape = flat.global_shape = {static_cast<std::int64_t>(El * R), static_cast<std::int64_t>(C)};
   std::vector<GlobalBlock> out;
   for (const GlobalBlock& b : global_blocks(flat, 0, begin, end)) {
     std::uint64_t row = b.offset[0], left = b.count[0];
     std::size_t local = b.local_begin;
     while (left > 0) {
       const std::uint64_t e = row / R, r = row % R, n = std::min(left, R - r);
-      out.push_back({{e, r, b.offset[1]}, {1, n, b.count[1]}, local});
+      out.push_back({{p.first_expert + e, r, b.offset[1]}, {1, n, b.count[1]}, local});
       row += n;
       left -= n;
       local += n * C;

@@ -17,6 +17,11 @@ enum class TpSplit {
   replicated,  // every tp rank holds all of it (LayerNorms, wpe, row-parallel biases)
   rows,        // dim 0 split: column-parallel weights and biases, the vocabulary of wte
   cols,        // dim 1 split: row-parallel weights
+  // Not split over tp: an MoE block's routed experts [E, rows, cols] split
+  // over ep instead, this rank holding E/ep whole experts; their gradients
+  // are summed over the expert fsdp group (which holds the tp ranks), never
+  // over tp alone.
+  experts,
 };
 
 // One unit's parameters as the model's compute reads them: fp32 `values`
@@ -45,18 +50,33 @@ struct ParamInfo {
   // summed with the owner's, so both stay equal; it is not written to
   // checkpoints nor counted in the gradient norm.
   bool tied_copy = false;
+  // experts: the global index of the first expert held (ep rank x E/ep).
+  std::int64_t first_expert = 0;
 };
 
 // The parameters one rank holds, cut into units: the granularity of FSDP's
 // gather/release and reduce-scatter and of data parallelism's all-reduce
 // buckets. The model decides the units (one per block, small ones for the
 // embedding and the head); every unit is padded so it splits evenly.
+//
+// An MoE block's routed experts are a unit of their own right after the
+// block's: they are sharded over the expert fsdp group (mesh/dims.hpp), not
+// over fsdp, so their shards differ in size and owner. The block's unit
+// names it (experts_unit); ParamStore gathers, releases and reduces the two
+// together, so the unit events only ever name the block.
 struct ParamLayout {
   std::vector<ParamInfo> params;         // in flat-buffer order
   std::vector<std::size_t> unit_offset;  // start of each unit in the flat buffer
   std::vector<std::size_t> unit_size;    // padded size of each unit
+  std::vector<int> experts_unit;         // per unit: the unit of its routed experts (-1: none)
+  std::vector<bool> holds_experts;       // per unit: a unit of routed experts
   std::size_t total = 0;                 // flat buffer size
   int tp_rank = 0, tp_size = 1;
+  int ep_rank = 0, ep = 1;
+  // The FSDP group sizes the units are padded for: fsdp (dp_shard x cp) for
+  // all units but the experts', the expert fsdp group for those.
+  int shards = 1, expert_shards = 1;
+  int shards_of(int unit) const { return holds_experts[static_cast<std::size_t>(unit)] ? expert_shards : shards; }
 };
 
 // A block of a global tensor (row-major hyperslab) and where its elements

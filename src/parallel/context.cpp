@@ -3,7 +3,7 @@
 
 namespace ndmini {
 
-ParallelContext::ParallelContext(const ParallelDims& dims, MPI_Comm world) : mesh_(dims, world) {
+ParallelContext::ParallelContext(const ParallelDims& dims, MPI_Comm world, bool moe) : mesh_(dims, world) {
   const auto device = device_collectives_backend(world);
   tp_ = std::make_unique<Communicator>(mesh_.axis(Axis::tp), "tp", device);
   cp_ = std::make_unique<Communicator>(mesh_.axis(Axis::cp), "cp", device);
@@ -19,6 +19,7 @@ ParallelContext::ParallelContext(const ParallelDims& dims, MPI_Comm world) : mes
   if (mesh_.pipeline_ends() != MPI_COMM_NULL)
     tied_ = std::make_unique<Communicator>(mesh_.pipeline_ends(), "tied_wte", device);
   if (mesh_.expert() != MPI_COMM_NULL) experts_ = std::make_unique<Communicator>(mesh_.expert(), "ep", device);
+  if (moe) expert_fsdp_ = std::make_unique<Communicator>(mesh_.expert_fsdp(), "efsdp", device);
 }
 
 std::vector<ParallelContext::Reported> ParallelContext::reported() const {
@@ -28,8 +29,9 @@ std::vector<ParallelContext::Reported> ParallelContext::reported() const {
                                {tp_->name().c_str(), tp_.get(), d.tp},
                                {cp_->name().c_str(), cp_.get(), d.cp},
                                {pp_->name().c_str(), pp_.get(), d.pp}};
-  if (d.pp > 1) out.push_back({"tied_wte", tied_.get(), 2});  // the first and the last stage
-  if (d.ep > 1) out.push_back({"ep", experts_.get(), d.ep});  // the MoE blocks' all-to-all
+  if (d.pp > 1) out.push_back({"tied_wte", tied_.get(), 2});                        // the first and the last stage
+  if (d.ep > 1) out.push_back({"ep", experts_.get(), d.ep});                        // the MoE blocks' all-to-all
+  if (expert_fsdp_) out.push_back({"efsdp", expert_fsdp_.get(), d.expert_fsdp()});  // the routed experts' FSDP
   out.push_back({"batch", batch_.get(), d.batch()});
   out.push_back({"norm", norm_.get(), d.norm()});
   return out;

@@ -5,8 +5,9 @@
 // (dp_shard x cp, accounted as "fsdp"). Two more carry the scalar reductions
 // ("batch" sums the loss, "norm" the gradient norm), and one the tied
 // embedding's pair of pipeline ends, and with ep > 1 one the MoE blocks'
-// expert group ("ep": their all-to-all). The mesh (mesh/mesh.hpp) defines
-// which ranks each one holds.
+// expert group ("ep": their all-to-all). A model with MoE blocks has one
+// more, the expert fsdp group ("efsdp": the routed experts' gathers and
+// reduce-scatters). The mesh (mesh/mesh.hpp) defines which ranks each one holds.
 //
 // Backends: device buffers go through NCCL where the build has it, host
 // buffers through MPI; the scalar groups and the pipeline (whose sends must
@@ -21,8 +22,9 @@ namespace ndmini {
 
 class ParallelContext {
  public:
-  // Collective over `world`: builds the Cartesian mesh and every communicator.
-  ParallelContext(const ParallelDims& dims, MPI_Comm world);
+  // Collective over `world`: builds the Cartesian mesh and every
+  // communicator (`moe`: the model has MoE blocks).
+  ParallelContext(const ParallelDims& dims, MPI_Comm world, bool moe = false);
   ParallelContext(const ParallelContext&) = delete;
   ParallelContext& operator=(const ParallelContext&) = delete;
 
@@ -43,6 +45,8 @@ class ParallelContext {
   Communicator* tied_embedding() { return tied_.get(); }
   // The expert group of the MoE blocks (mesh/dims.hpp); null when ep = 1.
   Communicator* experts() { return experts_.get(); }
+  // The routed experts' FSDP group (mesh/dims.hpp); null without MoE blocks.
+  Communicator* expert_fsdp() { return expert_fsdp_.get(); }
 
   // Every group whose traffic a step reports, in report order; the same
   // names and sizes on every rank (the tied pair, when pp > 1, is null on
@@ -64,7 +68,7 @@ class ParallelContext {
 
  private:
   Mesh mesh_;
-  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_replicate_, fsdp_, batch_, norm_, tied_, experts_;
+  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_replicate_, fsdp_, batch_, norm_, tied_, experts_, expert_fsdp_;
 };
 
 }  // namespace ndmini

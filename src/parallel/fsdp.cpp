@@ -26,14 +26,15 @@ void add_widened_into(real* y, const bf16* x, std::size_t n) {
 }  // namespace
 
 Fsdp::Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
-           View1D shard_grads, Bf16View1D shard_bf16, Precision reduce_dtype)
+           View1D shard_grads, TransientBytes& transient, Bf16View1D shard_bf16, Precision reduce_dtype)
     : group_(group),
       layout_(layout),
       shard_offset_(std::move(shard_offset)),
       shard_params_(shard_params),
       shard_grads_(shard_grads),
       shard_bf16_(shard_bf16),
-      reduce_dtype_(reduce_dtype) {
+      reduce_dtype_(reduce_dtype),
+      transient_(transient) {
   const std::size_t n = layout_.unit_size.size();
   full_params_.resize(n);
   full_grads_.resize(n);
@@ -43,8 +44,8 @@ Fsdp::Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size
 }
 
 void Fsdp::add_transient(std::size_t bytes) {
-  transient_ += bytes;
-  peak_transient_ = std::max(peak_transient_, transient_);
+  transient_.now += bytes;
+  transient_.peak = std::max(transient_.peak, transient_.now);
 }
 
 real* Fsdp::params(int u) {
@@ -93,7 +94,7 @@ void Fsdp::gather(int u) {
 void Fsdp::release(int u) {
   if (full_params_[u].extent(0) == 0) return;
   if (gathers_[u].active()) gathers_[u].wait();
-  transient_ -= full_params_[u].extent(0) * sizeof(real) + full_bf16_[u].extent(0) * sizeof(bf16);
+  drop_transient(full_params_[u].extent(0) * sizeof(real) + full_bf16_[u].extent(0) * sizeof(bf16));
   full_params_[u] = View1D();
   full_bf16_[u] = Bf16View1D();
   widened_[u] = false;
@@ -114,7 +115,7 @@ void Fsdp::end_grads(int u) {
     r.full_grads_bf16 = uninitialized_bf16("ndmini::full_grads_bf16", size);
     add_transient(size * sizeof(bf16));
     kernels::round_to_bf16(r.full_grads_bf16, r.full_grads);
-    transient_ -= size * sizeof(real);
+    drop_transient(size * sizeof(real));
     r.full_grads = View1D();
     full_grads_[u] = View1D();  // freed before the next allocation (FsdpReplay counts it so)
     r.part_bf16 = uninitialized_bf16("ndmini::grad_shard_part_bf16", part);
@@ -145,8 +146,8 @@ void Fsdp::complete(PendingReduction& r) {
     add_widened_into(shard, r.part_bf16.data(), r.part_bf16.extent(0));
   else
     add_into(shard, r.shard_part.data(), r.shard_part.extent(0));
-  transient_ -= (r.full_grads.extent(0) + r.shard_part.extent(0)) * sizeof(real) +
-                (r.full_grads_bf16.extent(0) + r.part_bf16.extent(0)) * sizeof(bf16);
+  drop_transient((r.full_grads.extent(0) + r.shard_part.extent(0)) * sizeof(real) +
+                 (r.full_grads_bf16.extent(0) + r.part_bf16.extent(0)) * sizeof(bf16));
   r.full_grads = View1D();
   r.shard_part = View1D();
   r.full_grads_bf16 = Bf16View1D();

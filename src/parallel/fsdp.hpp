@@ -25,15 +25,23 @@
 
 namespace ndmini {
 
+// The bytes Fsdp instances hold for gathered units and gradients, now and
+// at most: one count shared by a store's two (the dense units', the experts').
+struct TransientBytes {
+  std::size_t now = 0, peak = 0;
+};
+
 class Fsdp {
  public:
   // `group` shards the units of `layout`; shard_params/shard_grads are this
   // rank's shards (unit u's at shard_offset[u], unit_size[u] / n elements).
   // With `shard_bf16` (bf16 mixed precision: the shard's masters rounded,
   // kept current by the caller) the gathers move it instead, half the bytes,
-  // and params() are its values widened back to fp32.
+  // and params() are its values widened back to fp32. `transient` counts
+  // what it holds beyond the shards.
   Fsdp(Communicator& group, const ParamLayout& layout, std::vector<std::size_t> shard_offset, View1D shard_params,
-       View1D shard_grads, Bf16View1D shard_bf16 = {}, Precision reduce_dtype = Precision::fp32);
+       View1D shard_grads, TransientBytes& transient, Bf16View1D shard_bf16 = {},
+       Precision reduce_dtype = Precision::fp32);
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -48,8 +56,6 @@ class Fsdp {
   void poll();
   void finish();
 
-  std::size_t peak_transient_bytes() const { return peak_transient_; }
-
   // Reduce-scatters kept in flight: two overlap the next unit's backward;
   // more would only hold memory.
   static constexpr std::size_t kReductionsInFlight = 2;
@@ -63,6 +69,7 @@ class Fsdp {
   };
   void complete(PendingReduction& r);
   void add_transient(std::size_t bytes);
+  void drop_transient(std::size_t bytes) { transient_.now -= bytes; }
   bool gathers_bf16() const { return shard_bf16_.extent(0) > 0; }
 
   Communicator& group_;
@@ -76,7 +83,7 @@ class Fsdp {
   std::vector<bool> widened_;  // bf16: full_params_[u] holds the gathered values widened
   std::vector<CommRequest> gathers_;
   std::deque<PendingReduction> reductions_;
-  std::size_t transient_ = 0, peak_transient_ = 0;
+  TransientBytes& transient_;
 };
 
 }  // namespace ndmini

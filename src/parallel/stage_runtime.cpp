@@ -88,6 +88,16 @@ class PartRegions {
   bool pushed_ = false;
 };
 
+// A block's parameters and gradients: its unit's and its routed experts' (ParamLayout::experts_unit).
+BlockParams block_params(ParamStore& s, UnitId unit) {
+  const int experts = s.layout().experts_unit[unit.index()];
+  return {s.weights(unit.index()), experts >= 0 ? s.weights(experts) : UnitWeights{}};
+}
+BlockGrads block_grads(ParamStore& s, UnitId unit) {
+  const int experts = s.layout().experts_unit[unit.index()];
+  return {s.grads(unit.index()), experts >= 0 ? s.grads(experts) : nullptr};
+}
+
 }  // namespace
 
 StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelParallel& par, Recompute recompute,
@@ -96,11 +106,13 @@ StageRuntime::StageRuntime(const ModelConfig& m, int micro_batch, const ModelPar
              precision, par.experts, par.moe_max_load, par.moe_z_loss, par.moe_seq_aux),
       recompute_(recompute),
       tied_(m.tie_embeddings ? par.tied_embedding : nullptr) {  // untied: wte and lm_head, nothing to sum
-  // The store learns the FSDP group size here: every unit is padded to split evenly over it.
-  store_ = std::make_unique<ParamStore>(model_.param_layout(size_of(par.data.fsdp)), par.data, precision);
+  // The store learns the FSDP groups' sizes here: every unit is padded to split evenly over its group.
+  store_ = std::make_unique<ParamStore>(model_.param_layout(size_of(par.data.fsdp), size_of(par.data.expert_fsdp)),
+                                        par.data, precision);
   std::size_t units = 0;
   for (const ChunkUnits& u : model_.units()) {
     units += (u.wte >= 0) + (u.wpe >= 0) + (u.ln_f >= 0) + (u.lm_head >= 0) + u.blocks.size();
+    units += std::count_if(u.experts.begin(), u.experts.end(), [](int e) { return e >= 0; });
     if (u.wte >= 0) wte_unit_ = UnitId::of_layout_index(u.wte);
   }
   if (units != static_cast<std::size_t>(store_->units()))
@@ -289,11 +301,11 @@ double StageRuntime::forward(int chunk, int micro_batch, ConstTokenView tokens, 
           BlockActivations work = recomputed(layer);
           work.res3 = a.res3;
           work.moe.routed = false;  // a fresh forward routes
-          routed = model_.block_forward(layer, s.weights(e.unit.index()), as_matrix(*x, Nr, C), work);
+          routed = model_.block_forward(layer, block_params(s, e.unit), as_matrix(*x, Nr, C), work);
           swap_routing(a.moe, work.moe);
         } else {
           a.moe.routed = false;
-          routed = model_.block_forward(layer, s.weights(e.unit.index()), as_matrix(*x, Nr, C), a);
+          routed = model_.block_forward(layer, block_params(s, e.unit), as_matrix(*x, Nr, C), a);
         }
         if (loss_scale != 0) count_routed(layer, routed);
         x = &a.res3;
@@ -341,7 +353,7 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
           const ProfileRegion again([&] { return "ndmini::block " + std::to_string(layer) + " recompute"; });
           // The routing the forward kept: the recompute replays it (routed = true).
           swap_routing(recomputed(layer).moe, r.layers[i].moe);
-          model_.block_forward(layer, s.weights(e.unit.index()), as_matrix(x, Nr, C), recomputed(layer));
+          model_.block_forward(layer, block_params(s, e.unit), as_matrix(x, Nr, C), recomputed(layer));
           ExecSpace().fence();
         }
         recompute_ms_ += ms_since(t0);
@@ -349,7 +361,7 @@ void StageRuntime::backward(int chunk, int micro_batch, real* input_grad, bool l
       }
       case Part::block_backward: {
         const BlockActivations& a = recompute_ == Recompute::block ? recomputed(layer) : r.layers[i];
-        model_.block_backward(layer, s.weights(e.unit.index()), s.grads(e.unit.index()), as_matrix(x, Nr, C), a, dres,
+        model_.block_backward(layer, block_params(s, e.unit), block_grads(s, e.unit), as_matrix(x, Nr, C), a, dres,
                               r.loss_scale);
         return;
       }

@@ -168,11 +168,11 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   const ModelConfig dense = dense_base(cfg).model;
   const ParamLayout layout = gpt_param_layout(dense, chunks, d.tp, 0, fsdp);
   if (sp)  // the tp-replicated tensors' gradients are partial sums over tp
-    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
+    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, 0))
       if (layout.params[piece.param].split == TpSplit::replicated)
         t.add(kTp, Collective::all_reduce, 1, static_cast<double>(piece.length) * kGradFloat);
   if (fsdp > 1) {
-    const FsdpTraffic f = fsdp_traffic(dense, layout, chunks, fsdp, actions, cfg.parallel.reshard_after_forward);
+    const FsdpTraffic f = fsdp_traffic(dense, layout, chunks, actions, cfg.parallel.reshard_after_forward);
     if (f.all_gathers > 0)
       t.add(kFsdp, Collective::all_gather, f.all_gathers, f.all_gather_floats / f.all_gathers * kHalf);
     if (f.reduce_scatters > 0)
@@ -182,7 +182,7 @@ TrafficCounter count_traffic(const Config& cfg, const RunLayout& l, int stage, c
   if (d.dp_replicate > 1) {
     if (fsdp > 1)  // HSDP: the reduced shard summed over the replicas
       t.add(kDpReplicate, Collective::all_reduce, 1,
-            static_cast<double>(ParamStore::shard_elements(layout, fsdp)) * kGradFloat);
+            static_cast<double>(ParamStore::shard_elements(layout)) * kGradFloat);
     else  // one bucket per unit, issued as the last micro-batch's backward finishes it
       t.add(kDpReplicate, Collective::all_reduce, static_cast<std::int64_t>(layout.unit_size.size()),
             static_cast<double>(layout.total) / layout.unit_size.size() * kGradFloat);

@@ -211,14 +211,14 @@ nlohmann::ordered_json candidate_json(const PlanCandidate& c) {
 double memory_lower_bound(const Config& cfg, const RunLayout& l) {
   const ParallelDims& d = l.dims;
   const std::vector<Chunk> chunks = l.plan.chunks_of(0);
-  const ParamLayout layout = gpt_param_layout(cfg.model, chunks, d.tp, 0, d.fsdp());
+  const ParamLayout layout = gpt_param_layout(cfg.model, chunks, d.tp, 0, d.fsdp(), {d.ep, 0, d.expert_fsdp()});
   const BlockSizes block = GptModel::block_sizes_of(cfg.model, cfg.train.micro_batch, d.tp, d.sequence_parallel, d.cp);
   double smallest = -1;
   for (const Chunk& c : chunks) {
     const double bytes = static_cast<double>(StageRuntime::record_bytes(c, block, l.recompute));
     if (smallest < 0 || bytes < smallest) smallest = bytes;
   }
-  return 4.0 * static_cast<double>(ParamStore::shard_elements(layout, d.fsdp())) * sizeof(real) +
+  return 4.0 * static_cast<double>(ParamStore::shard_elements(layout)) * sizeof(real) +
          l.schedule.max_in_flight(0) * smallest;
 }
 

@@ -25,9 +25,11 @@ class FsdpReplay {
   // gathered_bytes: per element of a gathered unit (fp32, and under bf16
   // the bf16 values the gather brings); wire_bytes: per element of a
   // reduce-scatter's buffers (fp32, or 2 with comm.reduce_dtype = "bf16").
-  FsdpReplay(const ParamLayout& layout, int shards, std::size_t gathered_bytes, std::size_t wire_bytes = sizeof(real))
-      : units_(layout.unit_size),
-        shards_(shards),
+  // Each unit sharded over the ranks `layout` pads it for (ParamLayout::shards_of;
+  // none over 1), a block's routed experts with their block (ParamStore).
+  FsdpReplay(const ParamLayout& layout, std::size_t gathered_bytes, std::size_t wire_bytes = sizeof(real))
+      : layout_(layout),
+        units_(layout.unit_size),
         gathered_bytes_(gathered_bytes),
         wire_bytes_(wire_bytes),
         gathered_(units_.size(), false),
@@ -35,19 +37,24 @@ class FsdpReplay {
 
   void run(const std::vector<UnitEvent>& events) {
     for (const UnitEvent& e : events) {
+      const auto each = [&](auto&& f) {
+        const int u = e.unit.index(), experts = layout_.experts_unit[u];
+        if (layout_.shards_of(u) > 1) f(u);
+        if (experts >= 0 && layout_.shards_of(experts) > 1) f(experts);
+      };
       switch (e.op) {
         case UnitOp::gather:
         case UnitOp::prefetch:  // a prefetch allocates as the gather would
-          gather(e.unit.index());
+          if (!e.unit.is_none()) each([&](int u) { gather(u); });
           break;
         case UnitOp::release:
-          release(e.unit.index());
+          each([&](int u) { release(u); });
           break;
         case UnitOp::open_grads:
-          begin_grads(e.unit.index());
+          each([&](int u) { begin_grads(u); });
           break;
         case UnitOp::end_grads:
-          end_grads(e.unit.index());
+          each([&](int u) { end_grads(u); });
           break;
         case UnitOp::poll:  // completes reductions early at best: the replay keeps them, an upper bound
         case UnitOp::compute:
@@ -78,7 +85,7 @@ class FsdpReplay {
   }
   void end_grads(int u) {
     open_[u] = false;
-    const std::size_t part = units_[u] / shards_;
+    const std::size_t part = units_[u] / layout_.shards_of(u);
     if (wire_bytes_ != sizeof(real)) {  // Fsdp::end_grads: the bf16 copy, then the fp32 gradients go
       grow(units_[u] * wire_bytes_);
       held_ -= units_[u] * sizeof(real);
@@ -86,18 +93,22 @@ class FsdpReplay {
     grow(part * wire_bytes_);
     traffic_.reduce_scatter_floats += static_cast<double>(units_[u]);
     ++traffic_.reduce_scatters;
-    reductions_.push_back((units_[u] + part) * wire_bytes_);
-    while (reductions_.size() > Fsdp::kReductionsInFlight) {
-      held_ -= reductions_.front();
-      reductions_.pop_front();
+    // Each Fsdp (the dense units', the experts') keeps its own in flight.
+    std::deque<std::size_t>& in_flight = reductions_[layout_.holds_experts[u] ? 1 : 0];
+    in_flight.push_back((units_[u] + part) * wire_bytes_);
+    while (in_flight.size() > Fsdp::kReductionsInFlight) {
+      held_ -= in_flight.front();
+      in_flight.pop_front();
     }
   }
   void grow(std::size_t bytes) { peak_ = std::max(peak_, held_ += bytes); }
 
+  const ParamLayout& layout_;
   std::vector<std::size_t> units_;  // floats of each unit
-  std::size_t shards_, gathered_bytes_, wire_bytes_;
+  std::size_t gathered_bytes_, wire_bytes_;
   std::vector<bool> gathered_, open_;
-  std::deque<std::size_t> reductions_;  // bytes of full gradients + shard part of each reduce-scatter in flight
+  // Bytes of full gradients + shard part of each reduce-scatter in flight: the dense units', the experts'.
+  std::array<std::deque<std::size_t>, 2> reductions_;
   std::size_t held_ = 0, peak_ = 0;
   FsdpTraffic traffic_;
 };
@@ -141,7 +152,7 @@ double bf16_wire_bytes(const ModelConfig& m, const ParamLayout& layout, const Pa
   const int fsdp = split.fsdp();
   std::size_t most = split.dp_replicate > 1 ? shard : 0;
   if (split.tp > 1 && split.sequence_parallel)
-    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, fsdp, 0))
+    for (const ParamStore::Piece& piece : ParamStore::pieces_of(layout, 0))
       if (layout.params[piece.param].split == TpSplit::replicated) most = std::max(most, piece.length);
   if (split.pp > 1 && m.tie_embeddings)
     for (const ChunkUnits& u : gpt_chunk_units(m, chunks))
@@ -149,12 +160,11 @@ double bf16_wire_bytes(const ModelConfig& m, const ParamLayout& layout, const Pa
   return 1.0 * most * sizeof(bf16);
 }
 
-// The most bytes FSDP holds while a stage's units, sharded over `shards`
-// ranks, go through `events`.
-std::size_t peak_of(const ParamLayout& layout, int shards, const std::vector<UnitEvent>& events, Precision precision,
+// The most bytes FSDP holds while a stage's units, sharded as `layout` pads
+// them, go through `events`.
+std::size_t peak_of(const ParamLayout& layout, const std::vector<UnitEvent>& events, Precision precision,
                     Precision reduce_dtype) {
-  if (shards <= 1) return 0;
-  FsdpReplay fsdp(layout, shards, sizeof(real) + ParamStore::transient_working_bytes_per_element(precision),
+  FsdpReplay fsdp(layout, sizeof(real) + ParamStore::transient_working_bytes_per_element(precision),
                   reduce_dtype == Precision::bf16 ? sizeof(bf16) : sizeof(real));
   fsdp.run(events);
   return fsdp.peak_bytes();
@@ -167,19 +177,9 @@ UnitPolicy training(bool reshard_after_forward, Recompute recompute = Recompute:
 
 }  // namespace
 
-std::size_t fsdp_peak_bytes(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks,
-                            int shards, const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                            Precision precision, Precision reduce_dtype) {
-  if (shards <= 1) return 0;
-  return peak_of(layout, shards,
-                 stage_unit_events(chunks, gpt_chunk_units(m, chunks), actions, training(reshard_after_forward)),
-                 precision, reduce_dtype);
-}
-
-FsdpTraffic fsdp_traffic(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+FsdpTraffic fsdp_traffic(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks,
                          const std::vector<PipelineAction>& actions, bool reshard_after_forward) {
-  if (shards <= 1) return {};
-  FsdpReplay fsdp(layout, shards, sizeof(real));
+  FsdpReplay fsdp(layout, sizeof(real));
   fsdp.run(stage_unit_events(chunks, gpt_chunk_units(m, chunks), actions, training(reshard_after_forward)));
   return fsdp.traffic();
 }
@@ -199,7 +199,7 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
     for (const BlockTensorShape& t : tensors) {
       double elements = 1;
       for (const std::int64_t d : t.shape) elements *= static_cast<double>(d);
-      n += t.split == TpSplit::replicated ? elements : elements / tp;
+      n += t.split == TpSplit::replicated ? elements : elements / (t.split == TpSplit::experts ? split.ep : tp);
     }
     return n;
   };
@@ -219,12 +219,11 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
     return rough_estimate(m, params / fsdp, N, tp, in_flight);
   // From here on the sizes the runtime, the model and the layers allocate.
   MemoryEstimate e;
-  const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp);
+  const ParamLayout layout = gpt_param_layout(m, chunks, split.tp, 0, fsdp, {split.ep, 0, split.expert_fsdp()});
   // Parameters and gradients (ParamStore's shards), AdamW's two moments of the same size.
-  const std::size_t shard = ParamStore::shard_elements(layout, fsdp);
+  const std::size_t shard = ParamStore::shard_elements(layout);
   // Under bf16 the parameters add their working copy (ParamStore).
-  e.param_bytes =
-      saturated_bytes(1.0 * shard * (sizeof(real) + ParamStore::working_bytes_per_element(precision, fsdp > 1)));
+  e.param_bytes = saturated_bytes(1.0 * shard * sizeof(real) + 1.0 * ParamStore::working_bytes_of(layout, precision));
   e.grad_bytes = saturated_bytes(1.0 * shard * sizeof(real));
   e.optimizer_bytes = saturated_bytes(2.0 * shard * sizeof(real));
   e.state_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes;
@@ -257,10 +256,9 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
   // FSDP's pattern repeats once the schedule's warm-up is over: a few rounds of it suffice.
   const std::size_t replayed = std::min(actions.size(), 4 * (static_cast<std::size_t>(in_flight) + 1) * chunks.size());
   const std::vector<PipelineAction> first(actions.begin(), actions.begin() + replayed);
-  const double fsdp_bytes = static_cast<double>(
-      peak_of(layout, fsdp,
-              stage_unit_events(chunks, gpt_chunk_units(m, chunks), first, training(reshard_after_forward, recompute)),
-              precision, reduce_dtype));
+  const double fsdp_bytes = static_cast<double>(peak_of(
+      layout, stage_unit_events(chunks, gpt_chunk_units(m, chunks), first, training(reshard_after_forward, recompute)),
+      precision, reduce_dtype));
   const double wire_bytes = reduce_dtype == Precision::bf16 ? bf16_wire_bytes(m, layout, split, chunks, shard) : 0.0;
   e.scratch_bytes = saturated_bytes(scratch + fsdp_bytes + wire_bytes);
   e.comm_buffer_bytes = saturated_bytes(fsdp_bytes + wire_bytes);

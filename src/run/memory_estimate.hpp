@@ -53,21 +53,16 @@ MemoryEstimate gpt_memory_estimate(const ModelConfig& m, const ParallelDims& spl
                                    Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32,
                                    double moe_max_load = 0);
 
-// The most bytes FSDP holds at once (gathered units, full gradients, the
-// reduce-scatters in flight) when a stage of `chunks` of model `m` (its
-// architecture decides the units: gpt_chunk_units), its units sharded
-// over `shards` ranks, runs `actions`. 0 without FSDP.
-std::size_t fsdp_peak_bytes(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks,
-                            int shards, const std::vector<PipelineAction>& actions, bool reshard_after_forward,
-                            Precision precision = Precision::fp32, Precision reduce_dtype = Precision::fp32);
-// The floats FSDP all-gathers and reduce-scatters (gathered sizes) when that
-// stage runs `actions`: the same replay, counting each collective. (Under
-// bf16 the all-gathers move bf16 values: half the bytes.)
+// The floats FSDP all-gathers and reduce-scatters (gathered sizes) when a
+// stage of `chunks` of model `m` (its architecture decides the units:
+// gpt_chunk_units), its units sharded as `layout` pads them, runs `actions`;
+// and the collectives' count. (Under bf16 the all-gathers move bf16 values:
+// half the bytes.)
 struct FsdpTraffic {
   double all_gather_floats = 0, reduce_scatter_floats = 0;
   std::int64_t all_gathers = 0, reduce_scatters = 0;
 };
-FsdpTraffic fsdp_traffic(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks, int shards,
+FsdpTraffic fsdp_traffic(const ModelConfig& m, const ParamLayout& layout, const std::vector<Chunk>& chunks,
                          const std::vector<PipelineAction>& actions, bool reshard_after_forward);
 
 }  // namespace ndmini

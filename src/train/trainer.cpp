@@ -54,6 +54,7 @@ ModelParallel model_parallel(ParallelContext& ctx, const Config& cfg, const RunL
   par.sequence_parallel = layout.dims.sequence_parallel;
   par.cp = &ctx.cp();
   par.data.fsdp = &ctx.fsdp();
+  par.data.expert_fsdp = ctx.expert_fsdp();
   par.data.dp_replicate = &ctx.dp_replicate();
   par.data.reshard_after_forward = cfg.parallel.reshard_after_forward;
   par.data.reduce_dtype = cfg.comm.reduce_dtype;
@@ -306,7 +307,7 @@ void Trainer::setup() {
   // Communicator creation has no non-blocking form: the watchdog's monitor
   // thread keeps its deadline.
   mpi_blocking(comm_, "building the mesh's communicators",
-               [&] { ctx_ = std::make_unique<ParallelContext>(layout_.dims, comm_); });
+               [&] { ctx_ = std::make_unique<ParallelContext>(layout_.dims, comm_, cfg_.model.moe()); });
   // Ranks of one pipeline stage issue the same collectives: the diagnosis compares them.
   watchdog_.set_peer_group(ctx_->coord(Axis::pp));
   rank_ = ctx_->rank();
