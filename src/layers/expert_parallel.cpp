@@ -143,6 +143,20 @@ void ExpertParallel::set_aux_losses(MoeAuxLosses aux) {
   aux_ = std::move(aux);
 }
 
+void ExpertParallel::set_routing_log(MoeRoutingLog* log, std::vector<int> sequences) {
+  if (log != nullptr && sequences.size() != sizes_.rows)
+    throw InternalError("the MoE routing log needs the sequence of every routed row");
+  log_ = log;
+  row_sequence_ = std::move(sequences);
+}
+
+MoeToken ExpertParallel::token_of(std::size_t row) const {
+  MoeToken t = log_->next;
+  t.sequence += row_sequence_[row];
+  t.position = positions_[row];
+  return t;
+}
+
 MoeActivations ExpertParallel::allocate() const {
   const MoeSizes& s = sizes_;
   const std::size_t Q = s.capacity, C = s.channels, F = s.hidden, A = s.rows * s.slots;
@@ -194,7 +208,17 @@ double ExpertParallel::route(ConstSlice2D x, const ExpertTensors& w, MoeActivati
       for (std::size_t e = 0; e < E; ++e) score[e] = static_cast<real>(std::exp(static_cast<double>(l[e] - top)) / sum);
     }
     std::int32_t* chosen = &a.expert[r * k];
-    if (m_.moe_router == MoeRouter::balanced) {
+    if (log_ != nullptr && log_->replay != nullptr) {
+      // The recorded run's experts, in its slot order; the weights below are this run's scores.
+      const MoeToken token = token_of(r);
+      const auto it = log_->replay->find(token);
+      if (it == log_->replay->end() || it->second.experts.size() != k)
+        throw InternalError("the replayed MoE routing has no choice of " + std::to_string(k) +
+                            " experts for the token at position " + std::to_string(token.position) + " of sequence " +
+                            std::to_string(token.sequence) + " of batch " + std::to_string(token.batch) + " in block " +
+                            std::to_string(token.layer) + " at step " + std::to_string(token.step));
+      std::copy(it->second.experts.begin(), it->second.experts.end(), chosen);
+    } else if (m_.moe_router == MoeRouter::balanced) {
       for (std::size_t j = 0; j < k; ++j) chosen[j] = static_cast<std::int32_t>((positions_[r] * k + j) % E);
     } else {
       // Top-k by score (plus the selection bias), ties to the lower expert id.
@@ -208,6 +232,12 @@ double ExpertParallel::route(ConstSlice2D x, const ExpertTensors& w, MoeActivati
         chosen[j] = static_cast<std::int32_t>(best);
         select[best] = -INFINITY;
       }
+    }
+    if (log_ != nullptr && log_->record != nullptr) {
+      MoeChoice& c = (*log_->record)[token_of(r)];
+      c.experts.assign(chosen, chosen + k);
+      c.select.resize(E);
+      for (std::size_t e = 0; e < E; ++e) c.select[e] = score[e] + bias[e];
     }
     double chosen_sum = 0;
     for (std::size_t j = 0; j < k; ++j) chosen_sum += score[chosen[j]];

@@ -36,6 +36,7 @@
 #include "comm/communicator.hpp"
 #include "config/config.hpp"
 #include "core/types.hpp"
+#include "layers/moe_routing.hpp"
 
 namespace ndmini {
 
@@ -119,6 +120,11 @@ class ExpertParallel {
                  std::vector<int> positions, bool bf16);
   // Adds the auxiliary losses to the objective (none by default).
   void set_aux_losses(MoeAuxLosses aux);
+  // Tests: each routed row's experts are added to log->record, or taken
+  // from log->replay (layers/moe_routing.hpp), for the token log->next
+  // names plus the row's sequence in the micro-batch (`sequences`, [R]) and
+  // position. A replayed token that is not in log->replay is an InternalError.
+  void set_routing_log(MoeRoutingLog* log, std::vector<int> sequences);
 
   static MoeSizes sizes_of(const ModelConfig& m, double max_load, int ep, std::size_t rows, bool bf16);
   const MoeSizes& sizes() const { return sizes_; }
@@ -150,6 +156,8 @@ class ExpertParallel {
   double route(ConstSlice2D x, const ExpertTensors& w, MoeActivations& a);
   // The sequence-wise balance loss: fills a.sequence_load, returns this rank's share.
   double sequence_balance(MoeActivations& a);
+  // Row r's token, as the routing log names it.
+  MoeToken token_of(std::size_t row) const;
   // Each score as the balance loss normalises it (softmax: itself; sigmoid: over the row's sum).
   void normalised_scores(const MoeActivations& a, std::size_t row, std::vector<double>& out) const;
   void exchange_counts(MoeActivations& a);
@@ -174,6 +182,8 @@ class ExpertParallel {
   std::vector<int> positions_;
   MoeAuxLosses aux_;
   int sequences_ = 0;  // per micro-batch
+  MoeRoutingLog* log_ = nullptr;
+  std::vector<int> row_sequence_;  // [R]: each row's sequence in its micro-batch (with log_)
   // The exchange of the current micro-batch (plan_exchange).
   std::vector<std::int64_t> send_counts_, recv_counts_;  // rows, per ep rank
   std::vector<std::int64_t> expert_rows_;                // rows each local expert received

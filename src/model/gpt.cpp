@@ -85,9 +85,7 @@ GptModel::GptModel(const ModelConfig& m, int micro_batch, std::vector<Chunk> chu
       aux.seq_aux = moe_seq_aux;
       aux.micro_batch = micro_batch;
       aux.seq_len = m.seq_len;
-      const std::size_t per_sequence = static_cast<std::size_t>(attention_.layout().local_len());
-      for (std::size_t r = 0; r < tp_.local_rows(); ++r)
-        aux.sequences.push_back(static_cast<int>((tp_.first_local_row() + r) / per_sequence));
+      aux.sequences = routed_sequences();
       aux.sequence_groups = {cp, tp_.sequence_parallel() ? tp : nullptr};
       experts_->set_aux_losses(std::move(aux));
     }
@@ -304,7 +302,22 @@ BlockWeights GptModel::block_weights(int layer, const BlockParams& params) const
   return w;
 }
 
+// Each routed row's sequence in its micro-batch: the rows are sequence-major, T/cp of each sequence here.
+std::vector<int> GptModel::routed_sequences() const {
+  const std::size_t per_sequence = static_cast<std::size_t>(attention_.layout().local_len());
+  std::vector<int> out;
+  for (std::size_t r = 0; r < tp_.local_rows(); ++r)
+    out.push_back(static_cast<int>((tp_.first_local_row() + r) / per_sequence));
+  return out;
+}
+
+void GptModel::set_moe_routing_log(MoeRoutingLog* log) {
+  moe_log_ = log;
+  if (experts_) experts_->set_routing_log(log, routed_sequences());
+}
+
 MoeRouteStats GptModel::block_forward(int layer, const BlockParams& params, ConstSlice2D x, BlockActivations& a) {
+  if (moe_log_ != nullptr) moe_log_->next.layer = layer;
   return block(layer).forward(block_weights(layer, params), x, a);
 }
 

@@ -23,6 +23,7 @@
 #include "core/types.hpp"
 #include "layers/context_parallel.hpp"
 #include "layers/expert_parallel.hpp"
+#include "layers/moe_routing.hpp"
 #include "layers/tensor_parallel.hpp"
 #include "mesh/dims.hpp"
 #include "model/block.hpp"
@@ -206,6 +207,9 @@ class GptModel {
   // An MoE block routes unless a.moe.routed (a recompute: replays the
   // routing) and returns what it routed; a dense block returns nothing.
   MoeRouteStats block_forward(int layer, const BlockParams& params, ConstSlice2D x, BlockActivations& a);
+  // Tests: record or replay the MoE blocks' routing (layers/moe_routing.hpp);
+  // block_forward names the block in log->next, the caller the rest of the token.
+  void set_moe_routing_log(MoeRoutingLog* log);
   // dres: d(output) on entry, d(input) on exit.
   // loss_scale: the forward's (the MoE auxiliary losses' gradients use it).
   void block_backward(int layer, const BlockParams& params, const BlockGrads& grads, ConstSlice2D x,
@@ -259,6 +263,7 @@ class GptModel {
   const TransformerBlock& block(int layer) const;
   TransformerBlock& block(int layer);
   BlockWeights block_weights(int layer, const BlockParams& params) const;
+  std::vector<int> routed_sequences() const;  // each routed row's sequence in its micro-batch
   const BlockLayout& layout_of(int layer) const { return cfg_.moe_block(layer) ? moe_layout_ : block_layout_; }
   // The head, written once for the operands' element type T (real or bf16).
   template <class T>
@@ -277,7 +282,8 @@ class GptModel {
   // The stage's MoE blocks: their routed experts and their block (null: none here).
   std::unique_ptr<ExpertParallel> experts_;
   std::unique_ptr<TransformerBlock> moe_block_;
-  kernels::Norm norm_;  // the final norm's kind and eps
+  MoeRoutingLog* moe_log_ = nullptr;  // set_moe_routing_log
+  kernels::Norm norm_;                // the final norm's kind and eps
   BlockLayout block_layout_, moe_layout_;
   std::size_t lnf_bias_offset_ = 0;  // ln_f/bias in its unit (ln_f/weight starts it); 0: none
   KeptOperand lnf_;                  // the final LayerNorm's output: the LM head's operand

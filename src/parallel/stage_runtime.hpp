@@ -145,6 +145,13 @@ class StageRuntime {
   // Tests: every unit event executed from now on is appended to `log`
   // (null: none). The memory estimate replays the same list.
   void record_unit_events(std::vector<UnitEvent>* log) { event_log_ = log; }
+  // Tests: the MoE blocks' routing recorded or replayed (layers/moe_routing.hpp);
+  // whoever feeds a forward names its tokens in log->next first.
+  void set_moe_routing_log(MoeRoutingLog* log) {
+    moe_log_ = log;
+    model_.set_moe_routing_log(log);
+  }
+  MoeRoutingLog* moe_routing_log() const { return moe_log_; }
 
  private:
   // What one micro-batch keeps between the forward and the backward of one chunk.
@@ -167,6 +174,7 @@ class StageRuntime {
   void execute(const std::vector<UnitEvent>& events, int first_layer, bool last_micro_batch, Compute&& compute);
 
   GptModel model_;
+  MoeRoutingLog* moe_log_ = nullptr;
   Recompute recompute_ = Recompute::none;
   std::unique_ptr<ParamStore> store_;
   TiedEmbedding tied_;  // the two copies of wte (pp > 1)

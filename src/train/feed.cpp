@@ -38,6 +38,10 @@ double TrainingStage::forward(int chunk, int mb, bool last) {
   const Chunk& final_chunk = model_.chunks().back();
   const bool needs_data = chunk == 0 || (final_chunk.head && chunk == final_chunk.index);
   if (needs_data) feed_.load(step_ + mb / micro_batches_, mb % micro_batches_);
+  if (MoeRoutingLog* log = model_.moe_routing_log()) {  // the tokens the MoE blocks route (a test hook)
+    log->next.batch = step_ + mb / micro_batches_;
+    log->next.sequence = feed_.first_sequence(mb % micro_batches_);
+  }
   return model_.forward(chunk, mb, feed_.tokens(), feed_.targets(), loss_scale_, last);
 }
 

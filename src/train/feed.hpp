@@ -24,6 +24,10 @@ class MicroBatchFeed {
   void load(std::int64_t step, int index);
   ConstTokenView tokens() const { return in_; }
   ConstTokenView targets() const { return tg_; }
+  // The global batch's sequence that micro-batch `index` starts with.
+  std::int64_t first_sequence(int index) const {
+    return first_sequence_ + static_cast<std::int64_t>(index) * micro_batch_;
+  }
 
  private:
   const DataSource& data_;

@@ -186,6 +186,11 @@ class Trainer {
   void log_step(std::int64_t step, double loss, std::optional<double> val_loss, double eval_ms, double lr,
                 double grad_norm, const StepStats& stats, double io_ms, const std::optional<MoeLoad>& moe_load);
   void reset_comm_stats();
+  // The routing log's pass: the step of the parameters, training or forward-only.
+  void name_moe_pass(std::int64_t params_step, bool evaluation) {
+    moe_log_.next.step = params_step;
+    moe_log_.next.evaluation = evaluation;
+  }
 
   const Config& cfg_;
   const TrainOptions& opts_;
@@ -206,6 +211,7 @@ class Trainer {
   std::unique_ptr<io::CheckpointDirLock> dir_lock_;
   DataSources sources_;
   std::unique_ptr<StageRuntime> model_;
+  MoeRoutingLog moe_log_;  // tests (TrainCapture::routing, TrainOptions::replay_routing); unused otherwise
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<CheckpointState> ckpt_;
   // checkpoint.async: the save being written in the background (at most one:
@@ -336,6 +342,13 @@ void Trainer::setup() {
   model_ = std::make_unique<StageRuntime>(cfg_.model, cfg_.train.micro_batch, model_parallel(*ctx_, cfg_, layout_),
                                           layout_.recompute, cfg_.train.precision);
   if (opts_.capture != nullptr) model_->record_unit_events(&opts_.capture->unit_events);
+  if (opts_.replay_routing != nullptr && !cfg_.model.moe())
+    throw InternalError("a routing to replay was given to a model without MoE blocks");
+  if ((opts_.capture != nullptr || opts_.replay_routing != nullptr) && cfg_.model.moe()) {
+    moe_log_.record = opts_.capture != nullptr ? &opts_.capture->routing : nullptr;
+    moe_log_.replay = opts_.replay_routing;
+    model_->set_moe_routing_log(&moe_log_);
+  }
   model_->init(cfg_.train.seed);
   opt_ = std::make_unique<AdamW>(model_->store());
   ckpt_ = std::make_unique<CheckpointState>(cfg_.model, model_->store(), *opt_, saves_ && cfg_.checkpoint.async);
@@ -460,6 +473,7 @@ std::optional<double> Trainer::validate_if_due(std::int64_t step, double* eval_m
   double val_loss = 0;
   {
     const ProfileRegion region("ndmini::validation loss");
+    name_moe_pass(step, true);
     val_loss = evaluate(*val_stage_, 0, t.eval_batches).global / (tokens_per_step_ * t.eval_batches);
   }
   *eval_ms = ms_since(e0);
@@ -546,6 +560,7 @@ void Trainer::step() {
 // the checks of the loss and the gradient norm.
 Trainer::StepLoss Trainer::compute_gradients(std::int64_t step) {
   stage_->set_step(step);
+  name_moe_pass(step, false);
   const double loss_sum = runner_->run(*stage_);
   {
     const ProfileRegion finish("ndmini::finish gradient reductions");
@@ -635,6 +650,7 @@ TrainResult Trainer::finish() {
     // The final state (or the one a signal stopped at): the loss of one more
     // batch (forward only, through the pipeline) shows it sane before it is saved.
     TrainingStage forward_only(*model_, *feed_, real(0), layout_.micro_batches);  // a loss scale of 0: no backward
+    name_moe_pass(pending_save_, true);
     const LossSum check = evaluate(forward_only, pending_save_, 1, faults_.nan_at(pending_save_));
     require_finite_state(comm_, pending_save_, check.global, check.local, cfg_);
     save(pending_save_);

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "layers/moe_routing.hpp"
 #include "train/result.hpp"
 
 namespace ndmini {
@@ -25,10 +26,14 @@ struct TrainOptions {
   bool resume = false;                      // --resume
   std::optional<std::int64_t> resume_step;  // --resume STEP; nullopt: latest
   TrainCapture* capture = nullptr;          // tests: fill with global gradients and parameters
-  bool quiet = false;                       // no banner, progress lines or PERFORMANCE block
-  bool show_mesh = false;                   // --show-mesh: the banner prints the rank-to-coordinate map
-  std::string deck_path;                    // for the metrics header: the deck as given
-  std::string git_sha;                      // for the metrics header: the commit the binary was built from
+  // Tests: every MoE row takes the experts this routing chose for its token
+  // (a run's TrainCapture::routing; layers/moe_routing.hpp) in place of its
+  // router's top-k; its scores and gate weights are still its own.
+  const MoeRouting* replay_routing = nullptr;
+  bool quiet = false;      // no banner, progress lines or PERFORMANCE block
+  bool show_mesh = false;  // --show-mesh: the banner prints the rank-to-coordinate map
+  std::string deck_path;   // for the metrics header: the deck as given
+  std::string git_sha;     // for the metrics header: the commit the binary was built from
 };
 
 // Trains on the ranks of `comm` as the deck says. Throws Error on bad input,
