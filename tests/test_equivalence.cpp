@@ -694,11 +694,57 @@ TEST(EquivalenceMoe, RoutingCheckCanFail) {
                      "moe, another seed's routing replayed", true);
 }
 
+// The other negative controls of the MoE sums (TrainOptions::moe_controls),
+// each at least 10x outside the fp32 bounds:
+// - the routed experts' gradients multiplied by ep after their sums (the
+//   divisor bug of Megatron, DeepSpeed and a torchtitan-derived code). AdamW
+//   normalises each element by its own history, so a constant factor
+//   reaches the parameters through the clipping of the larger norm only;
+//   measured loss 2.9e-4, parameters 3.7e-2 (step-0 gradients 1.0);
+// - the selection bias moved from tp rank 0's counts only (the tp term left
+//   out of its sums, tp = 2 with SP): a block's bias ends apart from one
+//   rank's (measured: block 1's by 2.2, block 0's signs happened to agree
+//   over the 4 steps), and the model with it (parameters 2.2).
+TEST(EquivalenceMoe, BoundsCatchExpertGradientsTimesEpAndBiasCountsWithoutTp) {
+  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
+  {
+    const Layout layout{2, {"parallel.dp_shard=2", "parallel.ep=2"}, {}};
+    const Settings s = settings_of(layout, {}, kMoeDeck);
+    TrainOptions opts;
+    opts.moe_controls.expert_grads_times_ep = true;
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, kMoeDeck), kMoeDeck), MPI_COMM_WORLD, opts);
+    const Distance d = distance(run, reference(s.model, kMoeDeck), kMoeDeck);
+    expect_far_outside(d, kFp32Bounds, 10, "moe dp_shard=2 ep=2, expert gradients times ep", true);
+    EXPECT_NE(d.grads_tensor.find("/mlp/experts/"), std::string::npos) << d.grads_tensor;
+  }
+  {
+    const Layout layout{2, {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"}, balancing()};
+    const Settings s = settings_of(layout, {}, kMoeDeck);
+    TrainOptions opts;
+    opts.moe_controls.bias_counts_without_tp = true;
+    const TrainedRun run = train_with(deck(with_eval(s.overrides, kMoeDeck), kMoeDeck), MPI_COMM_WORLD, opts);
+    const TrainedRun& ref = reference(s.model, kMoeDeck);
+    expect_far_outside(distance(run, ref, kMoeDeck), kFp32Bounds, 10, "moe tp=2 ep=2, bias counts without tp", false);
+    double most_apart = 0;
+    for (const auto& [name, values] : ref.capture.final_params) {
+      if (name.find("/mlp/router/selection_bias") == std::string::npos) continue;
+      const double apart = relative_l2(run.capture.final_params.at(name), values);
+      if (world_rank() == 0) std::printf("[equivalence] control %s apart by %.1e\n", name.c_str(), apart);
+      most_apart = std::max(most_apart, apart);
+    }
+    EXPECT_GT(most_apart, 10 * kFp32Bounds.params) << "the selection bias moved alike without tp's counts";
+  }
+}
+
 // An MoE checkpoint (the experts as [E, rows, cols] global tensors) saved
 // under expert parallelism loads bit-exactly into another layout and into one rank.
 TEST(EquivalenceMoe, CheckpointReshardsExactly) {
-  if (world_size() != 2) GTEST_SKIP() << "checked on 2 ranks";
-  std::string dir = "equivalence_moe_ckpt_" + std::to_string(::getpid());
+  // 2 ranks: ep 2 (experts whole) -> tp x ep 2, and one rank (ep 1). 4
+  // ranks: ep 2 of dp_shard 4 (experts sharded over 2) -> ep 4 (whole), ep 1
+  // (sharded over 4), and one rank.
+  const int n = world_size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "checked on 2 and 4 ranks";
+  std::string dir = "equivalence_moe_ckpt_" + std::to_string(n) + "_" + std::to_string(::getpid());
   int len = static_cast<int>(dir.size());
   MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
   dir.resize(len);
@@ -707,13 +753,21 @@ TEST(EquivalenceMoe, CheckpointReshardsExactly) {
     v.insert(v.end(), {"train.steps=3", "checkpoint.dir=" + dir});
     return deck(v, kMoeDeck);
   };
-  const TrainedRun written =
-      train_with(with({"parallel.dp_shard=2", "parallel.ep=2", "checkpoint.every=3"}), MPI_COMM_WORLD);
+  using Degrees = std::vector<std::string>;
+  const Degrees saved =
+      n == 2 ? Degrees{"parallel.dp_shard=2", "parallel.ep=2"} : Degrees{"parallel.dp_shard=4", "parallel.ep=2"};
+  const std::vector<Degrees> loaded =
+      n == 2 ? std::vector<Degrees>{{"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"}}
+             : std::vector<Degrees>{{"parallel.dp_shard=4", "parallel.ep=4"}, {"parallel.dp_shard=4"}};
+  Degrees writing = saved;
+  writing.push_back("checkpoint.every=3");
+  const TrainedRun written = train_with(with(writing), MPI_COMM_WORLD);
   TrainOptions resume;
   resume.resume = true;
-  const TrainedRun reread =
-      train_with(with({"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"}), MPI_COMM_WORLD, resume);
-  EXPECT_EQ(worst(reread.capture.final_params, written.capture.final_params).first, 0.0);
+  for (const Degrees& degrees : loaded) {
+    const TrainedRun reread = train_with(with(degrees), MPI_COMM_WORLD, resume);
+    EXPECT_EQ(worst(reread.capture.final_params, written.capture.final_params).first, 0.0) << degrees.back();
+  }
   const TrainedRun single = train_with(with({"parallel.tp=1"}), MPI_COMM_SELF, resume);
   EXPECT_EQ(worst(single.capture.final_params, written.capture.final_params).first, 0.0);
   EXPECT_EQ(written.capture.final_params.at("h/0/mlp/experts/c_fc/weight").size(), 4u * 128 * 64);

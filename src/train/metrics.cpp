@@ -51,6 +51,10 @@ std::string progress_line(const StepRecord& r) {
       std::snprintf(buf, sizeof buf, " aux %.6f", *r.moe->aux_loss);
       line += buf;
     }
+    if (r.moe->bias_min) {
+      std::snprintf(buf, sizeof buf, " bias %.4g..%.4g", *r.moe->bias_min, *r.moe->bias_max);
+      line += buf;
+    }
   }
   // Last, so the fields before it keep their places on every line.
   if (r.val_loss) {
@@ -119,6 +123,10 @@ void MetricsWriter::step(const StepRecord& r) {
                 {"tokens_per_expert_max", r.moe->max},
                 {"imbalance", r.moe->imbalance}};
   if (r.moe && r.moe->aux_loss) j["moe"]["aux_loss"] = *r.moe->aux_loss;
+  if (r.moe && r.moe->bias_min) {
+    j["moe"]["selection_bias_min"] = *r.moe->bias_min;
+    j["moe"]["selection_bias_max"] = *r.moe->bias_max;
+  }
   if (r.val_loss) {
     j["val_loss"] = *r.val_loss;
     j["eval_ms"] = r.eval_ms;

@@ -20,6 +20,9 @@ struct MoeLoad {
   std::int64_t min = 0, max = 0;
   double mean = 0, imbalance = 0;
   std::optional<double> aux_loss;  // the auxiliary losses' sum (train.moe_z_loss, train.moe_seq_aux), when on
+  // The sigmoid router's selection bias over every MoE block, after this
+  // step's move (train.moe_bias_rate), when on.
+  std::optional<double> bias_min, bias_max;
 };
 
 struct StepRecord {

@@ -483,19 +483,18 @@ std::optional<double> Trainer::validate_if_due(std::int64_t step, double* eval_m
   return val_loss;
 }
 
-// One optimizer step: the validation loss when due (outside the step's
-// time), the gradients, the save of the state they showed sane, the update,
-// the figures, and the agreement on stopping.
 // DeepSeek-V3's balancing without an auxiliary loss: after each step every
 // MoE block's selection bias moves by `rate` towards the mean load, up for an
 // expert that received fewer tokens than the mean, down for one that received
 // more, from the counts summed over every token-holding rank (`routed`, the
 // step's [layer E + expert]), so every layout moves it alike. The bias is
 // never trained (its gradient is zero): only this changes it.
-void move_selection_bias(ParamStore& store, const ModelConfig& m, const std::vector<std::int64_t>& routed,
-                         double rate) {
+std::pair<double, double> move_selection_bias(ParamStore& store, const ModelConfig& m,
+                                              const std::vector<std::int64_t>& routed, double rate, MPI_Comm world) {
   const std::string suffix = "/mlp/router/selection_bias";
   const std::size_t E = static_cast<std::size_t>(m.moe_experts);
+  // The range of the moved biases over the world (-min, max: one MPI_MAX).
+  double range[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
   for (const ParamStore::Piece& piece : store.pieces()) {
     const std::string& name = store.layout().params[piece.param].name;
     if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
@@ -509,12 +508,32 @@ void move_selection_bias(ParamStore& store, const ModelConfig& m, const std::vec
     for (std::size_t i = 0; i < piece.length; ++i) {
       const auto load = static_cast<double>(routed[layer * E + piece.local_begin + i]);
       h(i) += static_cast<real>(rate * ((load < mean) - (load > mean)));
+      range[0] = std::max(range[0], -static_cast<double>(h(i)));
+      range[1] = std::max(range[1], static_cast<double>(h(i)));
     }
     Kokkos::deep_copy(values, h);
   }
   store.params_changed();
+  mpi_all_reduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, world, "the selection bias's range");
+  return {-range[0], range[1]};
 }
 
+// Tests: the routed experts' gradients multiplied by ep after their sums (a
+// negative control, TrainOptions::moe_controls).
+void scale_expert_grads(ParamStore& store, int ep) {
+  for (const ParamStore::Piece& piece : store.pieces()) {
+    if (store.layout().params[piece.param].split != TpSplit::experts) continue;
+    const auto grads =
+        Kokkos::subview(store.shard_grads(), std::make_pair(piece.shard_offset, piece.shard_offset + piece.length));
+    const auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), grads);
+    for (std::size_t i = 0; i < piece.length; ++i) h(i) *= static_cast<real>(ep);
+    Kokkos::deep_copy(grads, h);
+  }
+}
+
+// One optimizer step: the validation loss when due (outside the step's
+// time), the gradients, the save of the state they showed sane, the update,
+// the figures, and the agreement on stopping.
 void Trainer::step() {
   const auto& t = cfg_.train;
   const std::int64_t step = next_step_++;
@@ -545,10 +564,14 @@ void Trainer::step() {
   const double io_ms = result_.io_ms - io_ms_before;
   const StepStats stats = reduce_step(*ctx_, ms_since(t0) - io_ms, runner_->bubble_ms(), model_->take_recompute_ms());
   std::vector<std::int64_t> routed = model_->take_routed_rows();
+  if (opts_.moe_controls.bias_counts_without_tp && ctx_->coord(Axis::tp) != 0)
+    std::fill(routed.begin(), routed.end(), 0);
   const StageRuntime::AuxSums aux = model_->take_aux_sums();
-  const std::optional<MoeLoad> moe_load =
+  std::optional<MoeLoad> moe_load =
       reduce_moe_load(cfg_.model, t, routed, aux.z_loss, aux.seq_aux, tokens_per_step_, t.global_batch, comm_);
-  if (t.moe_bias_rate > 0) move_selection_bias(model_->store(), cfg_.model, routed, t.moe_bias_rate);
+  if (t.moe_bias_rate > 0)
+    std::tie(moe_load->bias_min, moe_load->bias_max) =
+        move_selection_bias(model_->store(), cfg_.model, routed, t.moe_bias_rate, comm_);
   steps_.push_back(stats);
   result_.losses.push_back(loss);
   if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
@@ -566,6 +589,7 @@ Trainer::StepLoss Trainer::compute_gradients(std::int64_t step) {
     const ProfileRegion finish("ndmini::finish gradient reductions");
     model_->finish_grads();
   }
+  if (opts_.moe_controls.expert_grads_times_ep) scale_expert_grads(model_->store(), ctx_->dims().ep);
   if (faults_.nan_at(step)) poison_first_gradient(*model_);
   const double loss = ctx_->batch().all_reduce_scalar(loss_sum) / tokens_per_step_;
   const double grad_norm = std::sqrt(grad_norm_squared(model_->store(), ctx_->norm()));

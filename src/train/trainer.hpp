@@ -30,6 +30,14 @@ struct TrainOptions {
   // (a run's TrainCapture::routing; layers/moe_routing.hpp) in place of its
   // router's top-k; its scores and gate weights are still its own.
   const MoeRouting* replay_routing = nullptr;
+  // Tests: the MoE sums' negative controls (tests/test_equivalence.cpp): the
+  // routed experts' gradients multiplied by ep after their reductions (the
+  // divisor bug the anchors had), and the selection bias moved from the
+  // counts of tp rank 0 only (the tp term left out of its sums).
+  struct MoeControls {
+    bool expert_grads_times_ep = false;
+    bool bias_counts_without_tp = false;
+  } moe_controls;
   bool quiet = false;      // no banner, progress lines or PERFORMANCE block
   bool show_mesh = false;  // --show-mesh: the banner prints the rank-to-coordinate map
   std::string deck_path;   // for the metrics header: the deck as given
