@@ -35,6 +35,12 @@ void abort_on_bug(int rank, const std::exception& e) {
   std::abort();  // MPI_Abort does not return
 }
 
+void end_job_on(const JobError& e) {
+  if (e.speaks()) print_error(e.what());
+  std::fflush(nullptr);
+  end_job_at_once(exit_status(Ending::kError));
+}
+
 namespace {
 
 // mpiexec exits at an MPI_Abort, dropping the output still in transit: the

@@ -41,12 +41,26 @@ int status_of(Work&& work, bool speaks, Ending on_error) {
 // only. The rank names it and takes the job down (MPI_Abort, status 3).
 [[noreturn]] void abort_on_bug(int rank, const std::exception& e);
 
+// A JobError: printed where it speaks, then the whole job ends with status 1
+// (MPI_Abort, after a moment for the line to pass), since the ranks that did
+// not meet it wait for this one in a collective.
+[[noreturn]] void end_job_on(const JobError& e);
+
 // status_of for work every rank does alike (train, check): rank 0 speaks for
 // all; anything but an Error ends in abort_on_bug().
+// An Error some ranks meet while others go on (a JobError) ends the job at
+// once: see end_job_on().
 template <class Work>
 int collective_status_of(int rank, Work&& work) {
   try {
-    return status_of(work, rank == 0, Ending::kError);
+    try {
+      return work();
+    } catch (const JobError& e) {
+      end_job_on(e);
+    }
+  } catch (const Error& e) {
+    if (rank == 0) print_error(e.what());
+    return exit_status(Ending::kError);
   } catch (const std::exception& e) {
     abort_on_bug(rank, e);
   }

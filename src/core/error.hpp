@@ -13,6 +13,21 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// An Error that some ranks meet while others go on: an MoE expert group
+// refusing a load while the other groups train on, their ranks already in
+// the step's next collectives. A rank that meets it cannot leave the others
+// waiting until comm.timeout_s: the driver prints it (where `speaks`, one
+// rank per group that fails alike) and ends the whole job (MPI_Abort, exit
+// status 1).
+class JobError : public Error {
+ public:
+  JobError(const std::string& what, bool speaks) : Error(what), speaks_(speaks) {}
+  bool speaks() const { return speaks_; }
+
+ private:
+  bool speaks_;
+};
+
 // A broken invariant of ndmini itself (a bug, not bad input). Unlike Error it
 // may hold on one rank only, so the driver takes the whole job down
 // (MPI_Abort) instead of trusting every rank to fail alike.

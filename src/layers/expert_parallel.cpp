@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <type_traits>
 #include <utility>
@@ -262,17 +263,21 @@ void ExpertParallel::exchange_counts(MoeActivations& a) {
     const auto all = Kokkos::create_mirror_view_and_copy(HostSpace(), counts_recv_);
     for (std::size_t i = 0; i < a.counts.size(); ++i) a.counts[i] = static_cast<std::int64_t>(all(i));
   }
-  // Every member sees the same matrix: all stop here together, or none.
+  // Every member sees the same matrix: all stop here together, or none. The
+  // other expert groups may route within the bound and go on: a JobError,
+  // which ends the job rather than leave them waiting (ep rank 0 speaks).
   for (std::size_t e = 0; e < E; ++e) {
     std::int64_t load = 0;
     for (int src = 0; src < ep_; ++src) load += a.counts[src * E + e];
     if (load > static_cast<std::int64_t>(bound_)) {
-      const double mean = static_cast<double>(ep_) * sizes_.rows * sizes_.slots / E;
-      throw Error("expert " + std::to_string(e) + " of an MoE block was sent " + std::to_string(load) +
-                  " token rows in one micro-batch, above train.moe_max_load x the mean load (" +
-                  std::to_string(bound_) + " rows; the mean is " + std::to_string(mean) +
-                  "): the router sends too many tokens to one expert; raise train.moe_max_load (0: no bound short "
-                  "of every token), or balance the router (train.moe_seq_aux, train.moe_bias_rate)");
+      char mean[32];
+      std::snprintf(mean, sizeof mean, "%.1f", static_cast<double>(ep_) * sizes_.rows * sizes_.slots / E);
+      throw JobError("expert " + std::to_string(e) + " of an MoE block was sent " + std::to_string(load) +
+                         " token rows in one micro-batch, above train.moe_max_load x the mean load (" +
+                         std::to_string(bound_) + " rows; the mean is " + mean +
+                         "): the router sends too many tokens to one expert; raise train.moe_max_load (0: no bound "
+                         "short of every token), or balance the router (train.moe_seq_aux, train.moe_bias_rate)",
+                     ep_rank_ == 0);
     }
   }
 }
