@@ -55,6 +55,12 @@ std::string progress_line(const StepRecord& r) {
       std::snprintf(buf, sizeof buf, " bias %.4g..%.4g", *r.moe->bias_min, *r.moe->bias_max);
       line += buf;
     }
+    // The expert group's all-to-alls (ep > 1): rank 0's bytes, the slowest rank's exposed time.
+    for (const auto& [name, s] : r.comm)
+      if (name == "ep" && s.calls > 0) {
+        std::snprintf(buf, sizeof buf, " a2a %.2f MiB exposed %.1f ms", s.bytes / 1048576.0, s.exposed_ms);
+        line += buf;
+      }
   }
   // Last, so the fields before it keep their places on every line.
   if (r.val_loss) {

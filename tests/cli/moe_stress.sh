@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Stress routings of a Mixture-of-Experts run, end to end on NP ranks (1 or 2):
 # - every token to every expert (top-k = E): trains, each expert receives
-#   every token (imbalance 1.00);
+#   every token (imbalance 1.00), so the sigmoid router's selection bias
+#   never moves (bias 0..0 on every progress line);
 # - an expert sent more than train.moe_max_load x the mean load: the run
 #   stops with the message naming the expert and its load, exit status 1.
 #   On 2 ranks with ep = 1 each rank is an expert group of its own, and the
@@ -20,9 +21,10 @@ layouts=("--set parallel.tp=1")
 
 for layout in "${layouts[@]}"; do
   # shellcheck disable=SC2086 # the layout is several words
-  run "$np" train moe.toml "${common[@]}" $layout --set model.moe_top_k=4 >all.txt 2>&1 ||
-    { cat all.txt; fail "top-k = E ($layout) did not train"; }
-  grep -q "imbalance 1.00" all.txt || { cat all.txt; fail "top-k = E ($layout): an expert missed a token"; }
+  run "$np" train moe.toml "${common[@]}" $layout --set model.moe_top_k=4 --set model.moe_score=sigmoid \
+    --set train.moe_bias_rate=0.01 >all.txt 2>&1 || { cat all.txt; fail "top-k = E ($layout) did not train"; }
+  [ "$(grep -c "imbalance 1.00 bias 0..0" all.txt)" -eq 3 ] ||
+    { cat all.txt; fail "top-k = E ($layout): an expert missed a token, or the bias moved"; }
   echo "ok: top-k = E trains on $np rank(s), $layout"
 
   for bound in 1.05 1.12; do

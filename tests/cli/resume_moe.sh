@@ -22,6 +22,7 @@ for want in "h/0/mlp/router/weight Dataset {4, 64}" "h/1/mlp/experts/c_fc/weight
 done
 if grep -q "^/h/0/mlp/c_fc/weight " tensors.txt; then fail "the checkpoint holds the dense MLP an MoE block replaces"; fi
 grep -q "moe tokens/expert min" ep.txt || { cat ep.txt; fail "the progress line has no expert load"; }
+grep -Eq " a2a [0-9.]+ MiB exposed [0-9.]+ ms" ep.txt || { cat ep.txt; fail "the progress line has no all-to-all"; }
 grep -q '"moe":{"imbalance"' ep.jsonl || fail "the metrics records have no expert load"
 
 resume_copy ep 4 same 2 moe.toml "${common[@]}" --set parallel.dp_shard=2 --set parallel.ep=2
