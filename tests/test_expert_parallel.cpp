@@ -331,8 +331,9 @@ TEST(ExpertParallel, AuxLossGradientsMatchFiniteDifferences) {
 }
 
 // Experts that receive no token (the balanced router with every row at
-// position 0 sends all of them to experts 0 and 1), and k = E: outputs as
-// defined, and no gradient on an expert no token reached.
+// position 0 sends all of them to experts 0 and 1), alone and over an expert
+// group, and k = E: outputs as defined, and no gradient on an expert no
+// token reached.
 TEST(ExpertParallel, StressRoutingsStayExact) {
   {
     Layer L(moe_config(4, 2, MoeScore::softmax, MoeRouter::balanced, MlpKind::gelu, true), 16, 41, 400);
@@ -347,6 +348,20 @@ TEST(ExpertParallel, StressRoutingsStayExact) {
     const std::size_t per_expert = L.F * L.C;
     for (std::size_t i = 2 * per_expert; i < g.size(); ++i) ASSERT_EQ(g[i], 0.0) << "an idle expert got a gradient";
     EXPECT_GT(std::abs(g[0]), 0.0);
+    // The same rows over an expert group of the world: a rank whose experts
+    // no token reaches (on 2 ranks, rank 1 holds experts 2 and 3) receives
+    // nothing and sends its rows away; the outputs and d(x) are the rank's alone.
+    if (world_size() > 1) {
+      const auto out1 = host(L.out), dx1 = host(L.dx);
+      Communicator group(MPI_COMM_WORLD, "expert");
+      ExpertParallel shared(L.m, 0, &group, L.R, L.positions, false);
+      MoeActivations b = shared.allocate();
+      L.forward(shared, b);
+      expect_close("idle experts over the group", out1, host(L.out), 1e-6);
+      L.zero_grads();
+      L.backward(shared, b);
+      expect_close("idle experts over the group, d x", dx1, host(L.dx), 1e-6);
+    }
   }
   {
     Layer L(moe_config(4, 4, MoeScore::softmax, MoeRouter::learned, MlpKind::swiglu, true), 16, 51, 500);
