@@ -9,21 +9,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "train/result.hpp"
 
 namespace ndmini {
-
-// One step's routing over every MoE block: the tokens each expert received
-// (summed over the ranks), their least, mean and most over every block's
-// experts, and imbalance = most / mean (the worst block's: every block routes
-// the same tokens, so all share the mean).
-struct MoeLoad {
-  std::int64_t min = 0, max = 0;
-  double mean = 0, imbalance = 0;
-  std::optional<double> aux_loss;  // the auxiliary losses' sum (train.moe_z_loss, train.moe_seq_aux), when on
-  // The sigmoid router's selection bias over every MoE block, after this
-  // step's move (train.moe_bias_rate), when on.
-  std::optional<double> bias_min, bias_max;
-};
 
 struct StepRecord {
   std::int64_t step = 0;

@@ -253,6 +253,29 @@ std::string beside(const std::optional<RunPrediction>& prediction, double predic
 
 }  // namespace
 
+namespace {
+
+// An MoE run's expert load over its steps (every step: routing is no
+// timing, the first step counts too): the imbalance's median and range, the
+// fewest and most tokens an expert received in a step.
+struct MoeRunLoad {
+  double imbalance_median = 0, imbalance_min = 0, imbalance_max = 0;
+  std::int64_t fewest = 0, most = 0;
+};
+MoeRunLoad moe_run_load(const std::vector<MoeLoad>& loads) {
+  MoeRunLoad m;
+  std::vector<double> imbalance;
+  for (const MoeLoad& l : loads) imbalance.push_back(l.imbalance);
+  m.imbalance_median = median(imbalance);
+  m.imbalance_min = *std::min_element(imbalance.begin(), imbalance.end());
+  m.imbalance_max = *std::max_element(imbalance.begin(), imbalance.end());
+  m.fewest = std::min_element(loads.begin(), loads.end(), [](auto& a, auto& b) { return a.min < b.min; })->min;
+  m.most = std::max_element(loads.begin(), loads.end(), [](auto& a, auto& b) { return a.max < b.max; })->max;
+  return m;
+}
+
+}  // namespace
+
 void print_performance(const RunLayout& layout, const ParallelContext& ctx, const TrainResult& r,
                        const std::optional<RunPrediction>& prediction) {
   const int world = layout.dims.size();
@@ -302,6 +325,23 @@ void print_performance(const RunLayout& layout, const ParallelContext& ctx, cons
         r.async_saves, r.async_written_ms, hidden, r.async_written_ms > 0 ? 100 * hidden / r.async_written_ms : 100.0);
   }
   std::printf("\n");
+  if (!r.moe_loads.empty()) {
+    const MoeRunLoad m = moe_run_load(r.moe_loads);
+    const MoeLoad& last = r.moe_loads.back();
+    std::printf(
+        "  moe                imbalance %.2f (%.2f-%.2f over %zu steps), tokens per expert %lld to %lld in a step",
+        m.imbalance_median, m.imbalance_min, m.imbalance_max, r.moe_loads.size(), static_cast<long long>(m.fewest),
+        static_cast<long long>(m.most));
+    if (layout.dims.ep > 1)  // the expert group's traffic, rank 0's (its exposed time is the ep line above)
+      std::printf(", all-to-all %.2f MiB per step", median_of(r.timed, [](const StepStats& st) {
+                                                      for (const auto& [name, s] : st.comm)
+                                                        if (name == "ep") return static_cast<double>(s.bytes);
+                                                      return 0.0;
+                                                    }) / kMiB);
+    if (last.aux_loss) std::printf(", aux %.6f at the last", *last.aux_loss);
+    if (last.bias_min) std::printf(", selection bias %.4g..%.4g at the last", *last.bias_min, *last.bias_max);
+    std::printf("\n");
+  }
   if (!r.val_losses.empty())
     std::printf("  validation         loss %.6f at step %lld (the last; %.1f ms evaluating in all, not in time/step)\n",
                 r.val_losses.back().second, static_cast<long long>(r.val_losses.back().first), r.eval_ms);
@@ -372,6 +412,14 @@ std::string summary_json(const RunLayout& layout, const ParallelContext& ctx, co
                       {"final_val_step", validated ? nlohmann::json(r.val_losses.back().first) : nlohmann::json()},
                       {"eval_ms", r.eval_ms},
                       {"predicted", prediction ? prediction_json(*prediction) : nlohmann::json()}};
+  if (!r.moe_loads.empty()) {
+    const MoeRunLoad m = moe_run_load(r.moe_loads);
+    j["moe"] = {{"imbalance_median", m.imbalance_median},
+                {"imbalance_min", m.imbalance_min},
+                {"imbalance_max", m.imbalance_max},
+                {"tokens_per_expert_min", m.fewest},
+                {"tokens_per_expert_max", m.most}};
+  }
   return j.dump();
 }
 

@@ -25,13 +25,27 @@ struct StepStats {
   double exposed_comm_ms() const;
 };
 
+// One step's routing over every MoE block: the tokens each expert received
+// (summed over the ranks), their least, mean and most over every block's
+// experts, and imbalance = most / mean (the worst block's: every block routes
+// the same tokens, so all share the mean).
+struct MoeLoad {
+  std::int64_t min = 0, max = 0;
+  double mean = 0, imbalance = 0;
+  std::optional<double> aux_loss;  // the auxiliary losses' sum (train.moe_z_loss, train.moe_seq_aux), when on
+  // The sigmoid router's selection bias over every MoE block, after this
+  // step's move (train.moe_bias_rate), when on.
+  std::optional<double> bias_min, bias_max;
+};
+
 struct TrainResult {
   std::int64_t first_step = 0;  // the step the run started at (after a resume, the checkpoint's)
   std::vector<double> losses;   // per step run, in order
   // (step, validation loss) where evaluated (train.eval_every): the held-out
   // loss of the parameters that step's loss was computed with.
   std::vector<std::pair<std::int64_t, double>> val_losses;
-  std::vector<StepStats> timed;  // steps after the warm-up step
+  std::vector<StepStats> timed;    // steps after the warm-up step
+  std::vector<MoeLoad> moe_loads;  // an MoE run: each step's expert load, in order
   double median_step_ms = 0, tokens_per_s = 0, mfu = 0;
   PeakFlops peak;
   double io_ms = 0;  // checkpoint saves and loads, rank 0's time (for async saves, what training waited)

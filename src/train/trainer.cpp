@@ -574,6 +574,7 @@ void Trainer::step() {
         move_selection_bias(model_->store(), cfg_.model, routed, t.moe_bias_rate, comm_);
   steps_.push_back(stats);
   result_.losses.push_back(loss);
+  if (moe_load) result_.moe_loads.push_back(*moe_load);
   if (rank_ == 0 && (step % t.log_every == 0 || step + 1 == t.steps || val_loss))
     log_step(step, loss, val_loss, eval_ms, lr, grad_norm, stats, io_ms, moe_load);
   agree_on_stop(step);

@@ -23,6 +23,9 @@ done
 if grep -q "^/h/0/mlp/c_fc/weight " tensors.txt; then fail "the checkpoint holds the dense MLP an MoE block replaces"; fi
 grep -q "moe tokens/expert min" ep.txt || { cat ep.txt; fail "the progress line has no expert load"; }
 grep -Eq " a2a [0-9.]+ MiB exposed [0-9.]+ ms" ep.txt || { cat ep.txt; fail "the progress line has no all-to-all"; }
+grep -Eq "^  moe +imbalance [0-9.]+ \([0-9.]+-[0-9.]+ over 8 steps\), tokens per expert [0-9]+ to [0-9]+ in a step, all-to-all [0-9.]+ MiB per step" ep.txt ||
+  { cat ep.txt; fail "the PERFORMANCE block has no moe line"; }
+grep '"summary":true' ep.jsonl | grep -q '"moe":{"imbalance_max"' || fail "the metrics summary has no expert load"
 grep -q '"moe":{"imbalance"' ep.jsonl || fail "the metrics records have no expert load"
 
 resume_copy ep 4 same 2 moe.toml "${common[@]}" --set parallel.dp_shard=2 --set parallel.ep=2
