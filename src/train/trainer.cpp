@@ -488,9 +488,12 @@ std::optional<double> Trainer::validate_if_due(std::int64_t step, double* eval_m
 // expert that received fewer tokens than the mean, down for one that received
 // more, from the counts summed over every token-holding rank (`routed`, the
 // step's [layer E + expert]), so every layout moves it alike. The bias is
-// never trained (its gradient is zero): only this changes it.
-std::pair<double, double> move_selection_bias(ParamStore& store, const ModelConfig& m,
-                                              const std::vector<std::int64_t>& routed, double rate, MPI_Comm world) {
+// never trained (its gradient is zero): only this changes it. Returns the
+// moved biases' range over the world; none where the model has no bias (the
+// balanced router, a dense model: the rate moves nothing).
+std::optional<std::pair<double, double>> move_selection_bias(ParamStore& store, const ModelConfig& m,
+                                                             const std::vector<std::int64_t>& routed, double rate,
+                                                             MPI_Comm world) {
   const std::string suffix = "/mlp/router/selection_bias";
   const std::size_t E = static_cast<std::size_t>(m.moe_experts);
   // The range of the moved biases over the world (-min, max: one MPI_MAX).
@@ -515,7 +518,8 @@ std::pair<double, double> move_selection_bias(ParamStore& store, const ModelConf
   }
   store.params_changed();
   mpi_all_reduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, world, "the selection bias's range");
-  return {-range[0], range[1]};
+  if (range[1] == -std::numeric_limits<double>::infinity()) return std::nullopt;
+  return std::make_pair(-range[0], range[1]);
 }
 
 // Tests: the routed experts' gradients multiplied by ep after their sums (a
@@ -570,8 +574,8 @@ void Trainer::step() {
   std::optional<MoeLoad> moe_load =
       reduce_moe_load(cfg_.model, t, routed, aux.z_loss, aux.seq_aux, tokens_per_step_, t.global_batch, comm_);
   if (t.moe_bias_rate > 0)
-    std::tie(moe_load->bias_min, moe_load->bias_max) =
-        move_selection_bias(model_->store(), cfg_.model, routed, t.moe_bias_rate, comm_);
+    if (const auto range = move_selection_bias(model_->store(), cfg_.model, routed, t.moe_bias_rate, comm_); range)
+      std::tie(moe_load->bias_min, moe_load->bias_max) = *range;
   steps_.push_back(stats);
   result_.losses.push_back(loss);
   if (moe_load) result_.moe_loads.push_back(*moe_load);

@@ -11,6 +11,8 @@
 #   is sent 150 rows against a bound of 144, rank 1's stay below it): that
 #   rank ends the job (a JobError) instead of leaving the other waiting in
 #   its next collective until comm.timeout_s (exit status 12).
+# - a bias rate where no router has a selection bias (the balanced router,
+#   a dense deck): nothing moves, and no line shows a bias range.
 # Usage: moe_stress.sh NP
 source "$(dirname "$0")/lib.sh"
 np=${1:?usage: moe_stress.sh NP}
@@ -43,3 +45,15 @@ for layout in "${layouts[@]}"; do
     echo "ok: moe_max_load $bound refused on $np rank(s), $layout: $messages message(s)"
   done
 done
+
+# moe_bias_rate with no selection bias to move: trains, no bias range printed.
+run "$np" train moe.toml "${common[@]}" --set model.moe_score=sigmoid --set model.moe_router=balanced \
+  --set train.moe_bias_rate=0.01 >nobias.txt 2>&1 || { cat nobias.txt; fail "the balanced router with a bias rate failed"; }
+run "$np" train tiny.toml "${common[@]}" --set model.moe_score=sigmoid --set train.moe_bias_rate=0.01 >dense.txt 2>&1 ||
+  { cat dense.txt; fail "a dense deck with a bias rate failed"; }
+if grep -q " bias " nobias.txt dense.txt; then
+  cat nobias.txt dense.txt
+  fail "a bias range printed where no selection bias exists"
+fi
+[ "$(grep -c "imbalance 1.00" nobias.txt)" -ge 3 ] || { cat nobias.txt; fail "the balanced router's load is not exact"; }
+echo "ok: a bias rate without a selection bias moves nothing"
