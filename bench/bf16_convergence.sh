@@ -35,15 +35,8 @@ die() {
   exit 1
 }
 [ -x "$exe" ] || die "no executable at $exe; build ndmini_exe (cmake --build build --target ndmini_exe) or set NDMINI_EXE"
-if [ -z "${PYTHON:-}" ]; then
-  for candidate_python in python3 /usr/bin/python3; do
-    if "$candidate_python" -c 'import matplotlib' 2>/dev/null; then
-      PYTHON=$candidate_python
-      break
-    fi
-  done
-fi
-PYTHON=${PYTHON:-python3}
+source "$root/bench/python_with.sh"
+PYTHON=$(python_with matplotlib)
 "$PYTHON" -c 'import matplotlib' 2>/dev/null ||
   die "$PYTHON cannot import matplotlib; install it (Debian 12: apt-get install python3-matplotlib) or set PYTHON"
 if [ "$reference" = "$candidate" ]; then

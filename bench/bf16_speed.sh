@@ -48,15 +48,8 @@ for c in "${configs[@]}"; do
   esac
 done
 [ -x "$exe" ] || die "no executable at $exe; build ndmini_exe (cmake --build build --target ndmini_exe) or set NDMINI_EXE"
-if [ -z "${PYTHON:-}" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    if "$candidate" -c 'import torch' 2>/dev/null; then
-      PYTHON=$candidate
-      break
-    fi
-  done
-fi
-PYTHON=${PYTHON:-python3}
+source "$root/bench/python_with.sh"
+PYTHON=$(python_with torch)
 if [ "$wants_torch" = 1 ] && ! "$PYTHON" -c 'import torch, numpy' 2>/dev/null; then
   die "$PYTHON cannot import torch and numpy; install them (Debian 12: apt-get install python3-torch) or set PYTHON"
 fi

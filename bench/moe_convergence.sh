@@ -33,15 +33,8 @@ die() {
 }
 [ -x "$exe" ] || die "no executable at $exe; build ndmini_exe (cmake --build build --target ndmini_exe) or set NDMINI_EXE"
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || die "STEPS '$steps' must be a positive number"
-if [ -z "${PYTHON:-}" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    if "$candidate" -c 'import matplotlib' 2>/dev/null; then
-      PYTHON=$candidate
-      break
-    fi
-  done
-fi
-PYTHON=${PYTHON:-python3}
+source "$root/bench/python_with.sh"
+PYTHON=$(python_with matplotlib)
 "$PYTHON" -c 'import matplotlib' 2>/dev/null ||
   die "$PYTHON cannot import matplotlib; install it (Debian 12: apt-get install python3-matplotlib) or set PYTHON"
 

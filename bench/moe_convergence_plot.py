@@ -11,24 +11,18 @@ curves (training per step, validation as markers) above the MoE run's
 imbalance (the most-loaded expert's tokens over the mean) per step.
 """
 import argparse
-import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scaling"))
+import study  # noqa: E402  bench/scaling/study.py: the metrics file's reader
+
 
 def read_metrics(path):
-    """Per-step records and the summary of one metrics file."""
-    records, summary = [], None
+    """Per-step records and the summary of one metrics file, or an exit naming what is wrong."""
     try:
-        with open(path) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                if rec.get("summary"):
-                    summary = rec
-                elif "step" in rec:
-                    records.append(rec)
+        records, summary = study.read_metrics(path)
     except OSError as e:
         sys.exit(f"moe_convergence_plot.py: error: cannot read '{path}': {e.strerror}")
     if summary is None or not records:

@@ -17,13 +17,16 @@ without waiting for a slower rank: what the code decides on a shared VM).
 
 Usage: moe_exposed_comm.py [NDMINI] [--deck DECK] [--steps N] [--repeats R] [--micro-batch B] [--out FILE]
 """
-import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 
 import deck_runs  # bench/deck_runs.py: the arguments the deck-training scripts share
+
+sys.path.insert(0, os.path.join(deck_runs.REPO, "bench", "scaling"))
+import study  # noqa: E402  bench/scaling/study.py: the metrics file's reader
 
 LAYOUTS = [  # label, overrides
     ("ep=2", ["parallel.dp_shard=2", "parallel.ep=2"]),
@@ -40,8 +43,8 @@ def run(a, overrides, metrics):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"moe_exposed_comm.py: {' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    steps = [json.loads(line) for line in open(metrics) if '"step"' in line and '"summary"' not in line]
-    kept = [s for s in steps if s.get("step", 0) >= 1]  # the first step is warm-up
+    steps, _ = study.read_metrics(metrics)
+    kept = [s for s in steps if s["step"] >= 1]  # the first step is warm-up
     out = {"step_ms": statistics.median(s["step_ms"] for s in kept)}
     for name in sorted({n for s in kept for n in s.get("comm", {})}):
         per = [s["comm"][name] for s in kept if name in s.get("comm", {})]

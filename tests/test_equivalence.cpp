@@ -736,6 +736,19 @@ TEST(EquivalenceMoe, BoundsCatchExpertGradientsTimesEpAndBiasCountsWithoutTp) {
   }
 }
 
+namespace {
+// A checkpoint folder every rank names alike: `prefix` and rank 0's process id
+// (a run of the suite beside another does not meet its folder).
+std::string checkpoint_dir(const std::string& prefix) {
+  std::string dir = prefix + "_" + std::to_string(::getpid());
+  int len = static_cast<int>(dir.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  dir.resize(len);
+  MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return dir;
+}
+}  // namespace
+
 // An MoE checkpoint (the experts as [E, rows, cols] global tensors) saved
 // under expert parallelism loads bit-exactly into another layout and into one rank.
 TEST(EquivalenceMoe, CheckpointReshardsExactly) {
@@ -744,11 +757,7 @@ TEST(EquivalenceMoe, CheckpointReshardsExactly) {
   // (sharded over 4), and one rank.
   const int n = world_size();
   if (n != 2 && n != 4) GTEST_SKIP() << "checked on 2 and 4 ranks";
-  std::string dir = "equivalence_moe_ckpt_" + std::to_string(n) + "_" + std::to_string(::getpid());
-  int len = static_cast<int>(dir.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  dir.resize(len);
-  MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string dir = checkpoint_dir("equivalence_moe_ckpt_" + std::to_string(n));
   auto with = [&](std::vector<std::string> v) {
     v.insert(v.end(), {"train.steps=3", "checkpoint.dir=" + dir});
     return deck(v, kMoeDeck);
@@ -796,11 +805,7 @@ TEST(Equivalence, CheckpointReshardsExactly) {
     pairs = {
         {{"parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.tp=2"}, {"parallel.dp_shard=4", "parallel.tp=2"}},
         {{"parallel.pp=2", "parallel.dp_shard=2", "parallel.tp=2"}, {"parallel.dp_replicate=8"}}};
-  std::string dir = "equivalence_ckpt_" + std::to_string(n) + "_" + std::to_string(::getpid());
-  int len = static_cast<int>(dir.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  dir.resize(len);
-  MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string dir = checkpoint_dir("equivalence_ckpt_" + std::to_string(n));
 
   auto with = [&](std::vector<std::string> v) {
     v.push_back("train.steps=3");

@@ -91,6 +91,28 @@ resume_copy() {
   grep -q "resumed from $name/$folder at step $step" "$name.txt" || { cat "$name.txt"; fail "$name did not resume at step $step"; }
 }
 
+# continues_within_1e5 REF LABEL NAME...: the runs NAME (their NAME.jsonl) resumed
+# at step 4 of the 8-step run REF (REF.jsonl, described by LABEL) and logged
+# steps 4..7 within 1e-5 (relative) of REF's losses; a negative control shows
+# the comparison can fail (REF's step-0 loss is over 1e-2 above its step 4's).
+# REF's steps 4..7 are left in want.txt ("step loss" lines).
+continues_within_1e5() {
+  local ref=$1 label=$2 name first
+  shift 2
+  step_losses "$ref.jsonl" | awk '$1 >= 4' >want.txt
+  [ "$(wc -l <want.txt)" -eq 4 ] || fail "the $label run did not log steps 4..7"
+  for name in "$@"; do
+    step_losses "$name.jsonl" >"$name.losses"
+    [ "$(wc -l <"$name.losses")" -eq 4 ] || fail "$name did not log steps 4..7"
+    join "$name.losses" want.txt | awk -v name="$name" -v label="$label" '{ d = ($2 - $3) / $3; if (d < 0) d = -d;
+      print name " step " $1 ": " $2 " vs " $3 " (" label "), relative " d; if (d > 1e-5) bad = 1 } END { exit bad }' ||
+      fail "$name's resumption does not continue the $label run"
+  done
+  first=$(step_losses "$ref.jsonl" | awk '$1 == 0 { print $2 }')
+  awk -v f="$first" -v l="$(head -n1 want.txt | cut -d' ' -f2)" 'BEGIN { d = (f - l) / l; exit !(d > 1e-2) }' ||
+    fail "step 0's loss $first is as low as step 4's: the run did not train"
+}
+
 # No debris: a checkpoint folder holds no .step_*.tmp, .step_*.old or .step_*.pruned.
 no_debris() {
   local dir=$1

@@ -33,21 +33,9 @@ resume_copy ep 4 tp 2 moe.toml "${common[@]}" --set parallel.tp=2 --set parallel
   --set parallel.ep=2
 resume_copy ep 4 one 1 moe.toml "${common[@]}"
 
-step_losses ep.jsonl | awk '$1 >= 4' >want.txt
-[ "$(wc -l <want.txt)" -eq 4 ] || fail "the ep = 2 run did not log steps 4..7"
+continues_within_1e5 ep "ep = 2" tp one
 step_losses same.jsonl >same.losses
 diff want.txt same.losses || fail "the resumed ep = 2 run is not bitwise the uninterrupted one"
-first=$(step_losses ep.jsonl | awk '$1 == 0 { print $2 }')
-for name in tp one; do
-  step_losses "$name.jsonl" >"$name.losses"
-  [ "$(wc -l <"$name.losses")" -eq 4 ] || fail "$name did not log steps 4..7"
-  join "$name.losses" want.txt | awk -v name="$name" '{ d = ($2 - $3) / $3; if (d < 0) d = -d;
-    print name " step " $1 ": " $2 " vs " $3 " (ep = 2), relative " d; if (d > 1e-5) bad = 1 } END { exit bad }' ||
-    fail "$name's resumption does not continue the ep = 2 run"
-done
-# Negative control: the comparison can fail; a fresh model's loss is far from step 4's.
-awk -v f="$first" -v l="$(head -n1 want.txt | cut -d' ' -f2)" 'BEGIN { d = (f - l) / l; exit !(d > 1e-2) }' ||
-  fail "step 0's loss $first is as low as step 4's: the run did not train"
 
 # The balanced router: 8 sequences of 64 tokens, 2 experts each, over 4 experts: 256 tokens per expert.
 run 2 train moe.toml --set train.steps=1 "${QUICK[@]}" --set parallel.dp_shard=2 --set parallel.ep=2 \
