@@ -196,8 +196,6 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const std::vector<Chunk>& chu
   ParamLayout layout;
   layout.tp_rank = tp_rank;
   layout.tp_size = tp;
-  layout.ep_rank = experts.ep_rank;
-  layout.ep = experts.ep;
   layout.shards = shards;
   layout.expert_shards = experts.shards;
   std::size_t offset = 0, unit_begin = 0;

@@ -72,7 +72,6 @@ struct ParamLayout {
   std::vector<bool> holds_experts;       // per unit: a unit of routed experts
   std::size_t total = 0;                 // flat buffer size
   int tp_rank = 0, tp_size = 1;
-  int ep_rank = 0, ep = 1;
   // The FSDP group sizes the units are padded for: fsdp (dp_shard x cp) for
   // all units but the experts', the expert fsdp group for those.
   int shards = 1, expert_shards = 1;
